@@ -1,0 +1,89 @@
+"""Reference for ``AllReduceNorm.__call__``: TP all-reduce + residual add + RMSNorm.
+
+Contract (DESIGN.md, "Numerical contract"):
+- ``all_reduce_sum``: FP32 accumulation starting from +0.0, over the ranks in
+  ``order`` (default 0..tp-1), rounded once to BF16. This is *not* what NCCL
+  returns: NCCL's ring rounds to BF16 after every hop, in ring order.
+- ``add_residual``: ``BF16(FP32(BF16 sum) + FP32(residual))``, bit-exact.
+- ``rms_norm``: FP32 ``x * rsqrt(mean(x^2) + eps) * weight``, rounded to BF16.
+  Kernels reduce the squares in their own order and use a fast rsqrt, so
+  their norm output is held to 1 BF16 ULP of this, not bit-exactness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels.validation import require_multiple, require_tensor
+
+
+def stack_partials(partials: Sequence[torch.Tensor] | torch.Tensor, name: str = "partials") -> torch.Tensor:
+    """``[tp, M, H]`` BF16 from a list of per-rank ``[M, H]`` tensors (or an
+    already stacked tensor); validates dtype, shape and hidden % 8."""
+    if isinstance(partials, torch.Tensor):
+        stacked = partials
+    else:
+        if not partials:
+            raise ValueError(f"{name} must hold at least one rank's tensor")
+        for r, p in enumerate(partials):
+            require_tensor(f"{name}[{r}]", p, dtype=torch.bfloat16, shape=(None, None), contiguous=False)
+            if p.shape != partials[0].shape:
+                raise ValueError(f"{name}[{r}] has shape {list(p.shape)}, rank 0 has {list(partials[0].shape)}")
+        stacked = torch.stack(list(partials))
+    require_tensor(name, stacked, dtype=torch.bfloat16, shape=(None, None, None), contiguous=False)
+    require_multiple(f"{name} hidden size", stacked.shape[-1], 8)
+    if stacked.shape[1] < 1:
+        raise ValueError(f"{name} must hold at least one token, got shape {list(stacked.shape)}")
+    return stacked
+
+
+def rank_order(tp: int, order: Sequence[int] | None) -> list[int]:
+    """The reduction order: ``order`` validated as a permutation of 0..tp-1."""
+    if order is None:
+        return list(range(tp))
+    order = [int(r) for r in order]
+    if sorted(order) != list(range(tp)):
+        raise ValueError(f"order must be a permutation of 0..{tp - 1}, got {order}")
+    return order
+
+
+def all_reduce_sum(partials: Sequence[torch.Tensor] | torch.Tensor,
+                   order: Sequence[int] | None = None) -> torch.Tensor:
+    """BF16 ``[M, H]``: FP32 sum of the BF16 partials from +0.0 in ``order``,
+    rounded once to BF16."""
+    stacked = stack_partials(partials)
+    acc = torch.zeros(stacked.shape[1:], dtype=torch.float32, device=stacked.device)
+    for r in rank_order(stacked.shape[0], order):
+        acc = acc + stacked[r].float()
+    return acc.to(torch.bfloat16)
+
+
+def add_residual(reduced: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``BF16(FP32(reduced) + FP32(residual))``."""
+    require_tensor("residual", residual, dtype=torch.bfloat16, shape=tuple(reduced.shape), contiguous=False)
+    return (reduced.float() + residual.float()).to(torch.bfloat16)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """FP32 RMSNorm of BF16 ``x [..., H]`` with BF16 ``weight [H]``, to BF16:
+    ``x * rsqrt(mean(x^2) + eps) * weight`` evaluated left to right."""
+    hidden = x.shape[-1]
+    require_tensor("norm_weight", weight, dtype=torch.bfloat16, shape=(hidden,), contiguous=False)
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    values = x.float()
+    inv_rms = torch.rsqrt(values.square().mean(dim=-1, keepdim=True) + eps)
+    return (values * inv_rms * weight.float()).to(torch.bfloat16)
+
+
+def all_reduce_norm(partials: Sequence[torch.Tensor] | torch.Tensor, residual: torch.Tensor,
+                    norm_weight: torch.Tensor, eps: float,
+                    order: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm_out, residual_out)`` as ``AllReduceNorm.__call__`` returns them:
+    ``residual_out = BF16(all_reduce_sum + residual)`` and
+    ``norm_out = rms_norm(residual_out)``; all ``[M, H]`` BF16."""
+    reduced = all_reduce_sum(partials, order)
+    residual_out = add_residual(reduced, residual)
+    return rms_norm(residual_out, norm_weight, eps), residual_out

@@ -1,0 +1,246 @@
+"""The numerical contract's tools: BF16 bits and ULPs, exact FMA emulation,
+output poisoning, and the input generators every test and job draws from.
+
+Conventions (see DESIGN.md, "Numerical contract"):
+- BF16 ULP distance counts representable BF16 values between two numbers
+  (-0.0 and +0.0 are the same point); a NaN on either side is infinitely far,
+  so NaN never passes a comparison.
+- Where a kernel contracts ``a * b + c`` into an FMA, references call
+  :func:`fma_f32`, which rounds once, exactly as the hardware does, with no
+  flush-to-zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+#: BF16 negative zero: the Lamport sentinel's bit pattern.
+BF16_NEG_ZERO_BITS = 0x8000
+#: Negative BF16 subnormals: payload values that look almost like the sentinel.
+BF16_NEG_SUBNORMAL_BITS = range(0x8001, 0x8080)
+
+#: Poison written into outputs before a call; an all-ones NaN that no kernel
+#: produces (kernels write the canonical NaN 0x7FC0 where they give up).
+POISON_BITS = {torch.bfloat16: -1, torch.float16: -1, torch.float32: -1, torch.uint8: 0xFF}
+
+_INT_VIEW = {
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+    torch.float8_e4m3fn: torch.uint8,
+    torch.int32: torch.int32,
+    torch.int64: torch.int64,
+    torch.int16: torch.int16,
+    torch.uint8: torch.uint8,
+}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's raw bits as a same-width integer tensor (a view)."""
+    return t.view(_INT_VIEW[t.dtype])
+
+
+def from_bf16_bits(values, *, device=None) -> torch.Tensor:
+    """BF16 tensor from 16-bit patterns (ints 0..0xFFFF)."""
+    raw = torch.as_tensor(values, dtype=torch.int32, device=device)
+    return (((raw & 0xFFFF) ^ 0x8000) - 0x8000).to(torch.int16).view(torch.bfloat16)
+
+
+def round_bf16(x: torch.Tensor) -> torch.Tensor:
+    """Round FP32/FP64 values to BF16, nearest-even (as ``cvt.rn.bf16.f32``)."""
+    if x.dtype == torch.float64:
+        # Round-to-odd to FP32 first keeps the double rounding exact.
+        x = _round_to_odd_f32(x)
+    return x.to(torch.bfloat16)
+
+
+def _round_to_odd_f32(x: torch.Tensor) -> torch.Tensor:
+    """FP64 -> FP32 rounding to odd (truncate, then set the last bit if
+    inexact); a later nearest-even rounding to a format of at most 22
+    significant bits (BF16 has 8) is then correctly rounded."""
+    f = x.to(torch.float32)
+    back = f.to(torch.float64)
+    inexact = (back != x) & torch.isfinite(x)
+    overshot = inexact & (back.abs() > x.abs())
+    f = torch.where(overshot, torch.nextafter(f, torch.zeros_like(f)), f)
+    fb = bits(f)
+    return torch.where(inexact, fb | 1, fb).view(torch.float32)
+
+
+def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a * b + c`` in FP32 with a single rounding (nearest-even), as
+    ``fma.rn.f32`` computes it; inputs are FP32 (or anything that converts to
+    FP32 exactly, e.g. BF16), broadcast together.
+
+    Exact: the product of two FP32 values fits FP64; the FP64 sum's rounding
+    error is recovered with TwoSum and folded in by rounding to odd, so the
+    final rounding to FP32 is the only one that matters.
+    """
+    a64, b64, c64 = (t.to(torch.float32).to(torch.float64) for t in (a, b, c))
+    p = a64 * b64
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)
+    finite = torch.isfinite(s)
+    err = torch.where(finite, err, torch.zeros_like(err))
+    # Round s to odd in FP64 using err, then nearest-even to FP32.
+    sb = bits(s)
+    need = (err != 0) & ((sb & 1) == 0)
+    toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
+    s = torch.where(need, torch.nextafter(s, toward), s)
+    return s.to(torch.float32)
+
+
+def _ordered(t: torch.Tensor) -> torch.Tensor:
+    """Map BF16 bit patterns onto integers ordered like the values."""
+    raw = bits(t.to(torch.bfloat16)).to(torch.int32) & 0xFFFF
+    magnitude = raw & 0x7FFF
+    return torch.where(raw >= 0x8000, -magnitude, magnitude)
+
+
+def bf16_ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Number of BF16 steps between ``actual`` and ``expected`` (int64 as
+    float64, ``inf`` where either is NaN). Both are rounded to BF16 first."""
+    a, e = actual.to(torch.bfloat16), expected.to(torch.bfloat16)
+    dist = (_ordered(a) - _ordered(e)).abs().to(torch.float64)
+    nan = torch.isnan(a) | torch.isnan(e)
+    return torch.where(nan, torch.full_like(dist, math.inf), dist)
+
+
+def bf16_ulp_at(magnitude: torch.Tensor) -> torch.Tensor:
+    """The BF16 ULP (spacing) at ``|magnitude|``, FP64; subnormal spacing 2^-133
+    below the normal range."""
+    m = magnitude.to(torch.float64).abs()
+    exponent = torch.floor(torch.log2(torch.clamp(m, min=2.0**-126)))
+    return torch.pow(2.0, exponent - 7)
+
+
+def ulp_in_sum_abs(
+    actual: torch.Tensor, expected: torch.Tensor, sum_abs: torch.Tensor
+) -> torch.Tensor:
+    """``|actual - expected|`` in BF16 ULPs of ``sum_abs`` (the sum of the
+    absolute values of the terms that produced the value): the bound to use
+    where the kernel's contraction order or FMA use is not modelled exactly.
+    NaN on either side gives ``inf``."""
+    diff = (actual.to(torch.float64) - expected.to(torch.float64)).abs()
+    ulps = diff / bf16_ulp_at(sum_abs)
+    nan = torch.isnan(actual.to(torch.float64)) | torch.isnan(expected.to(torch.float64))
+    return torch.where(nan, torch.full_like(ulps, math.inf), ulps)
+
+
+class Comparison:
+    """Summary of one output compared against its reference."""
+
+    def __init__(self, actual: torch.Tensor, expected: torch.Tensor):
+        if actual.shape != expected.shape:
+            raise ValueError(f"shape mismatch: actual {list(actual.shape)} vs expected {list(expected.shape)}")
+        ulp = bf16_ulp_distance(actual, expected)
+        diff = (actual.to(torch.float64) - expected.to(torch.float64)).abs()
+        diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+        same_bits = bits(actual) == bits(expected) if actual.dtype == expected.dtype else ulp == 0
+        self.elements = actual.numel()
+        self.mismatches = int((~same_bits).sum())
+        self.max_ulp = float(ulp.max()) if ulp.numel() else 0.0
+        self.max_abs_err = float(diff.max()) if diff.numel() else 0.0
+        self.first_mismatch = (
+            tuple(int(i) for i in (~same_bits).nonzero()[0]) if self.mismatches else None
+        )
+
+    @property
+    def bit_exact(self) -> bool:
+        return self.mismatches == 0
+
+    def __repr__(self) -> str:
+        return (f"Comparison(elements={self.elements}, mismatches={self.mismatches}, "
+                f"max_ulp={self.max_ulp}, max_abs_err={self.max_abs_err:.3g}, "
+                f"first_mismatch={self.first_mismatch})")
+
+
+def assert_bit_exact(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Comparison:
+    """Raise AssertionError unless every bit matches (NaN included: a NaN only
+    matches the same NaN pattern, which the references never produce)."""
+    cmp = Comparison(actual, expected)
+    if not cmp.bit_exact or torch.isnan(actual.to(torch.float32)).any():
+        raise AssertionError(f"{what} is not bit-exact: {cmp}")
+    return cmp
+
+
+def assert_within_ulp(actual: torch.Tensor, expected: torch.Tensor, max_ulp: float, what: str) -> Comparison:
+    """Raise AssertionError if any element is more than ``max_ulp`` BF16 ULPs
+    away (NaN is infinitely far)."""
+    cmp = Comparison(actual, expected)
+    if not cmp.max_ulp <= max_ulp:
+        raise AssertionError(f"{what} exceeds {max_ulp} BF16 ULP: {cmp}")
+    return cmp
+
+
+# --- poisoning -------------------------------------------------------------
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` in place with the poison pattern (an all-ones NaN)."""
+    bits(t).fill_(POISON_BITS.get(t.dtype, -1))
+    return t
+
+
+def unwritten(t: torch.Tensor) -> torch.Tensor:
+    """Boolean mask of elements still holding the poison pattern."""
+    return bits(t) == POISON_BITS.get(t.dtype, -1)
+
+
+def assert_all_written(t: torch.Tensor, what: str) -> None:
+    """Raise AssertionError if any element of ``t`` still holds the poison."""
+    mask = unwritten(t)
+    if mask.any():
+        first = tuple(int(i) for i in mask.nonzero()[0])
+        raise AssertionError(f"{what}: {int(mask.sum())} of {t.numel()} elements never written (first at {first})")
+
+
+# --- input generators ------------------------------------------------------
+
+def random_partials(tp: int, tokens: int, hidden: int, *, seed: int = 0, scale: float = 1.0,
+                    device=None) -> torch.Tensor:
+    """``[tp, tokens, hidden]`` BF16 normal partials (deterministic by seed)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(tp, tokens, hidden, generator=g) * scale
+    return x.to(torch.bfloat16).to(device)
+
+
+def order_sensitive_partials(tp: int, tokens: int, hidden: int, *, device=None) -> torch.Tensor:
+    """``[tp, tokens, hidden]`` BF16 partials whose FP32 sum depends on the
+    reduction order: each column holds 2^24, +1 and -2^24 on three ranks
+    (rotated with the column so each rank sees each value), zeros elsewhere.
+
+    In rank order 0, 1, 2 the FP32 sum is (2^24 + 1) - 2^24 = 0, since
+    2^24 + 1 rounds to 2^24; summed as 1 + (2^24 - 2^24) it is 1. For tp < 3
+    the values are spread over the ranks there are (order no longer matters).
+    """
+    triple = torch.tensor([2.0**24, 1.0, -(2.0**24)])
+    x = torch.zeros(tp, tokens, hidden)
+    cols = torch.arange(hidden)
+    for k in range(3):
+        rank = (cols + k) % max(tp, 1)
+        if tp >= 3:
+            x[rank, :, cols] = triple[k]
+        else:
+            x[rank, :, cols] += triple[k]
+    return x.to(torch.bfloat16).to(device)
+
+
+def sentinel_pattern_partials(tp: int, tokens: int, hidden: int, *, seed: int = 0,
+                              device=None) -> torch.Tensor:
+    """``[tp, tokens, hidden]`` BF16 partials full of values that look like the
+    Lamport sentinel: -0.0 (0x8000) and every negative subnormal 0x8001..0x807F,
+    mixed with +0.0 and ordinary normals. A publish must sanitize -0.0 to +0.0
+    and the consumer's bitwise sentinel test must not mistake the subnormals."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n = tp * tokens * hidden
+    patterns = torch.tensor([BF16_NEG_ZERO_BITS, 0x0000, *BF16_NEG_SUBNORMAL_BITS], dtype=torch.int32)
+    pick = torch.randint(0, len(patterns), (n,), generator=g)
+    raw = patterns[pick]
+    normals = bits(torch.randn(n, generator=g).to(torch.bfloat16)).to(torch.int32) & 0xFFFF
+    use_normal = torch.rand(n, generator=g) < 0.25
+    raw = torch.where(use_normal, normals, raw)
+    return from_bf16_bits(raw).reshape(tp, tokens, hidden).to(device)
