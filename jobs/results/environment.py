@@ -1,0 +1,86 @@
+"""What the process runs on, as results columns, collected without a GPU."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import platform
+import re
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+_REPO = Path(__file__).resolve().parents[2]
+_DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
+_DRIVER_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+([0-9][0-9.]*)")
+_DISTRIBUTIONS = {"torch": "torch", "pyarrow": "pyarrow", "ray": "ray",
+                  "cute_dsl": "nvidia-cutlass-dsl"}
+
+
+def env_info(git_timeout_s: float = 2.0) -> dict[str, Any]:
+    """Environment columns for a results row, e.g. ``make_row(**env_info(), ...)``.
+
+    Keys (all results columns): git_commit, hostname, python, torch, pyarrow,
+    ray, cute_dsl, cuda, gpu_count, gpu_model, driver. A value that cannot be
+    found is None. Package versions come from installed metadata (nothing is
+    imported for them); the CUDA fields come from torch when it is installed
+    (``gpu_count`` 0 when it sees no GPU) and the driver from
+    /proc/driver/nvidia/version. Cluster-wide columns (nodes, topology,
+    multicast_supported) are left to the caller.
+    """
+    info: dict[str, Any] = {
+        "git_commit": git_commit(git_timeout_s),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+    }
+    info.update({column: _version(dist) for column, dist in _DISTRIBUTIONS.items()})
+    info.update(_cuda_info())
+    return info
+
+
+def git_commit(timeout_s: float = 2.0) -> str | None:
+    """HEAD's SHA of the checkout holding this package; None outside git.
+
+    Under ``ray job submit --working-dir`` the uploaded tree has no .git, so
+    this is None there: pass the commit from the submitting side instead.
+    """
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sha = done.stdout.strip()
+    return sha if done.returncode == 0 and sha else None
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cuda_info() -> dict[str, Any]:
+    """cuda, gpu_count, gpu_model, driver; {} when torch is not installed."""
+    if importlib.util.find_spec("torch") is None:
+        return {}
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"cuda": torch.version.cuda, "gpu_count": 0}
+    return {
+        "cuda": torch.version.cuda,
+        "gpu_count": torch.cuda.device_count(),
+        "gpu_model": torch.cuda.get_device_name(0),
+        "driver": _driver_version(),
+    }
+
+
+def _driver_version() -> str | None:
+    try:
+        text = _DRIVER_VERSION_FILE.read_text()
+    except OSError:
+        return None
+    match = _DRIVER_VERSION.search(text)
+    return match.group(1) if match else None
