@@ -16,6 +16,9 @@ import torch
 from kernels.reference import numerics
 from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
 from kernels.reference.embed import embed_norm
+from kernels.reference.mhc import all_reduce_mhc
+from kernels.reference.mhc import finalize as mhc_finalize
+from kernels.reference.moe import MoEPartial, all_reduce_norm_finalize, finalize_payloads, moe_finalize
 
 Tensors = dict[str, torch.Tensor]
 
@@ -24,8 +27,10 @@ Tensors = dict[str, torch.Tensor]
 class GoldenCase:
     name: str
     op: str
-    make: Callable[[], tuple[Tensors, dict]]
     compute: Callable[[Tensors, dict], Tensors]
+    #: Makes (inputs, params) deterministically; None where the case's inputs
+    #: are crafted in its op's test file, which pins them with check_golden.
+    make: Callable[[], tuple[Tensors, dict]] | None = None
 
 
 GOLDEN_CASES: dict[str, GoldenCase] = {}
@@ -66,12 +71,12 @@ def _arn_make(partials: torch.Tensor, seed: int) -> Callable[[], tuple[Tensors, 
     return make
 
 
-register(GoldenCase("all_reduce_norm_random_tp4", "all_reduce_norm",
-                    _arn_make(numerics.random_partials(4, 3, 64, seed=11), 11), _arn_compute))
-register(GoldenCase("all_reduce_norm_order_tp3", "all_reduce_norm",
-                    _arn_make(numerics.order_sensitive_partials(3, 2, 32), 12), _arn_compute))
-register(GoldenCase("all_reduce_norm_sentinel_tp2", "all_reduce_norm",
-                    _arn_make(numerics.sentinel_pattern_partials(2, 2, 64, seed=13), 13), _arn_compute))
+register(GoldenCase("all_reduce_norm_random_tp4", "all_reduce_norm", _arn_compute,
+                    _arn_make(numerics.random_partials(4, 3, 64, seed=11), 11)))
+register(GoldenCase("all_reduce_norm_order_tp3", "all_reduce_norm", _arn_compute,
+                    _arn_make(numerics.order_sensitive_partials(3, 2, 32), 12)))
+register(GoldenCase("all_reduce_norm_sentinel_tp2", "all_reduce_norm", _arn_compute,
+                    _arn_make(numerics.sentinel_pattern_partials(2, 2, 64, seed=13), 13)))
 
 
 # --- embed_norm ------------------------------------------------------------
@@ -95,4 +100,62 @@ def _embed_compute(inputs: Tensors, params: dict) -> Tensors:
     return {"output": out}
 
 
-register(GoldenCase("embed_norm_tp3", "embed_norm", _embed_make, _embed_compute))
+register(GoldenCase("embed_norm_tp3", "embed_norm", _embed_compute, _embed_make))
+
+
+# --- MoE finalize and mHC (inputs crafted in tests/test_reference_{moe,mhc}.py) --
+
+def _moe_partials(inputs: Tensors) -> list[MoEPartial]:
+    """Per-rank MoEPartial from ``<field>.<rank>`` input names."""
+    ranks = sorted(int(k.rsplit(".", 1)[1]) for k in inputs if k.startswith("gemm2_permuted."))
+    return [MoEPartial(inputs[f"gemm2_permuted.{r}"], inputs[f"expert_weights.{r}"],
+                       inputs[f"expanded_idx_to_permuted_idx.{r}"], inputs.get(f"shared_output.{r}"))
+            for r in ranks]
+
+
+def _moe_finalize_compute(inputs: Tensors, params: dict) -> Tensors:
+    (p,) = _moe_partials(inputs)
+    return {"payload": moe_finalize(p.gemm2_permuted, p.expert_weights, p.expanded_idx_to_permuted_idx,
+                                    p.shared_output, routed_scaling_factor=params["routed_scaling_factor"],
+                                    fma=params["fma"])}
+
+
+def _moe_arn_compute(inputs: Tensors, params: dict) -> Tensors:
+    partials = _moe_partials(inputs)
+    norm_out, residual_out = all_reduce_norm_finalize(
+        partials, inputs["residual"], inputs["norm_weight"], params["eps"], order=params["order"],
+        fma=params["fma"])
+    return {"payloads": finalize_payloads(partials, fma=params["fma"]), "norm_out": norm_out,
+            "residual_out": residual_out}
+
+
+def _mhc_compute(inputs: Tensors, params: dict) -> Tensors:
+    residual_out, layer_input = all_reduce_mhc(
+        inputs["partials"], inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"],
+        inputs["norm_weight"], params["eps"], order=params["order"], rank_lanes=params["rank_lanes"],
+        fma=params["fma"], post_fma=params["post_fma"])
+    return {"residual_out": residual_out, "layer_input": layer_input}
+
+
+def _mhc_finalize_compute(inputs: Tensors, params: dict) -> Tensors:
+    residual_out, layer_input = mhc_finalize(
+        _moe_partials(inputs), inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"],
+        inputs["norm_weight"], params["eps"], fma=params["fma"], post_fma=params["post_fma"])
+    return {"residual_out": residual_out, "layer_input": layer_input}
+
+
+register(GoldenCase("moe_finalize_bf16_scaled", "finalize_publish", _moe_finalize_compute))
+register(GoldenCase("moe_all_reduce_norm_finalize_tp3", "finalize_publish", _moe_arn_compute))
+register(GoldenCase("mhc_all_reduce_tp3", "all_reduce_mhc", _mhc_compute))
+register(GoldenCase("mhc_finalize_tp2", "all_reduce_mhc", _mhc_finalize_compute))
+
+
+# --- DSA indexer (cases in kernels/reference/indexer_cases.py) ----------------
+
+def _register_indexer_cases() -> None:
+    from kernels.reference import indexer_cases
+    for name, (op, make, compute) in indexer_cases.CASES.items():
+        register(GoldenCase(name, op, compute, make))
+
+
+_register_indexer_cases()

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from kernels.reference.allreduce import all_reduce_sum, rms_norm
+from kernels.reference.numerics import sanitize_negative_zero
 from kernels.validation import require_multiple, require_tensor
 
 
@@ -48,8 +49,7 @@ def embedding_payload(ids: torch.Tensor, weight: torch.Tensor, start: int) -> to
     local = ids.long() - start
     owned = (local >= 0) & (local < rows)
     gathered = weight[local.clamp(0, max(rows - 1, 0))]
-    # `+ 0.0` turns -0.0 into +0.0 and leaves every other value unchanged.
-    gathered = gathered.float().add(0.0).to(torch.bfloat16)
+    gathered = sanitize_negative_zero(gathered)
     return torch.where(owned[:, None], gathered, torch.zeros_like(gathered))
 
 

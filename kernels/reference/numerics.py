@@ -57,6 +57,13 @@ def round_bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
+def sanitize_negative_zero(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with every -0.0 replaced by +0.0, as a publish does before its
+    store so that no payload lane looks like the sentinel; all other values
+    (negative subnormals included) are unchanged."""
+    return torch.where(x == 0, torch.zeros_like(x), x)
+
+
 def _round_to_odd_f32(x: torch.Tensor) -> torch.Tensor:
     """FP64 -> FP32 rounding to odd (truncate, then set the last bit if
     inexact); a later nearest-even rounding to a format of at most 22

@@ -1,0 +1,386 @@
+"""DSA indexer stage: constants, tactic table, fused row layout (no CuTe DSL).
+
+Everything here is plain Python (no torch, no cutlass), so the host classes,
+the references, the jobs and the CPU tests share one definition of how the
+projection kernel tiles its work. The seed (``seeds/001_...``) references
+these names without defining them; each constant below states why it has its
+value (from the seed's own usage or the DeepSeek-V3.2 / GLM-5 model config).
+
+The projection kernel computes ``x @ weight.T`` for the concatenated rows
+``[wk (key); weights_proj (heads); kpool gate (gate)]`` on ``mma.sync``
+m16n8k16: tokens are the m16 (``TILE``), weight rows the n8 (``ROWS``), one
+CTA (or one cluster of ``split`` CTAs splitting K) per ``ROWS`` weight rows,
+``warps`` warps per CTA each summing a contiguous ``span = K / (warps *
+split)`` of K. The reduction tree this implies is modelled in
+:func:`kernels.reference.indexer.projection_accumulate`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# --- constants the seed references without defining ------------------------
+
+#: Weight rows per CTA: the n8 of mma.sync m16n8k16 (the seed's "owns 8 weight
+#: rows"; a head CTA holds one head row and "up to seven gate rows").
+ROWS = 8
+#: Tokens per mma tile: the m16 of m16n8k16 (rows g and g + 8 of a fragment).
+TILE = 16
+#: K elements per mma.sync step (the k16); each lane quad holds 4 of them.
+MMA_K = 16
+#: Query head dim: DeepSeek-V3.2 / GLM-5 ``index_head_dim`` = 128; the fused
+#: kernel gives each of a warp's 32 lanes 4 BF16 of q and one int32 word of
+#: 4 FP8 outputs (``DIM // 4`` words a head).
+DIM = 128
+#: FP8 quantization block: one scale per (token, head), i.e. the whole head
+#: (DeepSeek-V3.2 ``act_quant`` block_size 128 = index_head_dim); the fused
+#: kernel keeps one ``scales[t]`` per head CTA and folds it into that head's
+#: weight, which needs exactly one block per head.
+QUANT_BLOCK = DIM
+#: Head count the MQA-logits kernel is given at least (``padded = max(heads,
+#: MQA_MIN_HEADS)``): 64 = DeepSeek-V3.2 ``index_n_heads``. The seed pads with
+#: zero heads, which only happens for models with fewer heads such as GLM-5's
+#: 32, so the minimum is above 32. ASSUMPTION (the seed does not say): DeepGEMM's
+#: SM90 MQA logits accept {32, 64} heads, so 32 would also be legal there.
+MQA_MIN_HEADS = 64
+#: Warps per CTA of the fused kernel: the seed's projection tactic for every
+#: token count ``fuse`` accepts is (16 warps, no K split), and the fused kernel
+#: must use the same tactic for its bit-identity claim.
+FUSED_WARPS = 16
+#: K must be a multiple of this (the seed's ``k % 1024``): the largest
+#: ``32 * warps * split`` of the tactic table (8 warps x 4 CTAs x 32 = 1024),
+#: so every tactic's span is a whole number of 32-element fragment rows.
+K_MULTIPLE = 1024
+#: Key width: ``index_head_dim`` = 128 (DeepSeek-V3.2, GLM-5); the key rows
+#: are one cluster of ``KEY // ROWS`` = 16 CTAs in the fused layout.
+KEY = 128
+#: Kpool gate rows (GLM-5-Next pooled indexer, issue 6's test shape).
+GATE = 128
+#: Largest cluster the hardware launches (sm_90 / sm_100: 8 portable, 16
+#: with the non-portable opt-in), bounding ``split`` and the key cluster.
+MAX_CLUSTER = 16
+#: Dynamic shared memory a block may opt into on sm_90 and sm_100 (227 KiB).
+MAX_SMEM_BYTES = 232_448
+#: Largest token count the tactic tables cover: the largest power of two whose
+#: split-K tactic (8 warps, 4 CTAs) fits ``MAX_SMEM_BYTES`` (512 tokens take
+#: 147,584 B; 1024 would take 295,040 B). Beyond it the stock path runs.
+MAX_TOKENS = 512
+#: Bits of a slot code's row index (``code & 0xFFFF``); the kind sits above.
+SLOT_INDEX_BITS = 16
+
+# Slot kinds of the fused layout (the seed's _NONE, _KEY, _HEAD, _GATE): the
+# kernel reads ``code >> 16`` as the kind and ``code & 0xFFFF`` as the row
+# within that output.
+SLOT_NONE = 0
+SLOT_KEY = 1
+SLOT_HEAD = 2
+SLOT_GATE = 3
+
+
+# --- shared memory (the seed's formulas) ------------------------------------
+
+def projection_smem_bytes(tokens: int, warps: int) -> int:
+    """Bytes of dynamic shared memory of the projection kernel: per-warp partial
+    C tiles ``[warps, tiles, 32 lanes, 4]`` FP32 plus ``tokens * ROWS`` FP32
+    cluster sums, plus the seed's 128 B alignment slack."""
+    tiles = -(-tokens // TILE)
+    return (warps * tiles * 32 * 4 + tokens * ROWS) * 4 + 128
+
+
+def fused_smem_bytes(tokens: int, warps: int, key: int) -> int:
+    """Bytes of dynamic shared memory of the fused kernel: the projection's plus
+    q scales, key values, LayerNorm stats, affine, slot codes, the cluster's
+    (mean, M2) mailbox and its mbarrier (the seed's ``fused_smem``)."""
+    extra = (tokens * (ROWS + 5 + 2 * key // ROWS) + 3 * ROWS) * 4 + 128
+    return projection_smem_bytes(tokens, warps) + extra
+
+
+# --- tactics ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tactic:
+    """How the projection kernel splits K for one token range.
+
+    ``warps`` warps per CTA each sum a contiguous span of K; ``split`` CTAs of
+    a cluster each own a contiguous K part and add their partial sums through
+    DSMEM (``split == 1``: no cluster). Frozen and hashable: a compile-cache
+    key. Invalid values raise ValueError naming the field.
+    """
+
+    warps: int
+    split: int
+
+    def __post_init__(self) -> None:
+        for name in ("warps", "split"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"Tactic.{name} must be an int, got {value!r}")
+        if not 1 <= self.warps <= 32:
+            raise ValueError(f"Tactic.warps must be in [1, 32] (1024 threads), got {self.warps}")
+        if not 1 <= self.split <= MAX_CLUSTER:
+            raise ValueError(f"Tactic.split must be in [1, {MAX_CLUSTER}] (cluster size), got {self.split}")
+
+    @property
+    def k_multiple(self) -> int:
+        """K must be a multiple of this: each warp's span is whole 32-element rows."""
+        return 32 * self.warps * self.split
+
+    def span(self, k: int) -> int:
+        """Contiguous K elements one warp sums; ValueError if K does not tile."""
+        if k <= 0 or k % self.k_multiple:
+            raise ValueError(
+                f"K = {k} does not tile for {self}: it must be a positive multiple of {self.k_multiple}"
+            )
+        return k // (self.warps * self.split)
+
+    def smem_bytes(self, tokens: int) -> int:
+        """Dynamic shared memory of the projection kernel (seed: ``smem + 128``)."""
+        return projection_smem_bytes(tokens, self.warps)
+
+
+@dataclass(frozen=True)
+class TacticRange:
+    """``tactic`` serves token counts up to and including ``max_tokens``."""
+
+    max_tokens: int
+    tactic: Tactic
+
+
+@dataclass(frozen=True)
+class FuseRule:
+    """When the query epilogue runs inside the projection kernel (seed ``_fuse``):
+    ``tokens <= max_tokens`` for any head count, or ``heads >= wide_heads``
+    and ``tokens <= wide_max_tokens``."""
+
+    max_tokens: int
+    wide_heads: int
+    wide_max_tokens: int
+
+    def __call__(self, tokens: int, heads: int) -> bool:
+        return tokens <= self.max_tokens or (heads >= self.wide_heads and tokens <= self.wide_max_tokens)
+
+    @property
+    def largest_tokens(self) -> int:
+        return max(self.max_tokens, self.wide_max_tokens)
+
+
+@dataclass(frozen=True)
+class TacticTable:
+    """A validated token-range table of tactics plus the fuse rule, for one
+    GPU. Ranges are consecutive (``1..ranges[0].max_tokens``, then up to the
+    next bound, ...); every tactic fits ``MAX_SMEM_BYTES`` at its range's
+    largest token count; every token count the fuse rule accepts maps to the
+    fused kernel's tactic ``(FUSED_WARPS, 1)`` (the seed's bit-identity claim:
+    same warps, no K split). ``source`` says where the numbers come from."""
+
+    name: str
+    ranges: tuple[TacticRange, ...]
+    fuse: FuseRule
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.ranges:
+            raise ValueError(f"tactic table {self.name!r} has no ranges")
+        low = 1
+        for r in self.ranges:
+            if not isinstance(r, TacticRange) or not isinstance(r.tactic, Tactic):
+                raise ValueError(f"tactic table {self.name!r}: {r!r} is not a TacticRange of a Tactic")
+            if r.max_tokens < low:
+                raise ValueError(
+                    f"tactic table {self.name!r}: bounds must increase from 1, got {r.max_tokens} after {low - 1}"
+                )
+            smem = r.tactic.smem_bytes(r.max_tokens)
+            if smem > MAX_SMEM_BYTES:
+                raise ValueError(
+                    f"tactic table {self.name!r}: {r.tactic} at {r.max_tokens} tokens needs {smem} B "
+                    f"of shared memory, more than {MAX_SMEM_BYTES}"
+                )
+            if K_MULTIPLE % r.tactic.k_multiple:
+                raise ValueError(
+                    f"tactic table {self.name!r}: {r.tactic} needs K % {r.tactic.k_multiple}, "
+                    f"which K % {K_MULTIPLE} does not guarantee"
+                )
+            low = r.max_tokens + 1
+        fused = Tactic(FUSED_WARPS, 1)
+        for tokens in range(1, self.fuse.largest_tokens + 1):
+            got = self.lookup(tokens)
+            if got != fused:
+                raise ValueError(
+                    f"tactic table {self.name!r}: the fuse rule accepts {tokens} tokens but the "
+                    f"projection tactic there is {got}, not the fused kernel's {fused}"
+                )
+        need = fused_smem_bytes(self.fuse.largest_tokens, FUSED_WARPS, KEY)
+        if need > MAX_SMEM_BYTES:
+            raise ValueError(f"tactic table {self.name!r}: the fused kernel at "
+                             f"{self.fuse.largest_tokens} tokens needs {need} B of shared memory")
+
+    @property
+    def max_tokens(self) -> int:
+        return self.ranges[-1].max_tokens
+
+    def lookup(self, tokens: int) -> Tactic:
+        """The tactic for ``tokens``; ValueError outside ``1..max_tokens``."""
+        if not isinstance(tokens, int) or isinstance(tokens, bool):
+            raise ValueError(f"tokens must be an int, got {tokens!r}")
+        for r in self.ranges:
+            if 1 <= tokens <= r.max_tokens:
+                return r.tactic
+        raise ValueError(
+            f"tokens = {tokens} is outside tactic table {self.name!r} (1..{self.max_tokens}); "
+            f"larger batches take the stock path"
+        )
+
+
+#: The seed's table and fuse rule, "from a GB300 sweep" (sm_103).
+GB300 = TacticTable(
+    name="gb300",
+    ranges=(TacticRange(16, Tactic(16, 1)), TacticRange(MAX_TOKENS, Tactic(8, 4))),
+    fuse=FuseRule(max_tokens=2, wide_heads=32, wide_max_tokens=16),
+    source="seed _tactic/_fuse, tuned on GB300",
+)
+#: H200 (sm_90): the GB300 numbers until issue 6 measures its own.
+H200 = TacticTable(
+    name="h200",
+    ranges=GB300.ranges,
+    fuse=GB300.fuse,
+    source="copied from GB300, not yet measured on H200",
+)
+#: Tables by compute capability (``sm_XY``); the one place to add a GPU.
+TACTIC_TABLES: dict[str, TacticTable] = {"sm_90": H200, "sm_100": GB300, "sm_103": GB300}
+#: The arch whose table the seed's ``_tactic``/``_fuse`` encode.
+DEFAULT_ARCH = "sm_103"
+
+
+def tactic_table(arch: str = DEFAULT_ARCH) -> TacticTable:
+    """The table for ``arch`` (e.g. ``"sm_90"``); ValueError for an unknown arch."""
+    try:
+        return TACTIC_TABLES[arch]
+    except KeyError:
+        raise ValueError(f"arch must be one of {sorted(TACTIC_TABLES)}, got {arch!r}") from None
+
+
+def tactic(tokens: int, arch: str = DEFAULT_ARCH) -> Tactic:
+    """The projection kernel's tactic for ``tokens`` on ``arch`` (seed ``_tactic``:
+    16 warps and no K split up to 16 tokens, else 8 warps and 4 CTAs splitting
+    K). ValueError for tokens outside the table or an unknown arch."""
+    return tactic_table(arch).lookup(tokens)
+
+
+def fuse(tokens: int, heads: int, arch: str = DEFAULT_ARCH) -> bool:
+    """Whether the query epilogue runs inside the projection kernel (seed
+    ``_fuse``: ``tokens <= 2 or (heads >= 32 and tokens <= 16)``): only where
+    the projection's tactic is the fused kernel's (checked when the table is
+    built), so the head weights stay bit-identical, and where the GB300 chain
+    measured faster. ValueError for tokens < 1 or heads < 1."""
+    for name, value in (("tokens", tokens), ("heads", heads)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return tactic_table(arch).fuse(tokens, heads)
+
+
+# --- shapes and the fused row layout ---------------------------------------
+
+def _positive(name: str, value: int, *, zero: bool = False) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero else 1):
+        want = "a non-negative" if zero else "a positive"
+        raise ValueError(f"{name} must be {want} int, got {value!r}")
+    return value
+
+
+def check_projection_shape(key: int, heads: int, gate: int, k: int) -> None:
+    """The seed's ``IndexerProjection`` constructor check, as ValueError with the
+    values: key, heads and the total rows tile by ``ROWS``, K by ``K_MULTIPLE``,
+    the key cluster is launchable, indices fit a slot code."""
+    _positive("key", key)
+    _positive("heads", heads)
+    _positive("gate", gate, zero=True)
+    _positive("K", k)
+    rows = key + heads + gate
+    if key % ROWS or heads % ROWS or rows % ROWS or k % K_MULTIPLE:
+        raise ValueError(
+            f"indexer projection rows or K do not tile: key={key}, heads={heads}, rows={rows} "
+            f"must be multiples of {ROWS} and K={k} a multiple of {K_MULTIPLE}"
+        )
+    if key // ROWS > MAX_CLUSTER:
+        raise ValueError(f"key = {key} needs a cluster of {key // ROWS} CTAs, more than {MAX_CLUSTER}")
+    if max(key, heads, gate) >= 1 << SLOT_INDEX_BITS:
+        raise ValueError(f"key, heads, gate = {key}, {heads}, {gate} do not fit {SLOT_INDEX_BITS}-bit slot codes")
+
+
+def fused_layout(key: int, heads: int, gate: int) -> tuple[list[int], int]:
+    """(source row of every fused slot, -1 for a zero row; first head CTA).
+
+    Source rows index the concatenated weight ``[wk (key rows); weights_proj
+    (heads rows); gate rows]``. Slot ``s`` belongs to CTA ``s // ROWS``. The
+    key rows fill the first ``key // ROWS`` CTAs (one cluster, whose LayerNorm
+    statistics it exchanges), then CTA ``first + h`` holds head row h followed
+    by up to ``ROWS - 1`` gate rows (in order) and zero rows; gate rows left
+    over after the last head follow, and the CTAs pad with zero rows to whole
+    clusters of ``key // ROWS`` CTAs. Every source row appears exactly once.
+    Equivalent to the seed's ``_fused_layout``; ValueError if ``key`` is not a
+    positive multiple of ``ROWS`` or a count is negative.
+    """
+    _positive("key", key)
+    _positive("heads", heads)
+    _positive("gate", gate, zero=True)
+    if key % ROWS:
+        raise ValueError(f"key must be a multiple of {ROWS}, got {key}")
+    first = key // ROWS
+    order = list(range(key))
+    gates = list(range(key + heads, key + heads + gate))
+    for h in range(heads):
+        order += [key + h] + gates[: ROWS - 1]
+        gates = gates[ROWS - 1 :]
+        order += [-1] * (-len(order) % ROWS)
+    order += gates
+    order += [-1] * (-len(order) % (ROWS * first))
+    return order, first
+
+
+def slot_code(row: int, key: int, heads: int) -> int:
+    """The kernel's int32 code for a fused slot holding source ``row``:
+    ``kind << 16 | index``, index counted within that kind's output
+    (the seed's ``code``); -1 gives ``SLOT_NONE << 16``."""
+    if row < 0:
+        return SLOT_NONE << SLOT_INDEX_BITS
+    if row < key:
+        return SLOT_KEY << SLOT_INDEX_BITS | row
+    if row < key + heads:
+        return SLOT_HEAD << SLOT_INDEX_BITS | row - key
+    return SLOT_GATE << SLOT_INDEX_BITS | row - key - heads
+
+
+def slot_codes(order: list[int], key: int, heads: int) -> list[int]:
+    """:func:`slot_code` of every slot of ``order`` (the seed's ``slots``)."""
+    return [slot_code(r, key, heads) for r in order]
+
+
+def fused_ctas(key: int, heads: int, gate: int) -> int:
+    """CTAs of the fused kernel's grid (a multiple of the key cluster)."""
+    order, _ = fused_layout(key, heads, gate)
+    return len(order) // ROWS
+
+
+def padded_heads(heads: int) -> int:
+    """``max(heads, MQA_MIN_HEADS)``: the head count the MQA logits receive."""
+    _positive("heads", heads)
+    return max(heads, MQA_MIN_HEADS)
+
+
+def hadamard_scale(dim: int = DIM) -> float:
+    """``dim ** -0.5``: the orthonormal Hadamard scale (DeepSeek-V3.2
+    ``rotate_activation``), as a Python float (FP32-rounded where used)."""
+    if dim < 1 or dim & (dim - 1):
+        raise ValueError(f"dim must be a power of two, got {dim}")
+    return dim ** -0.5
+
+
+def head_weight_scale(softmax_scale: float, heads: int) -> float:
+    """``softmax_scale * heads ** -0.5`` in FP64 (the seed's ``scale``; the
+    kernel receives it as one FP32). DeepSeek-V3.2: ``softmax_scale =
+    index_head_dim ** -0.5``."""
+    _positive("heads", heads)
+    if not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+    return float(softmax_scale) * heads ** -0.5

@@ -1,0 +1,226 @@
+"""kernels.indexer.layout: constants, tactic table, fuse rule, fused row layout."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.indexer import layout as L
+from kernels.indexer.layout import (
+    DIM, FUSED_WARPS, K_MULTIPLE, KEY, MAX_TOKENS, ROWS, SLOT_GATE, SLOT_HEAD, SLOT_KEY,
+    SLOT_NONE, TACTIC_TABLES, FuseRule, Tactic, TacticRange, TacticTable,
+)
+
+
+# --- constants --------------------------------------------------------------
+
+def test_constants_agree_with_the_seed_usage():
+    assert ROWS == 8 and L.TILE == 16 and L.MMA_K == 16  # mma.sync m16n8k16
+    assert DIM // 4 == 32  # one int32 word of 4 FP8 a lane of a warp
+    assert L.QUANT_BLOCK == DIM  # one q scale per head, folded into its weight
+    assert L.padded_heads(32) == L.MQA_MIN_HEADS == 64 and L.padded_heads(65) == 65
+    assert KEY // ROWS <= L.MAX_CLUSTER
+    every = {r.tactic for t in TACTIC_TABLES.values() for r in t.ranges}
+    assert K_MULTIPLE == max(t.k_multiple for t in every)
+    assert all(K_MULTIPLE % t.k_multiple == 0 for t in every)
+
+
+def test_max_tokens_is_the_largest_power_of_two_that_fits():
+    split = L.tactic(MAX_TOKENS)
+    assert split.smem_bytes(MAX_TOKENS) <= L.MAX_SMEM_BYTES < split.smem_bytes(2 * MAX_TOKENS)
+
+
+def test_layout_imports_without_cutlass():
+    code = ("import sys, kernels.indexer, kernels.reference.indexer; "
+            "assert 'cutlass' not in sys.modules, 'cutlass imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=L.__file__.rsplit("/kernels/", 1)[0])
+
+
+# --- tactics ----------------------------------------------------------------
+
+@pytest.mark.parametrize("tokens", [1, 2, 3, 8, 16])
+def test_seed_tactic_small(tokens):
+    assert L.tactic(tokens) == Tactic(16, 1)
+
+
+@pytest.mark.parametrize("tokens", [17, 32, 64, 100, MAX_TOKENS])
+def test_seed_tactic_split_k(tokens):
+    assert L.tactic(tokens) == Tactic(8, 4)
+
+
+@pytest.mark.parametrize("tokens", [0, -1, MAX_TOKENS + 1, 10**6])
+def test_tokens_outside_the_table_are_rejected_with_the_value(tokens):
+    with pytest.raises(ValueError, match=f"tokens = {tokens} is outside tactic table"):
+        L.tactic(tokens)
+
+
+@pytest.mark.parametrize("tokens", [1.0, "4", None, True])
+def test_non_int_tokens_are_rejected(tokens):
+    with pytest.raises(ValueError, match="tokens must be"):
+        L.tactic(tokens)
+
+
+def test_unknown_arch_is_rejected_by_name():
+    with pytest.raises(ValueError, match=r"arch must be one of .*'sm_90'.* got 'sm_80'"):
+        L.tactic(4, arch="sm_80")
+    with pytest.raises(ValueError, match="arch must be"):
+        L.fuse(4, 64, arch="gfx942")
+
+
+def test_tactic_is_frozen_hashable_and_a_cache_key():
+    t = Tactic(16, 1)
+    cache = {("fused", 320, 7168, t): "compiled"}
+    assert cache[("fused", 320, 7168, Tactic(16, 1))] == "compiled"
+    assert hash(t) == hash(Tactic(16, 1)) and t != Tactic(8, 4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.warps = 8
+    hash(L.GB300)  # whole tables too
+
+
+@pytest.mark.parametrize("warps,split,field", [(0, 1, "warps"), (33, 1, "warps"), (8, 0, "split"),
+                                               (8, 17, "split"), (8.0, 1, "warps"), (8, True, "split")])
+def test_invalid_tactic_fields_are_named(warps, split, field):
+    with pytest.raises(ValueError, match=f"Tactic.{field}"):
+        Tactic(warps, split)
+
+
+def test_tactic_span_and_k_tiling():
+    assert Tactic(16, 1).span(7168) == 448 and Tactic(8, 4).span(7168) == 224
+    assert Tactic(16, 1).span(4096) == 256
+    with pytest.raises(ValueError, match=r"K = 7000 does not tile .* multiple of 1024"):
+        Tactic(8, 4).span(7000)
+
+
+def _table(ranges, fuse=FuseRule(2, 32, 16)):
+    return TacticTable("t", tuple(TacticRange(m, t) for m, t in ranges), fuse, "test")
+
+
+def test_table_validation():
+    with pytest.raises(ValueError, match="no ranges"):
+        TacticTable("t", (), FuseRule(2, 32, 16), "test")
+    with pytest.raises(ValueError, match="bounds must increase"):
+        _table([(16, Tactic(16, 1)), (16, Tactic(8, 4))])
+    with pytest.raises(ValueError, match="needs .* B of shared memory"):
+        _table([(16, Tactic(16, 1)), (4096, Tactic(8, 4))])
+    with pytest.raises(ValueError, match=r"fuse rule accepts 9 tokens .* Tactic\(warps=8, split=4\)"):
+        _table([(8, Tactic(16, 1)), (512, Tactic(8, 4))])
+    with pytest.raises(ValueError, match="not the fused kernel's"):
+        _table([(16, Tactic(16, 2)), (512, Tactic(8, 4))])
+    with pytest.raises(ValueError, match="K % 2048"):
+        _table([(16, Tactic(16, 1)), (64, Tactic(16, 4))])
+
+
+# --- fuse -------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", sorted(TACTIC_TABLES))
+def test_fuse_matches_the_seed_and_only_where_the_tactic_is_the_fused_one(arch):
+    for tokens in range(1, 64):
+        for heads in (1, 8, 16, 31, 32, 64, 128):
+            want = tokens <= 2 or (heads >= 32 and tokens <= 16)
+            assert L.fuse(tokens, heads, arch) == want, (tokens, heads)
+            if want:
+                assert L.tactic(tokens, arch) == Tactic(FUSED_WARPS, 1)
+    assert L.fuse(MAX_TOKENS + 1, 64) is False  # beyond the table: never fused
+
+
+@pytest.mark.parametrize("tokens,heads,name", [(0, 64, "tokens"), (4, 0, "heads"), (2.0, 64, "tokens")])
+def test_fuse_rejects_bad_counts(tokens, heads, name):
+    with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+        L.fuse(tokens, heads)
+
+
+def test_fused_kernel_fits_shared_memory_where_it_is_used():
+    for t in range(1, 17):
+        assert L.fused_smem_bytes(t, FUSED_WARPS, KEY) <= L.MAX_SMEM_BYTES
+
+
+# --- fused layout -----------------------------------------------------------
+
+def test_fused_layout_small_case_by_hand():
+    order, first = L.fused_layout(8, 2, 10)
+    assert first == 1
+    assert order == [*range(8), 8, *range(10, 17), 9, 17, 18, 19, -1, -1, -1, -1]
+
+
+def test_fused_layout_leftover_gates_and_cluster_padding():
+    order, first = L.fused_layout(16, 1, 10)  # cluster of 2 CTAs
+    assert first == 2
+    assert order == [*range(16), 16, *range(17, 24), 24, 25, 26, *[-1] * 5]
+    assert len(order) == 4 * ROWS
+
+
+def test_fused_layout_production_shape():
+    order, first = L.fused_layout(KEY, 64, 128)
+    assert first == 16 and len(order) // ROWS == 80 == L.fused_ctas(KEY, 64, 128)
+    order32, _ = L.fused_layout(KEY, 32, 128)
+    assert len(order32) // ROWS == 48  # 16 key CTAs + 32 head CTAs: 3 whole clusters
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.integers(1, 6).map(lambda c: c * ROWS), heads=st.integers(1, 40), gate=st.integers(0, 300))
+def test_fused_layout_properties(key, heads, gate):
+    order, first = L.fused_layout(key, heads, gate)
+    rows = key + heads + gate
+    # every source row exactly once, the rest zero rows
+    assert sorted(r for r in order if r >= 0) == list(range(rows))
+    assert all(r == -1 or r >= 0 for r in order)
+    # whole clusters of key // ROWS CTAs
+    assert first == key // ROWS and len(order) % (ROWS * first) == 0
+    # key rows first, in order, exactly filling the key cluster
+    assert order[:key] == list(range(key))
+    ctas = [order[i:i + ROWS] for i in range(0, len(order), ROWS)]
+    gates_seen = []
+    for h in range(heads):
+        cta = ctas[first + h]
+        assert cta[0] == key + h  # head h leads CTA first + h
+        assert all(r < 0 or r >= key + heads for r in cta[1:])  # then gate or zero rows
+        real = [r for r in cta[1:] if r >= 0]
+        assert cta[1:1 + len(real)] == real  # zero rows only at the end
+        gates_seen += real
+    rest = [r for c in ctas[first + heads:] for r in c if r >= 0]
+    assert gates_seen + rest == list(range(key + heads, rows))  # gate rows in order
+    # slot codes: kind and index per slot
+    codes = L.slot_codes(order, key, heads)
+    for r, code in zip(order, codes):
+        kind, index = code >> 16, code & 0xFFFF
+        if r < 0:
+            assert (kind, index) == (SLOT_NONE, 0)
+        elif r < key:
+            assert (kind, index) == (SLOT_KEY, r)
+        elif r < key + heads:
+            assert (kind, index) == (SLOT_HEAD, r - key)
+        else:
+            assert (kind, index) == (SLOT_GATE, r - key - heads)
+
+
+@pytest.mark.parametrize("args,match", [((0, 64, 128), "key must be a positive"),
+                                        ((12, 64, 128), "key must be a multiple of 8, got 12"),
+                                        ((128, 0, 128), "heads must be a positive"),
+                                        ((128, 64, -1), "gate must be a non-negative"),
+                                        ((128.0, 64, 128), "key must be a positive int")])
+def test_fused_layout_rejects_bad_shapes(args, match):
+    with pytest.raises(ValueError, match=match):
+        L.fused_layout(*args)
+
+
+def test_projection_shape_check_names_the_values():
+    L.check_projection_shape(128, 64, 128, 7168)
+    L.check_projection_shape(128, 32, 128, 4096)
+    with pytest.raises(ValueError, match=r"do not tile: key=128, heads=60, rows=316 .* K=7168"):
+        L.check_projection_shape(128, 60, 128, 7168)
+    with pytest.raises(ValueError, match=r"K=7000 a multiple of 1024"):
+        L.check_projection_shape(128, 64, 128, 7000)
+    with pytest.raises(ValueError, match="cluster of 32 CTAs"):
+        L.check_projection_shape(256, 64, 128, 7168)
+
+
+def test_scales():
+    assert L.hadamard_scale(128) == 128 ** -0.5
+    assert L.head_weight_scale(128 ** -0.5, 64) == 128 ** -0.5 * 64 ** -0.5
+    with pytest.raises(ValueError, match="dim must be a power of two"):
+        L.hadamard_scale(96)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        L.head_weight_scale(0.0, 64)
