@@ -16,7 +16,7 @@ from jobs.table import Col, Table
 from kernels.reference import golden
 from kernels.reference.cases import GOLDEN_CASES
 
-COLUMNS = [Col("case", 34), Col("op", 16), Col("elements", 9, "d"), Col("#wrong", 7, "d"),
+COLUMNS = [Col("case", 34), Col("op", 20), Col("elements", 9, "d"), Col("#wrong", 7, "d"),
            Col("max_ulp", 8, ".0f"), Col("ms", 7, ".1f"), Col("result", 6)]
 
 

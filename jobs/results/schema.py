@@ -30,7 +30,10 @@ SCHEMA_VERSION_KEY = b"lamport_lab.schema_version"
 
 OUTCOMES = ("pass", "fail", "hang", "error", "skipped")
 TRIGGERS = ("nightly", "adhoc", "ci")
-BACKENDS = ("gpu", "emulated", "cpu-reference")
+#: gpu: kernels ran on GPUs; emulated: the protocol in numpy on CPU actors;
+#: cpu-reference: torch references only; compile: kernels compiled for an
+#: arch and their PTX checked, nothing launched.
+BACKENDS = ("gpu", "emulated", "cpu-reference", "compile")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,362 @@
+"""``python -m jobs compile-check``: compile every registered kernel variant
+without a GPU and check its PTX.
+
+Variants come from a registry: an op registers a provider with
+:func:`register_op`; the provider turns the requested hidden sizes and tp
+values into :class:`Variant` objects (a kernel that takes tp or hidden at
+runtime is not multiplied by them). Checks, per variant and per arch:
+
+- the PTX dump exists and holds an ``.entry`` containing ``entry``;
+- consumers spin with ``ld.volatile.global.v4``; their order is residual and
+  gamma loads, ``griddepcontrol.wait``, the volatile stage load, the spins,
+  ``griddepcontrol.launch_dependents``, then the sentinel stores;
+- ``multimem.st`` appears in multicast builds and only there;
+- publishes: ``griddepcontrol.wait`` precedes ``launch_dependents`` and the
+  stage / payload loads; the unicast and multicast builds of one (tp, arch)
+  differ only in their stores (and the peer-table loads that feed them).
+
+Prints a fixed-width table with compile times; exit status 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import glob
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+from jobs.options import add_results_arguments, open_results, report
+
+DEFAULT_ARCHS = ("sm_90a", "sm_100a")
+DEFAULT_HIDDEN = (2048, 2560, 3584, 4096, 5120, 7168, 8192)
+DEFAULT_TP = (1, 2, 4, 8)
+KNOWN_OPS = ("all_reduce_norm", "finalize_publish", "all_reduce_mhc", "indexer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One compile of one kernel for one arch."""
+    op: str
+    kernel: str                      # "publish" | "consumer" | other
+    entry: str                       # substring of the PTX .entry name
+    compile: Callable[[str, str], object]  # (arch, dump_dir) -> compiled
+    transport: str = "-"
+    watchdog_ns: int = 0
+    hidden: int | None = None        # None: runtime argument
+    tp: int | None = None            # None: runtime argument
+    pair_key: tuple | None = None    # publishes: unicast/multicast twins share it
+
+
+_PROVIDERS: dict[str, Callable[[Sequence[int], Sequence[int]], list[Variant]]] = {}
+
+
+def register_op(name: str):
+    """Decorator: ``provider(hiddens, tps) -> list[Variant]`` for op ``name``."""
+    def wrap(provider):
+        _PROVIDERS[name] = provider
+        return provider
+    return wrap
+
+
+def registered_ops() -> list[str]:
+    return list(_PROVIDERS)
+
+
+# ---------------------------------------------------------------- all_reduce_norm
+WATCHDOG_CHECK_NS = 1_000_000
+
+
+@register_op("all_reduce_norm")
+def _all_reduce_norm_variants(hiddens, tps) -> list[Variant]:
+    from kernels.lamport.compile import (NormConfig, PublishConfig, compile_norm,
+                                         compile_publish)
+    from kernels.lamport.norm import norm_threads
+
+    out = []
+    for tp in tps:
+        for transport in ("unicast", "multicast"):
+            def build(arch, dump, tp=tp, transport=transport):
+                return compile_publish(PublishConfig(tp=tp, transport=transport, arch=arch),
+                                       dump_dir=dump)
+            out.append(Variant("all_reduce_norm", "publish", "PublishKernel", build,
+                               transport=transport, tp=tp, pair_key=("publish", tp)))
+    for hidden in hiddens:
+        norm_threads(hidden)  # ValueError for an unsupported hidden
+        for tp in tps:
+            for wd in (0, WATCHDOG_CHECK_NS):
+                def build(arch, dump, hidden=hidden, tp=tp, wd=wd):
+                    return compile_norm(NormConfig(hidden=hidden, tp=tp, watchdog_ns=wd,
+                                                   arch=arch), dump_dir=dump)
+                out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
+                                   watchdog_ns=wd, hidden=hidden, tp=tp))
+    return out
+
+
+# ---------------------------------------------------------------- PTX checks
+_INSTR = re.compile(r"^\s*(?:@%?!?\w+\s+)?([a-z][\w.:]*)")
+
+
+def entry_body(ptx: str, entry: str) -> tuple[str | None, list[str]]:
+    """(entry name, instruction lines) of the first .entry containing ``entry``."""
+    m = re.search(r"\.entry\s+(\w*" + re.escape(entry) + r"\w*)\s*\(", ptx)
+    if not m:
+        return None, []
+    body = ptx[m.end():]
+    start = body.index("{")
+    lines = [ln.strip() for ln in body[start + 1:].splitlines()]
+    instrs = [ln for ln in lines if ln and not ln.startswith(("//", ".reg", "$L", "{", "}"))]
+    return m.group(1), instrs
+
+
+def _first(lines, pattern, start=0):
+    for i in range(start, len(lines)):
+        if pattern in lines[i]:
+            return i
+    return -1
+
+
+def check_consumer(lines: list[str], v: Variant) -> list[str]:
+    errs = []
+    wait = _first(lines, "griddepcontrol.wait")
+    launch = _first(lines, "griddepcontrol.launch_dependents")
+    stage = _first(lines, "ld.volatile.global.u32")
+    spin = _first(lines, "ld.volatile.global.v4")
+    sentinel = _first(lines, "0x80008000")
+    plain = [i for i, ln in enumerate(lines) if ln.startswith("ld.global.v4")]
+    if spin < 0:
+        errs.append("no ld.volatile.global.v4 (Lamport spin)")
+    if any("multimem.st" in ln for ln in lines):
+        errs.append("multimem.st in a consumer")
+    if wait < 0 or launch < 0:
+        errs.append("missing griddepcontrol.wait/launch_dependents")
+    elif len(plain) < 2 or max(plain[:2]) > wait:
+        errs.append("residual/gamma loads not before griddepcontrol.wait")
+    elif not wait < stage < spin < launch < sentinel:
+        errs.append(f"order wait<stage<spin<launch<sentinel broken: "
+                    f"{wait},{stage},{spin},{launch},{sentinel}")
+    if v.watchdog_ns and not any("%globaltimer" in ln for ln in lines):
+        errs.append("watchdog variant without %globaltimer")
+    if not v.watchdog_ns and any("%globaltimer" in ln for ln in lines):
+        errs.append("plain variant reads %globaltimer")
+    return errs
+
+
+def check_publish(lines: list[str], v: Variant) -> list[str]:
+    errs = []
+    wait = _first(lines, "griddepcontrol.wait")
+    launch = _first(lines, "griddepcontrol.launch_dependents")
+    stage = _first(lines, "ld.volatile.global.u32")
+    payload = _first(lines, "ld.global.v4")
+    mc = sum("multimem.st" in ln for ln in lines)
+    uc = sum(ln.startswith("st.relaxed.sys.global.v4") for ln in lines)
+    if wait < 0 or launch < 0 or not wait < launch:
+        errs.append(f"griddepcontrol.wait ({wait}) must precede launch_dependents ({launch})")
+    if not (0 <= wait < stage and wait < payload):
+        errs.append("stage/payload loaded before griddepcontrol.wait")
+    if v.transport == "multicast" and (mc != 1 or uc):
+        errs.append(f"multicast build: {mc} multimem.st, {uc} st.relaxed.sys")
+    if v.transport == "unicast" and (mc or uc != (v.tp or 1)):
+        errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want tp={v.tp})")
+    return errs
+
+
+def _skeleton(lines: list[str]) -> list[str]:
+    """Opcodes of a publish without its stores and the address math and
+    peer-table loads that only feed them."""
+    drop = ("st.relaxed.sys", "multimem.st", "ld.global.u64", "add.s64", "mov.b64",
+            "ld.param")
+    ops = []
+    for ln in lines:
+        m = _INSTR.match(ln)
+        if m and not m.group(1).startswith(drop):
+            ops.append(m.group(1))
+    return ops
+
+
+# ---------------------------------------------------------------- the run
+@dataclasses.dataclass
+class Row:
+    variant: Variant
+    arch: str
+    seconds: float = 0.0
+    ptx_kb: float = 0.0
+    errors: list[str] = dataclasses.field(default_factory=list)
+    lines: list[str] = dataclasses.field(default_factory=list)
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def run_variant(v: Variant, arch: str, dump_root: str, index: int) -> Row:
+    row = Row(v, arch, started_at=_now())
+    dump = os.path.join(dump_root, f"{index:04d}_{v.op}_{v.kernel}_{arch}")
+    t0 = time.perf_counter()
+    try:
+        v.compile(arch, dump)
+    except Exception as exc:  # report every failure, keep going
+        row.seconds = time.perf_counter() - t0
+        row.finished_at = _now()
+        row.errors.append(f"compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        return row
+    row.seconds = time.perf_counter() - t0
+    row.finished_at = _now()
+    ptxs = glob.glob(os.path.join(dump, "*.ptx"))
+    if not ptxs:
+        row.errors.append(f"no PTX dump in {dump}")
+        return row
+    ptx = open(ptxs[0]).read()
+    row.ptx_kb = len(ptx) / 1024
+    if f".target {arch}" not in ptx:
+        row.errors.append(f"PTX .target is not {arch}")
+    name, row.lines = entry_body(ptx, v.entry)
+    if name is None:
+        row.errors.append(f"no .entry containing {v.entry!r}")
+        return row
+    if v.kernel == "consumer":
+        row.errors += check_consumer(row.lines, v)
+    elif v.kernel == "publish":
+        row.errors += check_publish(row.lines, v)
+    return row
+
+
+def check_pairs(rows: list[Row]) -> None:
+    """Unicast vs multicast publishes of the same (key, arch): same skeleton."""
+    groups: dict[tuple, dict[str, Row]] = {}
+    for r in rows:
+        if r.variant.pair_key and r.lines:
+            groups.setdefault((r.variant.pair_key, r.arch), {})[r.variant.transport] = r
+    for pair in groups.values():
+        if {"unicast", "multicast"} <= set(pair):
+            a, b = _skeleton(pair["unicast"].lines), _skeleton(pair["multicast"].lines)
+            if a != b:
+                diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                msg = (f"unicast/multicast publishes differ beyond their stores at op {diff}: "
+                       f"{a[diff:diff + 3]} vs {b[diff:diff + 3]}")
+                pair["multicast"].errors.append(msg)
+
+
+HEADER = (f"{'op':<16} {'kernel':<9} {'transport':<9} {'watchdog':>9} {'hidden':>7} "
+          f"{'tp':>3} {'arch':<8} {'compile_s':>9} {'ptx_kb':>7}  status")
+
+
+def format_row(r: Row) -> str:
+    v = r.variant
+    status = "ok" if not r.errors else "FAIL: " + "; ".join(r.errors)
+    return (f"{v.op:<16} {v.kernel:<9} {v.transport:<9} {v.watchdog_ns:>9} "
+            f"{'rt' if v.hidden is None else v.hidden:>7} {'rt' if v.tp is None else v.tp:>3} "
+            f"{r.arch:<8} {r.seconds:>9.3f} {r.ptx_kb:>7.1f}  {status}")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def _str_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jobs compile-check",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=_str_list, default=list(DEFAULT_ARCHS),
+                   help="comma-separated, default sm_90a,sm_100a")
+    p.add_argument("--ops", type=_str_list, default=None,
+                   help=f"comma-separated ops, default every registered one ({', '.join(KNOWN_OPS)})")
+    p.add_argument("--hidden", type=_int_list, default=list(DEFAULT_HIDDEN))
+    p.add_argument("--tp", type=_int_list, default=list(DEFAULT_TP))
+    p.add_argument("--dump-dir", default=None, help="keep the PTX here (default: a temp dir)")
+    add_results_arguments(p, suite="compile-check")
+    return p.parse_args(argv)
+
+
+def result_row(r: Row, environment: dict) -> dict:
+    """The results-store row of one compile (outcome pass/fail, never timed)."""
+    from jobs.results import make_row
+    v = r.variant
+    repro = (f"python -m jobs compile-check --arch {r.arch} --ops {v.op}"
+             + (f" --hidden {v.hidden}" if v.hidden else "") + (f" --tp {v.tp}" if v.tp else ""))
+    return make_row(
+        started_at=r.started_at, finished_at=r.finished_at, op=v.op,
+        variant=f"{v.kernel}" + (f"/watchdog={v.watchdog_ns}ns" if v.watchdog_ns else ""),
+        transport=None if v.transport == "-" else v.transport, backend="compile",
+        tp=v.tp, hidden=v.hidden, outcome="fail" if r.errors else "pass",
+        reason="; ".join(r.errors) or None, repro_command=None if not r.errors else repro,
+        extra={"arch": r.arch, "compile_s": round(r.seconds, 4), "ptx_kb": round(r.ptx_kb, 1)},
+        **environment)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    writer, environment = open_results(args)
+    ops = args.ops if args.ops is not None else registered_ops()
+    for op in ops:
+        if op not in _PROVIDERS:
+            known = registered_ops()
+            planned = [o for o in KNOWN_OPS if o not in known]
+            print(f"compile-check: unknown op {op!r}; registered: {known}"
+                  + (f" (not yet implemented: {planned})" if op in planned else ""),
+                  file=sys.stderr)
+            return 2
+    for arch in args.arch:
+        if not re.fullmatch(r"sm_\d+a?", arch):
+            print(f"compile-check: bad --arch {arch!r} (e.g. sm_90a)", file=sys.stderr)
+            return 2
+    t_import = time.perf_counter()
+    import cutlass  # noqa: F401  (import time reported apart from compiles)
+    t_import = time.perf_counter() - t_import
+    try:
+        variants = [v for op in ops for v in _PROVIDERS[op](args.hidden, args.tp)]
+    except ValueError as exc:
+        print(f"compile-check: {exc}", file=sys.stderr)
+        return 2
+
+    tmp = None
+    dump_root = args.dump_dir
+    if dump_root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="compile-check-")
+        dump_root = tmp.name
+    rows: list[Row] = []
+    print(HEADER)
+    print("-" * len(HEADER))
+    t0 = time.perf_counter()
+    try:
+        for arch in args.arch:
+            for v in variants:
+                row = run_variant(v, arch, dump_root, len(rows))
+                rows.append(row)
+                if v.kernel != "publish":  # publishes are checked in pairs below
+                    print(format_row(row), flush=True)
+                    if writer:
+                        writer.append(result_row(row, environment))
+        check_pairs(rows)
+        for row in rows:
+            if row.variant.kernel == "publish":
+                print(format_row(row), flush=True)
+                if writer:
+                    writer.append(result_row(row, environment))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    failed = [r for r in rows if r.errors]
+    total = time.perf_counter() - t0
+    print("-" * len(HEADER))
+    print(f"{len(rows)} compiles, {len(failed)} failed, compile total {total:.1f} s "
+          f"(import cutlass {t_import:.1f} s), PTX in {args.dump_dir or 'a temp dir (removed)'}")
+    report(writer, len(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

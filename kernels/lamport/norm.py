@@ -1,0 +1,196 @@
+"""The Lamport consumer fused with residual add and RMSNorm.
+
+One CTA a token, ``hidden / 8`` threads, one 16-byte fragment a thread.
+Order inside the kernel (checked in the PTX by ``jobs.compile_check``):
+residual and gamma loads, ``griddepcontrol.wait``, volatile ACTIVE_STAGE
+load, one spin per source rank (rank order), NEXT_STAGE store (token 0
+thread 0), ``griddepcontrol.launch_dependents``, sentinel write-back of the
+slots read, then the epilogue: ``sum`` rounded once to BF16,
+``residual_out = BF16(sum + residual)``, ``norm_out = BF16(residual_out *
+rsqrt(mean(residual_out^2) + eps) * gamma)`` with the mean reduced by warp
+shuffles and shared memory.
+
+Watchdog variant (``watchdog_ns > 0``, compile time): each thread's spins
+share one deadline, ``%globaltimer`` at the first spin + ``watchdog_ns``.
+A fragment still holding a sentinel lane at the deadline is given up:
+the thread appends a record (token, source rank, fragment index, stage, the
+4 words seen) to the error buffer (``ERR_COUNT`` is the atomic append
+counter; records past the capacity are counted but not written), sets the
+source's bit in ``ERR_MISSING_MASK`` (all lanes sentinel) or
+``ERR_UNSANITIZED_MASK`` (some lanes written: an unsanitized -0.0), and
+continues with NaN as its sum. It still passes the block barrier, writes
+the sentinel back and writes its outputs: NaN in its residual_out fragment
+and, through the reduction, NaN in the token's whole norm_out row.
+
+An ACTIVE_STAGE >= 3 (corrupt, or copied there by publish's bounds check)
+is never used as an address: no spin, no sentinel write-back,
+``ERR_BAD_STAGE`` set, NaN outputs, NEXT_STAGE left unchanged. This holds in
+the plain variant too.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int32, Int64, Uint32
+import cuda.bindings.driver as cuda
+
+from . import primitives as prim
+from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, ERR_COUNT,
+                       ERR_HEADER_WORDS, ERR_MISSING_MASK, ERR_RECORD_WORDS,
+                       ERR_UNSANITIZED_MASK, LAMPORT_GENERATIONS, MAX_THREADS,
+                       NEXT_STAGE, VEC_BF16, WARP_SIZE, slot_index)
+
+
+def norm_threads(hidden: int) -> int:
+    """Threads a CTA for ``hidden``; ValueError when unsupported."""
+    if hidden <= 0 or hidden % VEC_BF16:
+        raise ValueError(f"hidden_size must be a positive multiple of {VEC_BF16}, got {hidden}")
+    threads = hidden // VEC_BF16
+    if threads % WARP_SIZE or threads > MAX_THREADS:
+        raise ValueError(
+            f"hidden_size/{VEC_BF16} must be a whole number of warps <= {MAX_THREADS} "
+            f"threads, got hidden_size={hidden} ({threads} threads)")
+    return threads
+
+
+class NormKernel:
+    """Lamport consume + residual add + RMSNorm for ``[M, hidden]``."""
+
+    def __init__(self, *, hidden: int, tp: int, watchdog_ns: int = 0) -> None:
+        if tp not in (1, 2, 4, 8):
+            raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+        if watchdog_ns < 0:
+            raise ValueError(f"watchdog_ns must be >= 0, got {watchdog_ns}")
+        self.hidden = hidden
+        self.tp = tp
+        self.watchdog_ns = int(watchdog_ns)
+        self.threads = norm_threads(hidden)
+        self.warps = self.threads // WARP_SIZE
+
+    @cute.jit
+    def __call__(self, mailbox: Int64, residual: Int64, gamma: Int64,
+                 residual_out: Int64, norm_out: Int64, stage_state: Int64,
+                 error: Int64, capacity: Int32, error_records: Int32,
+                 eps: Float32, m: Int32, stream: cuda.CUstream) -> None:
+        self.kernel(mailbox, residual, gamma, residual_out, norm_out,
+                    stage_state, error, capacity, error_records, eps).launch(
+            grid=(m, 1, 1), block=(self.threads, 1, 1), stream=stream,
+            use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, mailbox: Int64, residual: Int64, gamma: Int64,
+               residual_out: Int64, norm_out: Int64, stage_state: Int64,
+               error: Int64, capacity: Int32, error_records: Int32,
+               eps: Float32):
+        hidden = self.hidden
+        tidx, _, _ = cute.arch.thread_idx()
+        token, _, _ = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.warp_idx()
+        column = Int64(tidx) * VEC_BF16
+        element = Int64(token) * hidden + column
+
+        # Written before the producer of this call's publish started.
+        residual_values = prim.unpack_bf16x8(
+            prim.load_u32x4(residual + element * 2)).to(Float32)
+        gamma_values = prim.unpack_bf16x8(
+            prim.load_u32x4(gamma + column * 2)).to(Float32)
+
+        cute.arch.griddepcontrol_wait()
+
+        stage = prim.load_volatile_u32(stage_state + ACTIVE_STAGE * 4)
+        stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
+        safe_stage = Int64(0)
+        if stage_ok:
+            safe_stage = Int64(stage)
+        failed = Boolean(True)
+        if stage_ok:
+            failed = Boolean(False)
+
+        reduced = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
+        reduced.fill(0.0)
+        deadline = Int64(0)
+        if cutlass.const_expr(self.watchdog_ns > 0):
+            deadline = prim.globaltimer_ns() + self.watchdog_ns
+        for source in cutlass.range_constexpr(self.tp):
+            address = mailbox + slot_index(safe_stage, self.tp, source,
+                                           Int64(capacity), Int64(token),
+                                           hidden, column) * 2
+            w0 = Uint32(0)
+            w1 = Uint32(0)
+            w2 = Uint32(0)
+            w3 = Uint32(0)
+            pending = Boolean(stage_ok)
+            timed_out = Boolean(False)
+            while pending:
+                w0, w1, w2, w3 = prim.load_volatile_u32x4(address)
+                pending = prim.fragment_has_sentinel([w0, w1, w2, w3])
+                if cutlass.const_expr(self.watchdog_ns > 0):
+                    if pending:
+                        if prim.globaltimer_ns() > deadline:
+                            pending = Boolean(False)
+                            timed_out = Boolean(True)
+            if cutlass.const_expr(self.watchdog_ns > 0):
+                if timed_out:
+                    failed = Boolean(True)
+                    self._record(error, error_records, token, source, tidx,
+                                 stage, [w0, w1, w2, w3])
+            reduced.store(reduced.load()
+                          + prim.unpack_bf16x8([w0, w1, w2, w3]).to(Float32))
+
+        if (token == 0) & (tidx == 0):
+            if stage_ok:
+                prim.store_u32(stage_state + NEXT_STAGE * 4,
+                               (stage + Uint32(1)) % Uint32(LAMPORT_GENERATIONS))
+            else:
+                prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
+        cute.arch.griddepcontrol_launch_dependents()
+        if stage_ok:
+            for source in cutlass.range_constexpr(self.tp):
+                prim.store_sentinel_u32x4(
+                    mailbox + slot_index(safe_stage, self.tp, source,
+                                         Int64(capacity), Int64(token),
+                                         hidden, column) * 2)
+
+        if failed:
+            reduced.fill(Float32(float("nan")))
+        # The all-reduced value is BF16, as the collective returns it.
+        summed = (reduced.load().to(cutlass.BFloat16).to(Float32)
+                  + residual_values).to(cutlass.BFloat16)
+        prim.store_u32x4(residual_out + element * 2, prim.pack_bf16x8(summed))
+        values = summed.to(Float32)
+        square = (values * values).reduce(cute.ReductionOp.ADD,
+                                          init_val=Float32(0.0),
+                                          reduction_profile=0)
+        for offset in cutlass.range_constexpr(5):
+            square = square + cute.arch.shuffle_sync_bfly(
+                square, offset=1 << offset, mask=-1, mask_and_clamp=31)
+        smem = cutlass.memory.SmemAllocator()
+        warp_sums = smem.allocate_array(Float32, self.warps)
+        if lane == 0:
+            cute.arch.store((warp_sums + warp).llvm_ptr, square)
+        cute.arch.barrier()
+        total = Float32(0.0)
+        for w in cutlass.range_constexpr(self.warps):
+            total = total + cute.arch.load((warp_sums + w).llvm_ptr, Float32)
+        inv_rms = cute.math.rsqrt(total / Float32(hidden) + eps, fastmath=True)
+        prim.store_u32x4(norm_out + element * 2, prim.pack_bf16x8(
+            (values * inv_rms * gamma_values).to(cutlass.BFloat16)))
+
+    @cute.jit
+    def _record(self, error: Int64, error_records: Int32, token, source,
+                fragment, stage, words):
+        """Append one timeout record; classify missing vs unsanitized."""
+        if prim.fragment_all_sentinel(words):
+            prim.atomic_or_u32(error + ERR_MISSING_MASK * 4, Uint32(1 << source))
+        else:
+            prim.atomic_or_u32(error + ERR_UNSANITIZED_MASK * 4, Uint32(1 << source))
+        index = prim.atomic_add_u32(error + ERR_COUNT * 4, Uint32(1))
+        if index < Uint32(error_records):
+            base = error + (Int64(ERR_HEADER_WORDS)
+                            + Int64(index) * ERR_RECORD_WORDS) * 4
+            fields = [Uint32(token), Uint32(source), Uint32(fragment), stage,
+                      words[0], words[1], words[2], words[3]]
+            for i in cutlass.range_constexpr(ERR_RECORD_WORDS):
+                prim.store_u32(base + i * 4, fields[i])

@@ -1,0 +1,103 @@
+"""The Lamport mailbox protocol: constants and the slot index, in one place.
+
+Every rank owns a mailbox, a BF16 tensor ``[LAMPORT_GENERATIONS, tp,
+capacity, hidden]``, and a ``stage_state`` int32[2] holding
+``[ACTIVE_STAGE, NEXT_STAGE]``. Every mailbox element starts as the
+sentinel, BF16 negative zero (bits ``0x8000``); a 16-byte fragment of 8 BF16
+is the unit of transfer.
+
+Publish (rank ``r``, token ``t``; one kernel, after ``griddepcontrol.wait``):
+  1. read ``stage = NEXT_STAGE``; if ``stage >= LAMPORT_GENERATIONS`` the
+     state is corrupt: store nothing through the peer table, set the error
+     flag and write the bad value to ACTIVE_STAGE (so the local consumer
+     fails fast instead of spinning on a stale generation);
+  2. replace every -0.0 lane of the payload by +0.0 (sanitize), so that no
+     payload lane can look like the sentinel;
+  3. store each fragment of row ``t`` into slot ``(stage, r, t, column)`` of
+     every rank's mailbox: one ``multimem.st`` to the multicast address
+     (transport ``multicast``) or one ``st.relaxed.sys`` per peer through a
+     device table of peer base addresses (transport ``unicast``);
+  4. block 0 thread 0 writes ``ACTIVE_STAGE = stage``.
+  Each lane carries its own "arrived" bit (it is not 0x8000), so the payload
+  needs no release fence.
+
+Consume (one CTA a token on every rank, after ``griddepcontrol.wait``):
+  1. volatile-load ``stage = ACTIVE_STAGE`` (bounds-checked as above);
+  2. for source rank 0..tp-1 in order, spin on 16-byte volatile loads of
+     slot ``(stage, source, t, column)`` until no lane is 0x8000, and add the
+     fragment into an FP32 accumulator that starts at +0.0;
+  3. token 0 thread 0 writes ``NEXT_STAGE = (stage + 1) % 3``, then every
+     thread triggers dependents (PDL);
+  4. write the sentinel back into every slot it read;
+  5. the fused epilogue (round the sum once to BF16, + residual, RMSNorm).
+
+Why three generations: rank A may publish call N+1 (stage s+1) as soon as
+its own consumer of call N finished, i.e. once every rank published call N;
+rank B may still be reading and resetting stage s of call N, but stage s+1
+was last used by call N-2, which B finished before it published call N. A
+fourth use of a stage (call N+3) cannot start before every rank consumed
+call N+1, by the same argument. Hence: calls on one mailbox must not overlap
+beyond this pipelining, and every rank must make the same sequence of calls
+with the same token count (the slots read are exactly the slots written).
+"""
+
+from __future__ import annotations
+
+LAMPORT_GENERATIONS = 3
+"""Number of mailbox generations (stages) that rotate."""
+
+ACTIVE_STAGE = 0
+"""Index in ``stage_state`` of the stage the last publish wrote."""
+
+NEXT_STAGE = 1
+"""Index in ``stage_state`` of the stage the next publish writes."""
+
+SENTINEL_BF16 = 0x8000
+"""BF16 negative zero: an empty mailbox lane."""
+
+SENTINEL_WORD = 0x80008000
+"""Two sentinel lanes packed in one 32-bit word."""
+
+SENTINEL_INT16 = -32768
+"""The sentinel as a signed int16 (for ``tensor.view(torch.int16).fill_``)."""
+
+VEC_BF16 = 8
+"""BF16 elements per 16-byte fragment."""
+
+FRAGMENT_BYTES = 16
+WARP_SIZE = 32
+MAX_THREADS = 1024
+
+# Error buffer (int32) layout, shared by publish and the watchdog consumer.
+ERR_COUNT = 0
+"""Number of timeout records appended (may exceed the buffer capacity)."""
+ERR_MISSING_MASK = 1
+"""Bit s set: some fragment of source rank s never arrived (all sentinel)."""
+ERR_BAD_STAGE = 2
+"""Non-zero: a stage index >= LAMPORT_GENERATIONS was read (value + 1 of the
+last bad stage seen)."""
+ERR_UNSANITIZED_MASK = 3
+"""Bit s set: a fragment of source s arrived with some but not all lanes set
+(an unsanitized -0.0 in the payload)."""
+ERR_HEADER_WORDS = 4
+ERR_RECORD_WORDS = 8
+"""One record: token, source rank, fragment index, stage, 4 words seen."""
+ERR_DEFAULT_RECORDS = 256
+
+
+def slot_index(stage, tp, source, capacity, token, hidden, column):
+    """Element index of ``(stage, source, token, column)`` in a flat mailbox.
+
+    Plain arithmetic, so the same function serves host code (Python ints)
+    and ``@cute.jit`` code (DSL integers; pass Int64 values to avoid 32-bit
+    overflow on large mailboxes).
+    """
+    return ((stage * tp + source) * capacity + token) * hidden + column
+
+
+def mailbox_shape(tp: int, capacity: int, hidden: int) -> tuple[int, int, int, int]:
+    return (LAMPORT_GENERATIONS, tp, capacity, hidden)
+
+
+def error_buffer_words(records: int = ERR_DEFAULT_RECORDS) -> int:
+    return ERR_HEADER_WORDS + ERR_RECORD_WORDS * records

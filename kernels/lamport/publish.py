@@ -1,0 +1,100 @@
+"""The plain Lamport publish kernel: rank ``rank`` stores its ``[M, hidden]``
+BF16 partial into slot ``[stage, rank, token, :]`` of every rank's mailbox.
+
+Grid ``(ceil(hidden / 8 / 128), M)``, 128 threads, 8 BF16 (one 16-byte
+fragment) a thread; the last CTA of a token may be partial (hidden 2560,
+3584) and its surplus threads store nothing. ``rank``, ``capacity``,
+``hidden`` and ``M`` are runtime arguments, so one compile serves every rank
+and hidden size; ``tp`` is compile-time so the unicast peer table lives in
+registers.
+
+Stage bounds check: when ``NEXT_STAGE >= LAMPORT_GENERATIONS`` (corrupt
+state) nothing is stored through the peer table / multicast address, block
+(0, 0) thread 0 writes ``error[ERR_BAD_STAGE] = stage + 1`` and copies the
+bad value into ACTIVE_STAGE, so this rank's consumer sees it, records it and
+writes NaN without spinning; the other ranks' consumers see this rank as
+missing (their watchdog names it).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64, Uint32
+import cuda.bindings.driver as cuda
+
+from . import primitives as prim
+from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS,
+                       NEXT_STAGE, VEC_BF16, slot_index)
+
+PUBLISH_THREADS = 128
+TRANSPORTS = ("unicast", "multicast")
+
+
+def publish_ctas_per_token(hidden: int) -> int:
+    per_cta = VEC_BF16 * PUBLISH_THREADS
+    return (hidden + per_cta - 1) // per_cta
+
+
+class PublishKernel:
+    """Publish of a plain ``[M, hidden]`` BF16 tensor.
+
+    ``destination`` at launch: for ``unicast`` the address of a device
+    int64[tp] table of every rank's mailbox base address; for ``multicast``
+    the multicast base address of the mailbox.
+    """
+
+    def __init__(self, *, tp: int, transport: str = "unicast") -> None:
+        if tp not in (1, 2, 4, 8):
+            raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        self.tp = tp
+        self.transport = transport
+        self.threads = PUBLISH_THREADS
+
+    @cute.jit
+    def __call__(self, x: Int64, stage_state: Int64, destination: Int64,
+                 error: Int64, rank: Int32, capacity: Int32, hidden: Int32,
+                 ctas_per_token: Int32, m: Int32, stream: cuda.CUstream) -> None:
+        self.kernel(x, stage_state, destination, error, rank, capacity,
+                    hidden).launch(grid=(ctas_per_token, m, 1),
+                                   block=(self.threads, 1, 1),
+                                   stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, x: Int64, stage_state: Int64, destination: Int64,
+               error: Int64, rank: Int32, capacity: Int32, hidden: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, token, _ = cute.arch.block_idx()
+        column = Int64(cta * self.threads + tidx) * VEC_BF16
+        hidden64 = Int64(hidden)
+
+        # The peer table is written once at construction: load it into
+        # registers before the wait and before the store loop.
+        peers = []
+        if cutlass.const_expr(self.transport == "unicast"):
+            for p in cutlass.range_constexpr(self.tp):
+                peers.append(prim.load_u64(destination + p * 8))
+
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+
+        stage = prim.load_volatile_u32(stage_state + NEXT_STAGE * 4)
+        stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
+        if column < hidden64:
+            words = prim.sanitize_u32x4(
+                prim.load_u32x4(x + (Int64(token) * hidden64 + column) * 2))
+            if stage_ok:
+                offset = slot_index(Int64(stage), self.tp, Int64(rank),
+                                    Int64(capacity), Int64(token), hidden64,
+                                    column) * 2
+                if cutlass.const_expr(self.transport == "unicast"):
+                    for p in cutlass.range_constexpr(self.tp):
+                        prim.store_relaxed_sys_u32x4(peers[p] + offset, words)
+                else:
+                    prim.store_multicast_bf16x8(destination + offset, words)
+        if (cta == 0) & (token == 0) & (tidx == 0):
+            prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
+            if not stage_ok:
+                prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))

@@ -1,0 +1,71 @@
+"""Compile the Lamport kernels for sm_90a and sm_100a with no GPU and check
+their PTX (a representative subset; `python -m jobs compile-check` runs all)."""
+
+import pytest
+
+from jobs import compile_check as cc
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_compile_check_subset(arch, capsys):
+    rc = cc.main(["--no-results", "--arch", arch, "--ops", "all_reduce_norm", "--hidden", "2560,7168",
+                  "--tp", "1,8"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.count(" ok") == 12, out  # 4 publishes + 2 hidden x 2 tp x 2 watchdog
+
+
+def test_unknown_op_is_rejected(capsys):
+    assert cc.main(["--no-results", "--ops", "all_reduce_nrom"]) == 2
+    assert "unknown op 'all_reduce_nrom'" in capsys.readouterr().err
+
+
+def test_bad_hidden_is_rejected(capsys):
+    assert cc.main(["--no-results", "--hidden", "2056", "--arch", "sm_90a"]) == 2
+
+
+@pytest.fixture(scope="module")
+def ptx_rows(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("ptx"))
+    variants = cc._PROVIDERS["all_reduce_norm"]([2560], [2])
+    return {(v.kernel, v.transport, v.watchdog_ns): cc.run_variant(v, "sm_90a", root, i)
+            for i, v in enumerate(variants)}
+
+
+def test_checks_catch_mutations(ptx_rows):
+    uni = ptx_rows[("publish", "unicast", 0)]
+    mc = ptx_rows[("publish", "multicast", 0)]
+    norm = ptx_rows[("consumer", "-", 0)]
+    assert not (uni.errors or mc.errors or norm.errors)
+    # launch_dependents before wait
+    swapped = [ln.replace("griddepcontrol.wait", "X").replace(
+        "griddepcontrol.launch_dependents", "griddepcontrol.wait").replace(
+        "X", "griddepcontrol.launch_dependents") for ln in uni.lines]
+    assert cc.check_publish(swapped, uni.variant)
+    # a multimem.st sneaking into a unicast build or a consumer
+    assert cc.check_publish(uni.lines + ["multimem.st.relaxed.sys.global.v4.bf16x2 [x], {a};"],
+                            uni.variant)
+    assert cc.check_consumer(norm.lines + ["multimem.st.x"], norm.variant)
+    # a consumer spinning with non-volatile loads
+    plain = [ln.replace("ld.volatile.global.v4", "ld.global.v4") for ln in norm.lines]
+    assert any("volatile" in e for e in cc.check_consumer(plain, norm.variant))
+    # publish twins differing beyond their stores
+    mutated = cc.Row(mc.variant, mc.arch, lines=mc.lines + ["membar.sys;"])
+    rows = [cc.Row(uni.variant, uni.arch, lines=uni.lines), mutated]
+    cc.check_pairs(rows)
+    assert mutated.errors and "differ beyond their stores" in mutated.errors[0]
+
+
+def test_watchdog_variant_reads_globaltimer(ptx_rows):
+    wd = ptx_rows[("consumer", "-", cc.WATCHDOG_CHECK_NS)]
+    assert not wd.errors and any("%globaltimer" in ln for ln in wd.lines)
+    assert any("atom.global.add" in ln for ln in wd.lines)
+
+
+@pytest.mark.slow
+def test_full_compile_check_both_archs(capsys):
+    """Everything `python -m jobs compile-check` compiles by default (~15 s)."""
+    rc = cc.main(["--no-results"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "0 failed" in out
