@@ -3,7 +3,7 @@
     python -m benchmarks.all_reduce_norm [--tokens 1,8,16,64] [--hidden 5120,7168]
         [--calls 50] [--replays 200] [--watchdog-ns 1000000000] [--markdown PATH]
 
-Each side is one CUDA graph holding ``--calls`` back-to-back calls (so graph
+Each side is one CUDA graph holding max(``--calls``, R) back-to-back calls (so graph
 launch overhead is amortised); each replay is timed with CUDA events and the
 per-call time is replay time / calls. Inputs rotate: call i of a graph reads
 input set i % R, with R sets spanning at least ``--rotate-mb`` (default twice
@@ -21,6 +21,9 @@ import statistics
 import sys
 
 import torch
+
+
+MAX_SETS = 4096  # caps the graph at 4096 calls a side
 
 
 def _ints(text):
@@ -74,7 +77,7 @@ def main(argv=None) -> int:
     from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
 
     header = (f"{'hidden':>6} {'M':>4} {'fused_us':>9} {'p10':>7} {'p90':>7} {'torch_us':>9} "
-              f"{'ratio':>6} {'watchdog_us':>11} {'wd_overhead':>11}")
+              f"{'ratio':>6} {'watchdog_us':>11} {'wd_overhead':>11} {'rotated_mb':>10}")
     lines = [header, "-" * len(header)]
     print(header)
     print(lines[1])
@@ -86,7 +89,8 @@ def main(argv=None) -> int:
         for m in args.tokens:
             g = torch.Generator(device="cpu").manual_seed(m)
             set_bytes = 4 * m * hidden * 2  # x, residual, and the two outputs
-            sets = max(2, min(args.calls, int(args.rotate_mb * 2**20 // set_bytes) + 1))
+            sets = max(2, min(MAX_SETS, -(-int(args.rotate_mb * 2**20) // set_bytes)))
+            calls = max(args.calls, sets)  # every set is read once per replay
             xs = torch.randn(sets, m, hidden, generator=g).to(torch.bfloat16).cuda()
             residuals = torch.randn(sets, m, hidden, generator=g).to(torch.bfloat16).cuda()
             weight = (1 + 0.1 * torch.randn(hidden, generator=g)).to(torch.bfloat16).cuda()
@@ -112,19 +116,19 @@ def main(argv=None) -> int:
                 return torch.nn.functional.rms_norm(s, (hidden,), weight, args.eps), s
 
             fused = _stats(_time_graph(rotating(lambda x, r, o: plain(x, r, weight, out=o)),
-                                       args.calls, args.replays))
+                                       calls, args.replays))
             watchdog = _stats(_time_graph(rotating(lambda x, r, o: wd(x, r, weight, out=o)),
-                                          args.calls, args.replays))
-            ref = _stats(_time_graph(rotating(torch_pair), args.calls, args.replays))
+                                          calls, args.replays))
+            ref = _stats(_time_graph(rotating(torch_pair), calls, args.replays))
             assert plain.mailbox.is_all_sentinel() and wd.mailbox.is_all_sentinel()
             row = (f"{hidden:>6} {m:>4} {fused[0]:>9.2f} {fused[1]:>7.2f} {fused[2]:>7.2f} "
                    f"{ref[0]:>9.2f} {fused[0] / ref[0]:>6.2f} {watchdog[0]:>11.2f} "
-                   f"{(watchdog[0] / fused[0] - 1) * 100:>10.1f}%")
+                   f"{(watchdog[0] / fused[0] - 1) * 100:>10.1f}% {sets * set_bytes / 2**20:>10.0f}")
             print(row, flush=True)
             lines.append(row)
     meta = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
             f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-            f"calls/graph={args.calls}, replays={args.replays}, watchdog_ns={args.watchdog_ns}, "
+            f"calls/graph=max({args.calls}, input sets), replays={args.replays}, watchdog_ns={args.watchdog_ns}, "
             f"inputs rotated over >= {args.rotate_mb:g} MB")
     print(meta)
     if args.markdown:
