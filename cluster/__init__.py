@@ -1,0 +1,11 @@
+"""Rank actors, TP groups, hang diagnosis and recovery.
+
+- :mod:`cluster.group`: :class:`~cluster.group.TPGroup`, tp rank actors run as one Lamport group;
+- :mod:`cluster.actors`: the RankActor (thin executor) and its metadata;
+- :mod:`cluster.backend`: the RankBackend seam (``emulated`` now, ``gpu`` later);
+- :mod:`cluster.emulated`: the Lamport protocol in numpy over host shared memory;
+- :mod:`cluster.diagnosis`: group-level diagnosis from every rank's watchdog report;
+- :mod:`cluster.cases`: the case dict, its inputs and its reference check;
+- :mod:`cluster.injection`, :mod:`cluster.faults`: per-rank fault injections and
+  DESIGN.md's fault table with expected outcomes.
+"""

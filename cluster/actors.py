@@ -1,0 +1,80 @@
+"""RankActor: one rank of a TP group, a thin executor around a RankBackend.
+
+Resources: declared ``num_cpus=0`` (a spinning rank must not hold a whole
+logical CPU: on a 2-core host the third rank would never be scheduled);
+the caller decides ``num_gpus`` (whole or fractional) and the placement
+bundle through ``RankActor.options(...)``. ``max_restarts=0``: a restarted
+member cannot rejoin its group's rendezvous, so the TP group, not Ray,
+restarts ranks (cluster.group rebuilds the whole group).
+
+The constructor only records metadata (and, for a GPU backend, pins the
+device); joining the group is :meth:`setup_group`, so an actor that is
+(re)started never blocks in a rendezvous.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import ray
+
+from cluster.backend import make_backend, require_backend
+from cluster.backend import release_rank as backend_release
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class RankActor:
+    def __init__(self, backend: str) -> None:
+        self._backend_name = require_backend(backend)
+        self._backend = None
+        ctx = ray.get_runtime_context()
+        self._metadata = {"backend": backend, "node_id": ctx.get_node_id(),
+                          "node_ip": ray.util.get_node_ip_address(),
+                          "hostname": socket.gethostname(), "pid": os.getpid(),
+                          "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def metadata(self) -> dict:
+        """Node id and IP, hostname, pid, Ray's GPU ids, backend name."""
+        return dict(self._metadata)
+
+    def setup_group(self, *, group_id: str, rank: int, tp: int, capacity: int, hidden: int,
+                    timeout_s: float) -> dict:
+        """Join the group (see RankBackend.setup); returns the backend's setup
+        dict plus this actor's metadata."""
+        if self._backend is not None:
+            raise RuntimeError(f"actor pid {os.getpid()} already joined a group; close() first")
+        backend = make_backend(self._backend_name)
+        out = backend.setup(group_id=group_id, rank=rank, tp=tp, capacity=capacity,
+                            hidden=hidden, timeout_s=timeout_s)
+        self._backend = backend
+        return {**out, "metadata": self.metadata()}
+
+    def run_case(self, case: dict) -> dict:
+        return self._joined().run_case(case)
+
+    def recover(self) -> dict:
+        return self._joined().recover()
+
+    def scrub(self) -> dict:
+        return self._joined().scrub()
+
+    def state(self) -> dict:
+        return self._joined().state()
+
+    def close(self) -> None:
+        """Leave the group and release the mailbox; idempotent."""
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    def _joined(self):
+        if self._backend is None:
+            raise RuntimeError(f"actor pid {os.getpid()} has not joined a group: call setup_group first")
+        return self._backend
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def release_rank(backend: str, group_id: str, rank: int) -> None:
+    """Run on a dead rank's node (its placement bundle): free what it left."""
+    backend_release(backend, group_id=group_id, rank=rank)

@@ -1,0 +1,82 @@
+"""The seam between a rank actor and what executes the protocol.
+
+A rank actor (:mod:`cluster.actors`) is a thin executor: it owns one
+:class:`RankBackend` and forwards to it. ``"emulated"`` runs the Lamport
+protocol in numpy over host shared memory (:mod:`cluster.emulated`); a
+``"gpu"`` backend (the symmetric-memory / CUDA IPC mailbox and
+``AllReduceNorm`` from ``kernels``) registers here when it exists, and until
+then asking for it is a ValueError like any unknown name.
+
+Result contract of :meth:`RankBackend.run_case` (a plain dict):
+
+``rank``, ``seq``, ``tokens``        who ran which call with how many tokens
+``expected_stage``                   calls since the last reset, modulo 3
+``published_stage``                  stage the publish wrote, None if it did not
+``consumed_stage``                   ACTIVE_STAGE the consumer read
+``bad_stage``                        out-of-range stage value seen, else None
+``missing_sources``, ``partial_sources``  sources with a fragment all / partly
+                                     sentinel at the deadline (sorted lists)
+``headers``                          per source, the (seq, M) header seen, or None
+``records``, ``record_count``        watchdog records [token, source, fragment,
+                                     stage, [4 x u32]] (capped) and their total
+``header_mismatch``                  a header differed from the rank's own
+``mailbox_clean``                    own mailbox all sentinel after the call
+``outputs``                          ``sum``, ``residual``, ``norm``: uint16
+                                     bit arrays [M, H] (NaN where not computed)
+``publish_ns``, ``consume_ns``       wall time of the two phases
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+BACKENDS = {"emulated": "cluster.emulated"}
+"""Backend name -> module exporting ``Backend`` (a RankBackend class) and
+``release_rank(group_id, rank)`` (frees what a rank that died without
+close() left on its node)."""
+
+
+class RankBackend(Protocol):
+    """One rank of one TP group. Calls on one backend never overlap."""
+
+    def setup(self, *, group_id: str, rank: int, tp: int, capacity: int, hidden: int,
+              timeout_s: float) -> dict:
+        """Join the group (rendezvous with the peers, bounded by ``timeout_s``),
+        check the own mailbox, scrub it if dirty; returns ``{"rank", "start_check"}``
+        with the MailboxCheck as found (a dict)."""
+
+    def run_case(self, case: dict) -> dict:
+        """One collective call (publish + watchdog consume + epilogue), with
+        ``case["fault"]`` (None or an injection dict, cluster.faults) applied."""
+
+    def recover(self) -> dict:
+        """Quiesce (nothing of this rank in flight), refill the sentinel, reset
+        the stage state and the call count; returns the MailboxCheck as found."""
+
+    def scrub(self) -> dict:
+        """Check the own mailbox and scrub it if dirty; returns the check."""
+
+    def state(self) -> dict:
+        """The own mailbox's check and the call count, for tests and reports."""
+
+    def close(self) -> None:
+        """Release the mailbox; idempotent."""
+
+
+def require_backend(name: str) -> str:
+    """``name`` if it is a registered backend, else ValueError naming it."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; available: {sorted(BACKENDS)}")
+    return name
+
+
+def make_backend(name: str) -> RankBackend:
+    """A new, not yet set up backend instance of the named kind."""
+    return importlib.import_module(BACKENDS[require_backend(name)]).Backend()
+
+
+def release_rank(name: str, *, group_id: str, rank: int) -> None:
+    """Free what rank ``rank`` of group ``group_id`` left on this node when
+    its process died without close(); a no-op for what is already gone."""
+    importlib.import_module(BACKENDS[require_backend(name)]).release_rank(group_id, rank)

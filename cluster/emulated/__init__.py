@@ -1,0 +1,23 @@
+"""The emulated backend: the Lamport protocol in numpy over host shared
+memory, one process per rank (Ray actors on CPUs), for CI without a GPU.
+
+- :mod:`.segment`: one rank's mailbox segment (layout, header slot, lifetime);
+- :mod:`.lamport`: publish and the watchdog consume;
+- :mod:`.rank`: :class:`EmulatedRank`, the RankBackend a rank actor drives.
+
+Results from this backend are labelled ``backend=emulated`` and say nothing
+about GPU speed.
+"""
+
+from cluster.emulated.rank import EmulatedRank
+from cluster.emulated.segment import segment_name, unlink_segment
+
+Backend = EmulatedRank
+
+
+def release_rank(group_id: str, rank: int) -> None:
+    """Unlink the rank's mailbox segment if it is still there."""
+    unlink_segment(segment_name(group_id, rank))
+
+
+__all__ = ["Backend", "EmulatedRank", "release_rank"]

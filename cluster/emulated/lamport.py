@@ -1,0 +1,151 @@
+"""The Lamport publish and watchdog consume in numpy, over host mailboxes.
+
+The protocol is the one written down in :mod:`kernels.lamport.protocol`;
+this is its host emulation, step for step:
+
+Publish (rank r, M tokens): read NEXT_STAGE; if it is not < 3, store
+nothing, write the bad value to ACTIVE_STAGE (the local consumer then fails
+fast) and report it. Otherwise sanitize (-0.0 -> +0.0, so no payload lane
+looks like the sentinel), write the header (call seq, M) into header slot
+``(stage, r)`` of every rank's mailbox, then the M x hidden payload into slots
+``(stage, r, 0..M-1, :)`` of every rank's mailbox, then ACTIVE_STAGE = stage.
+
+Consume: read ACTIVE_STAGE (bounds-checked: out of range -> no spin, all
+outputs NaN); for source 0..tp-1 in order, poll the source's M x hidden/8
+fragments and its header until no lane is 0x8000 and the header is set, or
+until the watchdog deadline (consume start + budget, ``time.monotonic_ns``);
+at the deadline record every fragment still pending (token, source,
+fragment, stage, the 16 bytes as 4 little-endian u32) and go on with the next
+source. Sum in FP32 in rank order from +0.0; fragments that never arrived
+become NaN, and so does everything when a header disagrees with the own
+(seq, M) (a mismatched call is never a silent answer). Then NEXT_STAGE =
+(stage + 1) % 3 and the sentinel goes back into every slot read.
+
+Host-memory ordering: x86-64 keeps stores in program order, so a consumer
+that sees every lane of a source also sees its header; each lane carries
+its own arrival bit, so the payload needs no fence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from cluster.cases import bf16_from_bits, bits_from_bf16
+from cluster.emulated.segment import HEADER_EMPTY, HostMailbox
+from kernels.lamport.protocol import (ACTIVE_STAGE, ERR_DEFAULT_RECORDS, LAMPORT_GENERATIONS,
+                                      NEXT_STAGE, SENTINEL_BF16, VEC_BF16)
+
+SPIN_SLEEP_S = 50e-6
+"""Pause between polls: on a 2-core host, spinning consumers must leave the
+cores to the publishers they wait for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    stage: int | None
+    """The stage written, None when the bounds check refused."""
+    bad_stage: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Consumed:
+    stage: int
+    bad_stage: int | None
+    sum_bits: np.ndarray
+    """uint16 [M, H]: the BF16 all-reduced sum, NaN where not computed."""
+    missing_sources: frozenset[int]
+    partial_sources: frozenset[int]
+    headers: tuple[tuple[int, int] | None, ...]
+    header_mismatch: bool
+    records: tuple[tuple, ...]
+    """(token, source, fragment, stage, (4 x u32)), at most ERR_DEFAULT_RECORDS."""
+    record_count: int
+
+
+def sanitize(bits: np.ndarray) -> np.ndarray:
+    """A copy with every -0.0 (0x8000) replaced by +0.0."""
+    out = bits.copy()
+    out[out == SENTINEL_BF16] = 0
+    return out
+
+
+def publish(mailboxes: Sequence[HostMailbox], *, rank: int, seq: int, payload: np.ndarray,
+            bypass: Iterable[tuple[int, int]] = ()) -> Published:
+    """Publish ``payload`` (uint16 [M, H] BF16 bits) of ``rank`` into every
+    mailbox (``mailboxes[r]`` is rank r's). ``bypass``: (token, column) lanes
+    that skip sanitize (fault injection only)."""
+    own = mailboxes[rank]
+    stage = int(own.stage_state[NEXT_STAGE])
+    if not 0 <= stage < LAMPORT_GENERATIONS:
+        own.stage_state[ACTIVE_STAGE] = stage
+        return Published(stage=None, bad_stage=stage)
+    bits = sanitize(payload)
+    for token, column in bypass:
+        bits[token, column] = payload[token, column]
+    m = bits.shape[0]
+    for box in mailboxes:
+        box.headers[stage, rank] = (seq, m)
+        box.slots[stage, rank, :m] = bits
+    own.stage_state[ACTIVE_STAGE] = stage
+    return Published(stage=stage, bad_stage=None)
+
+
+def consume(own: HostMailbox, *, seq: int, tokens: int, budget_ns: int,
+            max_records: int = ERR_DEFAULT_RECORDS) -> Consumed:
+    """The watchdog consume of ``tokens`` tokens from every source (see the
+    module docstring); returns within about ``budget_ns`` plus one poll."""
+    deadline = time.monotonic_ns() + budget_ns
+    m, hidden, tp = tokens, own.hidden, own.tp
+    stage = int(own.stage_state[ACTIVE_STAGE])
+    if not 0 <= stage < LAMPORT_GENERATIONS:
+        nan = bits_from_bf16(torch.full((m, hidden), float("nan"), dtype=torch.bfloat16))
+        return Consumed(stage=stage, bad_stage=stage, sum_bits=nan, missing_sources=frozenset(),
+                        partial_sources=frozenset(), headers=(), header_mismatch=False,
+                        records=(), record_count=0)
+    acc = torch.zeros(m, hidden, dtype=torch.float32)
+    unknown = np.zeros((m, hidden // VEC_BF16), dtype=bool)
+    missing, partial, headers, records = set(), set(), [], []
+    record_count, header_mismatch = 0, False
+    for source in range(tp):
+        while True:
+            snap = own.slots[stage, source, :m].copy()
+            header = own.headers[stage, source].copy()
+            sentinel = snap.reshape(m, -1, VEC_BF16) == SENTINEL_BF16
+            pending = sentinel.any(-1)
+            if (not pending.any() and header[0] != HEADER_EMPTY) or time.monotonic_ns() >= deadline:
+                break
+            time.sleep(SPIN_SLEEP_S)
+        seen = None if header[0] == HEADER_EMPTY else (int(header[0]), int(header[1]))
+        headers.append(seen)
+        if (seen is not None and seen != (seq, m)) or (seen is None and not pending.any()):
+            header_mismatch = True
+        if pending.any():
+            lanes_pending = sentinel.sum(-1)
+            if (lanes_pending == VEC_BF16).any():
+                missing.add(source)
+            if ((lanes_pending > 0) & (lanes_pending < VEC_BF16)).any():
+                partial.add(source)
+            for token, fragment in zip(*np.nonzero(pending)):
+                if len(records) < max_records:
+                    lanes = snap[token, fragment * VEC_BF16:(fragment + 1) * VEC_BF16]
+                    words = tuple(int(w) for w in lanes.view("<u4"))
+                    records.append((int(token), source, int(fragment), stage, words))
+            record_count += int(pending.sum())
+            unknown |= pending
+        acc = acc + bf16_from_bits(snap).float()
+    own.stage_state[NEXT_STAGE] = (stage + 1) % LAMPORT_GENERATIONS
+    own.slots[stage, :, :m] = SENTINEL_BF16
+    own.headers[stage] = HEADER_EMPTY
+    if header_mismatch:
+        acc.fill_(float("nan"))
+    else:
+        acc[torch.from_numpy(np.repeat(unknown, VEC_BF16, axis=1))] = float("nan")
+    return Consumed(stage=stage, bad_stage=None, sum_bits=bits_from_bf16(acc.to(torch.bfloat16)),
+                    missing_sources=frozenset(missing), partial_sources=frozenset(partial),
+                    headers=tuple(headers), header_mismatch=header_mismatch,
+                    records=tuple(records), record_count=record_count)

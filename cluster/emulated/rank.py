@@ -1,0 +1,164 @@
+"""EmulatedRank: the ``"emulated"`` RankBackend (see cluster.backend)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs
+from cluster.emulated.lamport import consume, publish
+from cluster.emulated.segment import HostMailbox, segment_name
+from cluster.injection import validate_injection
+from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_BF16, VEC_BF16
+from kernels.reference.allreduce import add_residual, rms_norm
+
+
+def bad_stage(published, consumed_bad: int | None) -> int | None:
+    """The out-of-range stage value the publish (first) or the consume read."""
+    if published is not None and published.bad_stage is not None:
+        return published.bad_stage
+    return consumed_bad
+
+
+class EmulatedRank:
+    """One rank of an emulated TP group: its own mailbox (a shared-memory
+    segment it creates) and every peer's (attached). Not thread-safe; the
+    actor serialises calls."""
+
+    def __init__(self) -> None:
+        self._rank = self._tp = self._hidden = None
+        self._group_id = None
+        self._mailboxes: list[HostMailbox] = []
+        self._calls = 0
+
+    # -- group lifetime
+    def setup(self, *, group_id: str, rank: int, tp: int, capacity: int, hidden: int,
+              timeout_s: float) -> dict:
+        if self._mailboxes:
+            raise RuntimeError(f"rank {self._rank} is already set up in group {self._group_id}; "
+                               f"close() first")
+        if not 0 <= rank < tp:
+            raise ValueError(f"rank must be in 0..{tp - 1}, got {rank}")
+        if hidden <= 0 or hidden % VEC_BF16:
+            raise ValueError(f"hidden must be a positive multiple of {VEC_BF16}, got {hidden}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        shape = {"tp": tp, "capacity": capacity, "hidden": hidden}
+        own, created = HostMailbox.open_own(segment_name(group_id, rank), **shape)
+        found = own.check(rank)
+        if not found.clean:
+            own.scrub()
+        boxes = {rank: own}
+        deadline = time.monotonic() + timeout_s
+        try:
+            for peer in range(tp):
+                if peer != rank:
+                    boxes[peer] = HostMailbox.attach(segment_name(group_id, peer), **shape,
+                                                     timeout_s=max(0.0, deadline - time.monotonic()))
+        except BaseException:
+            for box in boxes.values():
+                box.close()
+            own.unlink()
+            raise
+        self._rank, self._tp, self._hidden, self._group_id = rank, tp, hidden, group_id
+        self._mailboxes = [boxes[r] for r in range(tp)]
+        self._calls = 0
+        return {"rank": rank, "created": created, "start_check": dataclasses.asdict(found)}
+
+    def close(self) -> None:
+        if not self._mailboxes:
+            return
+        own = self._mailboxes[self._rank]
+        for box in self._mailboxes:
+            box.close()
+        own.unlink()
+        self._mailboxes = []
+
+    # -- one call
+    def run_case(self, case: dict) -> dict:
+        own = self._own()
+        fault = validate_injection(case.get("fault")) or {"kind": None}
+        kind = fault["kind"]
+        tokens = int(case["tokens"]) + (fault["delta"] if kind == "tokens_delta" else 0)
+        if not 1 <= tokens <= own.capacity:
+            raise ValueError(f"tokens must be in 1..capacity={own.capacity}, got {tokens}")
+        partials, residual, weight = case_inputs(case, tp=self._tp, hidden=self._hidden,
+                                                 tokens=tokens)
+        payload = bits_from_bf16(partials[self._rank])
+        seq = int(case["seq"])
+        expected_stage = self._calls % LAMPORT_GENERATIONS
+        self._calls += 1
+
+        started = time.monotonic_ns()
+        bypass = ()
+        if kind == "hang":
+            while True:
+                time.sleep(1.0)
+        if kind == "delay_publish":
+            time.sleep(fault["delay_ns"] / 1e9)
+        if kind == "set_next_stage":
+            own.stage_state[NEXT_STAGE] = fault["value"]
+        if kind == "shift_next_stage":
+            own.stage_state[NEXT_STAGE] = (own.stage_state[NEXT_STAGE] + fault["by"]) % LAMPORT_GENERATIONS
+        if kind == "unsanitized_lane":
+            payload[fault["token"], fault["column"]] = SENTINEL_BF16
+            bypass = ((fault["token"], fault["column"]),)
+        published = None
+        if kind != "skip_publish":
+            published = publish(self._mailboxes, rank=self._rank, seq=seq, payload=payload,
+                                bypass=bypass)
+        if kind == "die_after_publish":
+            os._exit(1)
+        consume_from = time.monotonic_ns()
+        got = consume(own, seq=seq, tokens=tokens, budget_ns=int(case["budget_ns"]))
+        done = time.monotonic_ns()
+        after = own.check(self._rank)
+
+        reduced = bf16_from_bits(got.sum_bits)
+        residual_out = add_residual(reduced, residual)
+        norm_out = rms_norm(residual_out, weight, case["eps"])
+        return {
+            "rank": self._rank, "seq": seq, "tokens": tokens, "expected_stage": expected_stage,
+            "published_stage": None if published is None else published.stage,
+            "consumed_stage": got.stage,
+            "bad_stage": bad_stage(published, got.bad_stage),
+            "missing_sources": sorted(got.missing_sources),
+            "partial_sources": sorted(got.partial_sources),
+            "headers": [None if h is None else list(h) for h in got.headers],
+            "records": [[t, s, f, st, list(w)] for t, s, f, st, w in got.records],
+            "record_count": got.record_count, "header_mismatch": got.header_mismatch,
+            "mailbox_clean": after.non_sentinel == 0 and after.headers_set == 0,
+            "outputs": {"sum": got.sum_bits, "residual": bits_from_bf16(residual_out),
+                        "norm": bits_from_bf16(norm_out)},
+            "publish_ns": consume_from - started, "consume_ns": done - consume_from,
+        }
+
+    # -- recovery
+    def recover(self) -> dict:
+        """Nothing of this rank is in flight once run_case has returned (the
+        emulation is synchronous), so quiescing is the caller's wait for every
+        rank's call; then scrub unconditionally."""
+        own = self._own()
+        found = own.check(self._rank)
+        own.scrub()
+        self._calls = 0
+        return dataclasses.asdict(found)
+
+    def scrub(self) -> dict:
+        own = self._own()
+        found = own.check(self._rank)
+        if not found.clean:
+            own.scrub()
+            self._calls = 0
+        return dataclasses.asdict(found)
+
+    def state(self) -> dict:
+        own = self._own()
+        return {"rank": self._rank, "group_id": self._group_id, "calls_since_reset": self._calls,
+                "check": dataclasses.asdict(own.check(self._rank))}
+
+    def _own(self) -> HostMailbox:
+        if not self._mailboxes:
+            raise RuntimeError("this rank is not set up: call setup() first")
+        return self._mailboxes[self._rank]

@@ -1,0 +1,322 @@
+"""TPGroup: tp rank actors in one placement group, driven as one Lamport group.
+
+Hang handling in layers (DESIGN.md, "Hang detection"):
+1. every consumer has a watchdog (``case["budget_ns"]``) and still returns;
+2. the host deadline ``call_timeout_s`` bounds every rank's call;
+3. :func:`cluster.diagnosis.diagnose` names the culprits at group level;
+4. after anything but a pass the whole group recovers: every rank's call has
+   returned (quiesce), then every rank scrubs its mailbox and resets its stage
+   state and call count, and the driver collects all of them (barrier) before
+   the next call;
+5. a rank that missed the host deadline or died is killed and the whole group
+   rebuilt (a process that had to die takes its group with it): the stuck
+   ones are killed and awaited, the survivors closed gracefully, fresh actors
+   placed in the same bundles join a new rendezvous, and the group-start check
+   reports (and scrubs) any mailbox a killed process left dirty.
+
+Timeouts: placement and setup ``setup_timeout_s`` (errors say what was
+requested and what the cluster has), each call ``call_timeout_s`` (must
+exceed the watchdog budget plus any injected delay), every other ``ray.get``
+``CONTROL_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Mapping
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from cluster.actors import RankActor, release_rank
+from cluster.backend import require_backend
+from cluster.cases import check_outputs, make_case
+from cluster.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
+                               diagnose_start)
+from cluster.injection import validate_injection
+
+CONTROL_TIMEOUT_S = 30.0
+"""Bound on control calls (close, state, recover, kill confirmation)."""
+CLOSE_TIMEOUT_S = 5.0
+"""Bound on a graceful close before ray.kill."""
+CPU_PER_RANK_BUNDLE = 0.01
+"""A CPU bundle's size for CPU-only ranks: placement groups need a non-zero
+bundle; the rank actors themselves declare num_cpus=0."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupCall:
+    """One collective call on every rank of the group, and what followed."""
+    seq: int
+    case: dict
+    outcome: str
+    """``pass``, ``fail`` (wrong or unclean without a timeout), ``hang`` (a
+    watchdog fired or a rank missed the host deadline), ``error`` (a rank
+    raised or died)."""
+    diagnosis: GroupDiagnosis
+    results: tuple[dict | None, ...]
+    """Per rank, the backend's result dict (None: no result)."""
+    checks: tuple[dict | None, ...]
+    """Per rank, cluster.cases.check_outputs against the reference."""
+    errors: Mapping[int, str]
+    recovery: tuple[MailboxCheck, ...] | None
+    """The mailboxes as the recovery found them (None: no recovery)."""
+    rebuilt: bool
+    start_diagnosis: GroupDiagnosis | None
+    """The group-start check of the rebuilt group (None: not rebuilt)."""
+    wall_s: float
+
+
+class TPGroup:
+    """tp RankActors placed with STRICT_PACK (one node: one NVLink domain on
+    GPUs, one host's shared memory on the emulated backend), set up as one TP
+    group. Use as a context manager or call :meth:`close`.
+
+    ``gpus_per_rank``: 0 for CPU ranks (emulated), 1 for process-per-GPU,
+    a fraction for several ranks sharing a GPU.
+    """
+
+    def __init__(self, *, tp: int, hidden: int, capacity: int, backend: str = "emulated",
+                 gpus_per_rank: float = 0.0, setup_timeout_s: float = 60.0,
+                 call_timeout_s: float = 10.0) -> None:
+        if tp < 1:
+            raise ValueError(f"tp must be >= 1, got {tp}")
+        if not 0 <= gpus_per_rank <= 1:
+            raise ValueError(f"gpus_per_rank must be in [0, 1], got {gpus_per_rank}")
+        if setup_timeout_s <= 0 or call_timeout_s <= 0:
+            raise ValueError(f"timeouts must be > 0, got setup_timeout_s={setup_timeout_s}, "
+                             f"call_timeout_s={call_timeout_s}")
+        self.tp, self.hidden, self.capacity = tp, hidden, capacity
+        self.backend = require_backend(backend)
+        self.gpus_per_rank = gpus_per_rank
+        self.setup_timeout_s, self.call_timeout_s = setup_timeout_s, call_timeout_s
+        self.group_id = uuid.uuid4().hex[:12]
+        self.builds = 0
+        self.start_diagnosis: GroupDiagnosis | None = None
+        self.metadata: list[dict] = []
+        self._actors: list = []
+        self._seq = 0
+        self._closed = False
+        self._bundles = [{"GPU": gpus_per_rank} if gpus_per_rank else {"CPU": CPU_PER_RANK_BUNDLE}
+                         for _ in range(tp)]
+        self._pg = placement_group(self._bundles, strategy="STRICT_PACK",
+                                   name=f"tp{tp}-{self.group_id}")
+        try:
+            try:
+                ray.get(self._pg.ready(), timeout=setup_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(
+                    f"placement group for tp={tp} (bundles {self._bundles}, STRICT_PACK) not ready "
+                    f"after {setup_timeout_s} s: {self._resources()}") from None
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "TPGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- building
+    def _resources(self) -> str:
+        return f"cluster total {ray.cluster_resources()}, available {ray.available_resources()}"
+
+    def _build(self) -> None:
+        """Start tp fresh actors in the bundles and set them up concurrently."""
+        self._actors = [
+            RankActor.options(
+                num_gpus=self.gpus_per_rank,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=r)).remote(self.backend)
+            for r in range(self.tp)]
+        refs = [a.setup_group.remote(group_id=self.group_id, rank=r, tp=self.tp,
+                                     capacity=self.capacity, hidden=self.hidden,
+                                     timeout_s=self.setup_timeout_s)
+                for r, a in enumerate(self._actors)]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.setup_timeout_s)
+        late = [r for r, ref in enumerate(refs) if ref not in ready]
+        if late:
+            raise TimeoutError(
+                f"TP group {self.group_id}: setup_group of ranks {late} did not finish within "
+                f"{self.setup_timeout_s} s (requested {self.tp} ranks, bundles {self._bundles}, "
+                f"num_gpus={self.gpus_per_rank} each): {self._resources()}")
+        setups = ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+        self.metadata = [s["metadata"] for s in setups]
+        self.start_diagnosis = diagnose_start([MailboxCheck(**s["start_check"]) for s in setups])
+        self.builds += 1
+
+    def _rebuild(self, gone: set[int]) -> None:
+        """Kill the ranks in ``gone`` and wait until their processes are over,
+        close the survivors, and build the group again."""
+        for r in sorted(gone):
+            ray.kill(self._actors[r], no_restart=True)
+        for r in sorted(gone):
+            self._await_exit(r)
+        self._stop_actors(set(range(self.tp)) - gone)
+        self._build()
+
+    def _await_exit(self, rank: int) -> None:
+        """Return once rank's killed process can no longer write: Ray reports
+        the actor dead and, when it ran on this node, its pid is gone (or a
+        zombie)."""
+        deadline = time.monotonic() + CONTROL_TIMEOUT_S
+        try:
+            ray.get(self._actors[rank].metadata.remote(), timeout=CONTROL_TIMEOUT_S)
+            raise RuntimeError(f"rank {rank} still answers after ray.kill")
+        except ray.exceptions.RayActorError:
+            pass
+        meta = self.metadata[rank] if rank < len(self.metadata) else None
+        if meta is None or meta["node_id"] != ray.get_runtime_context().get_node_id():
+            return
+        while _process_alive(meta["pid"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {rank} (pid {meta['pid']}) still running "
+                                   f"{CONTROL_TIMEOUT_S} s after ray.kill")
+            time.sleep(0.01)
+
+    def _stop_actors(self, ranks: set[int]) -> None:
+        """Graceful close of ``ranks`` (bounded), then ray.kill; a rank whose
+        close did not complete gets its leftovers released on its node."""
+        if not ranks:
+            return
+        refs = {r: self._actors[r].close.remote() for r in ranks}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
+        closed = set()
+        for r, ref in refs.items():
+            if ref in ready:
+                try:
+                    ray.get(ref, timeout=CONTROL_TIMEOUT_S)
+                    closed.add(r)
+                except ray.exceptions.RayError:
+                    pass
+        for r in ranks:
+            ray.kill(self._actors[r], no_restart=True)
+        self._release(set(ranks) - closed)
+
+    def _release(self, ranks: set[int]) -> None:
+        if not ranks:
+            return
+        refs = [release_rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            self._pg, placement_group_bundle_index=r)).remote(self.backend, self.group_id, r)
+            for r in sorted(ranks)]
+        ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+
+    # -- calls
+    def case(self, **fields) -> dict:
+        """A validated case dict for this group (cluster.cases.make_case)."""
+        return make_case(capacity=self.capacity, **fields)
+
+    def run(self, case: Mapping, faults: Mapping[int, Mapping] | None = None) -> GroupCall:
+        """One collective call: the same case (same seq, same M) on every rank,
+        ``faults[rank]`` injected into that rank's call (cluster.injection).
+        Collects every rank's result by the host deadline, diagnoses, then
+        recovers or rebuilds the group unless the call passed."""
+        self._require_open()
+        case = make_case(capacity=self.capacity, **{k: v for k, v in case.items() if k != "seq"})
+        faults = {int(r): validate_injection(f) for r, f in (faults or {}).items()}
+        if not set(faults) <= set(range(self.tp)):
+            raise ValueError(f"fault ranks {sorted(faults)} outside 0..{self.tp - 1}")
+        delay_s = max((f.get("delay_ns", 0) for f in faults.values()), default=0) / 1e9
+        if self.call_timeout_s <= case["budget_ns"] / 1e9 + delay_s:
+            raise ValueError(f"call_timeout_s={self.call_timeout_s} must exceed the watchdog budget "
+                             f"{case['budget_ns'] / 1e9} s plus injected delays {delay_s} s")
+        self._seq += 1
+        started = time.monotonic()
+        refs = [a.run_case.remote({**case, "seq": self._seq, "fault": faults.get(r)})
+                for r, a in enumerate(self._actors)]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.call_timeout_s)
+        results: list[dict | None] = [None] * self.tp
+        errors, absent, gone = {}, {}, set()
+        for r, ref in enumerate(refs):
+            if ref not in ready:
+                absent[r] = f"missed the host deadline of {self.call_timeout_s} s"
+                gone.add(r)
+                continue
+            try:
+                results[r] = ray.get(ref, timeout=CONTROL_TIMEOUT_S)
+            except ray.exceptions.RayActorError as exc:
+                absent[r] = f"process died ({type(exc).__name__})"
+                errors[r] = absent[r]
+                gone.add(r)
+            except ray.exceptions.RayTaskError as exc:
+                absent[r] = f"raised {type(exc.cause).__name__}"
+                errors[r] = str(exc.cause)
+        reports = [RankReport.from_result(x) for x in results if x is not None]
+        diagnosis = diagnose(reports, tp=self.tp, absent=absent)
+        checks = tuple(None if x is None else
+                       check_outputs(case, tp=self.tp, hidden=self.hidden, outputs=x["outputs"])
+                       for x in results)
+        outcome = _outcome(diagnosis, results, checks, errors, hung=gone - set(errors))
+        recovery, rebuilt = None, False
+        if gone:
+            self._rebuild(gone)
+            rebuilt = True
+        elif outcome != "pass":
+            try:
+                recovery = self.recover()
+            except (TimeoutError, ray.exceptions.RayError):
+                self._rebuild(set(range(self.tp)))
+                rebuilt = True
+        return GroupCall(seq=self._seq, case=case, outcome=outcome, diagnosis=diagnosis,
+                         results=tuple(results), checks=checks, errors=errors, recovery=recovery,
+                         rebuilt=rebuilt, start_diagnosis=self.start_diagnosis if rebuilt else None,
+                         wall_s=time.monotonic() - started)
+
+    def recover(self) -> tuple[MailboxCheck, ...]:
+        """Group recovery: every rank scrubs its mailbox and resets its stage
+        state; returns once all have (the barrier). Call only when no call of
+        this group is in flight. TimeoutError names the ranks that did not answer."""
+        self._require_open()
+        refs = [a.recover.remote() for a in self._actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=CONTROL_TIMEOUT_S)
+        if len(ready) < len(refs):
+            raise TimeoutError(f"recover: ranks {[r for r, x in enumerate(refs) if x not in ready]} "
+                               f"did not answer within {CONTROL_TIMEOUT_S} s")
+        return tuple(MailboxCheck(**c) for c in ray.get(refs, timeout=CONTROL_TIMEOUT_S))
+
+    def state(self) -> list[dict]:
+        """Every rank's state() (mailbox check, calls since reset)."""
+        self._require_open()
+        return ray.get([a.state.remote() for a in self._actors], timeout=CONTROL_TIMEOUT_S)
+
+    def close(self) -> None:
+        """Graceful close of every rank, then ray.kill, then the placement
+        group goes; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._actors:
+                self._stop_actors(set(range(len(self._actors))))
+        finally:
+            self._actors = []
+            remove_placement_group(self._pg)
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"TP group {self.group_id} is closed")
+
+
+def _outcome(diagnosis: GroupDiagnosis, results, checks, errors, hung) -> str:
+    if errors:
+        return "error"
+    if hung or diagnosis.timed_out_ranks or diagnosis.bad_stage_ranks:
+        return "hang"
+    clean = all(x["mailbox_clean"] for x in results if x is not None)
+    if not diagnosis.ok or not clean or not all(c["ok"] for c in checks if c is not None):
+        return "fail"
+    return "pass"
+
+
+def _process_alive(pid: int) -> bool:
+    """True while ``pid`` exists on this node and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

@@ -1,0 +1,183 @@
+"""The emulated backend in one process (threads stand in for rank processes;
+the mailboxes are real shared-memory segments), and the backend seam."""
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from cluster.backend import make_backend, require_backend
+from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs, make_case
+from cluster.emulated import EmulatedRank
+from cluster.emulated.lamport import consume, publish
+from cluster.emulated.segment import HostMailbox, segment_name
+from cluster.group import TPGroup
+from kernels.lamport.protocol import ACTIVE_STAGE, NEXT_STAGE, slot_index
+from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
+from kernels.reference.numerics import assert_bit_exact
+
+HIDDEN, CAPACITY = 64, 8
+
+
+@pytest.fixture
+def ranks(request):
+    """tp set-up EmulatedRanks of one fresh group (tp from the test's param)."""
+    tp = request.param
+    group_id = uuid.uuid4().hex[:12]
+    ranks = [EmulatedRank() for _ in range(tp)]
+    with ThreadPoolExecutor(tp) as pool:
+        setups = list(pool.map(lambda r: ranks[r].setup(group_id=group_id, rank=r, tp=tp,
+                                                        capacity=CAPACITY, hidden=HIDDEN,
+                                                        timeout_s=5), range(tp)))
+    assert all(s["created"] and s["start_check"]["non_sentinel"] == 0 for s in setups)
+    yield ranks
+    for r in ranks:
+        r.close()
+        r.close()  # idempotent
+
+
+def run_all(ranks, case, faults=None):
+    with ThreadPoolExecutor(len(ranks)) as pool:
+        return list(pool.map(lambda r: ranks[r].run_case(
+            {**case, "fault": (faults or {}).get(r)}), range(len(ranks))))
+
+
+def test_slot_layout_is_the_protocol_index():
+    box, created = HostMailbox.open_own(f"ll-{uuid.uuid4().hex[:12]}-r0", tp=3, capacity=5, hidden=16)
+    try:
+        strides = [s // box.slots.itemsize for s in box.slots.strides]
+        for stage, source, token, column in [(0, 0, 0, 0), (2, 1, 4, 15), (1, 2, 3, 7)]:
+            flat = int(np.dot(strides, (stage, source, token, column)))
+            assert flat == slot_index(stage, 3, source, 5, token, 16, column)
+    finally:
+        box.close()
+        box.unlink()
+
+
+@pytest.mark.parametrize("ranks", [3], indirect=True)
+def test_calls_match_reference_and_rotate_stages(ranks):
+    for seq, (tokens, inputs) in enumerate([(1, "random"), (3, "order_sensitive"),
+                                            (8, "sentinel_pattern"), (2, "random")]):
+        case = make_case(capacity=CAPACITY, tokens=tokens, inputs=inputs, seed=seq)
+        results = run_all(ranks, {**case, "seq": seq})
+        partials, residual, weight = case_inputs(case, tp=3, hidden=HIDDEN)
+        norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, case["eps"])
+        for res in results:
+            assert res["consumed_stage"] == seq % 3 and res["record_count"] == 0
+            assert res["mailbox_clean"] and not res["header_mismatch"]
+            assert_bit_exact(bf16_from_bits(res["outputs"]["sum"]), all_reduce_sum(partials), "sum")
+            assert_bit_exact(bf16_from_bits(res["outputs"]["residual"]), residual_ref, "residual")
+            assert_bit_exact(bf16_from_bits(res["outputs"]["norm"]), norm_ref, "norm")
+        assert all(r.state()["check"]["stage_state"] == (seq % 3, (seq + 1) % 3) for r in ranks)
+
+
+def test_publish_sanitizes_and_keeps_negative_subnormals():
+    name = f"ll-{uuid.uuid4().hex[:12]}-r0"
+    box, _ = HostMailbox.open_own(name, tp=1, capacity=1, hidden=8)
+    try:
+        payload = np.array([[0x8000, 0x8001, 0x807F, 0x0000, 0x3F80, 0x8000, 0xBF80, 0x8040]],
+                           dtype=np.uint16)
+        assert publish([box], rank=0, seq=1, payload=payload).stage == 0
+        assert box.slots[0, 0, 0].tolist() == [0, 0x8001, 0x807F, 0, 0x3F80, 0, 0xBF80, 0x8040]
+        got = consume(box, seq=1, tokens=1, budget_ns=10**9)
+        assert got.record_count == 0 and got.headers == ((1, 1),)
+        assert got.sum_bits.tolist() == [[0, 0x8001, 0x807F, 0, 0x3F80, 0, 0xBF80, 0x8040]]
+        assert box.check(0).non_sentinel == 0 and box.check(0).headers_set == 0
+        assert box.check(0).stage_state == (0, 1)
+    finally:
+        box.close()
+        box.unlink()
+
+
+def test_out_of_range_stage_stores_nothing():
+    group = uuid.uuid4().hex[:12]
+    boxes = [HostMailbox.open_own(segment_name(group, r), tp=2, capacity=2, hidden=8)[0]
+             for r in range(2)]
+    try:
+        boxes[1].stage_state[NEXT_STAGE] = 7
+        out = publish(boxes, rank=1, seq=1, payload=np.ones((2, 8), dtype=np.uint16))
+        assert out.stage is None and out.bad_stage == 7
+        assert boxes[1].stage_state[ACTIVE_STAGE] == 7
+        assert all(b.check(r).non_sentinel == 0 for r, b in enumerate(boxes))
+        got = consume(boxes[1], seq=1, tokens=2, budget_ns=10**9)
+        assert got.bad_stage == 7 and torch.isnan(bf16_from_bits(got.sum_bits).float()).all()
+    finally:
+        for b in boxes:
+            b.close()
+            b.unlink()
+
+
+@pytest.mark.parametrize("ranks", [2], indirect=True)
+def test_watchdog_records_missing_source_and_writes_nan(ranks):
+    case = make_case(capacity=CAPACITY, tokens=2, budget_ns=50_000_000)
+    results = run_all(ranks, {**case, "seq": 1}, faults={1: {"kind": "skip_publish"}})
+    r0 = results[0]
+    assert r0["missing_sources"] == [1] and r0["record_count"] == 2 * HIDDEN // 8
+    token, source, fragment, stage, words = r0["records"][0]
+    assert (token, source, fragment, stage, words) == (0, 1, 0, 0, [0x80008000] * 4)
+    assert r0["consume_ns"] < 1_000_000_000
+    assert r0["headers"] == [[1, 2], None]
+    assert torch.isnan(bf16_from_bits(r0["outputs"]["sum"]).float()).all()
+
+
+@pytest.mark.parametrize("ranks", [2], indirect=True)
+def test_token_count_mismatch_is_never_a_silent_answer(ranks):
+    case = make_case(capacity=CAPACITY, tokens=4, budget_ns=50_000_000)
+    results = run_all(ranks, {**case, "seq": 1}, faults={1: {"kind": "tokens_delta", "delta": 1}})
+    for res in results:
+        assert res["header_mismatch"]
+        assert torch.isnan(bf16_from_bits(res["outputs"]["sum"]).float()).all()
+
+
+def test_dirty_segment_found_and_scrubbed_at_setup():
+    group = uuid.uuid4().hex[:12]
+    left, _ = HostMailbox.open_own(segment_name(group, 0), tp=1, capacity=2, hidden=8)
+    left.slots[1, 0, 1, :3] = 0x3F80
+    left.stage_state[:] = (1, 1)
+    left.close()  # the process "dies": no scrub, no unlink
+    rank = EmulatedRank()
+    try:
+        setup = rank.setup(group_id=group, rank=0, tp=1, capacity=2, hidden=8, timeout_s=1)
+        assert not setup["created"]
+        assert setup["start_check"] == {"rank": 0, "non_sentinel": 3, "headers_set": 0,
+                                        "stage_state": (1, 1)}
+        clean = {"rank": 0, "non_sentinel": 0, "headers_set": 0, "stage_state": (0, 0)}
+        assert rank.state()["check"] == clean
+        assert rank.scrub() == clean
+        peer = HostMailbox.attach(segment_name(group, 0), tp=1, capacity=2, hidden=8, timeout_s=1)
+        peer.headers[2, 0] = (5, 2)
+        peer.close()
+        assert rank.scrub()["headers_set"] == 1 and rank.state()["check"] == clean
+    finally:
+        rank.close()
+
+
+def test_setup_names_the_peer_that_never_came():
+    group = uuid.uuid4().hex[:12]
+    rank = EmulatedRank()
+    with pytest.raises(TimeoutError, match=r"ll-.*-r1 not created"):
+        rank.setup(group_id=group, rank=0, tp=2, capacity=2, hidden=8, timeout_s=0.1)
+    with pytest.raises(TimeoutError):  # the failed rank left nothing behind
+        HostMailbox.attach(segment_name(group, 0), tp=2, capacity=2, hidden=8, timeout_s=0)
+    rank.close()
+
+
+def test_unknown_backend_and_bad_cases_are_named():
+    with pytest.raises(ValueError, match=r"unknown backend 'gpu'; available: \['emulated'\]"):
+        require_backend("gpu")
+    with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+        make_backend("cuda")
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        TPGroup(tp=2, hidden=64, capacity=4, backend="gpu")
+    with pytest.raises(ValueError, match="tokens must be in 1..capacity=8, got 9"):
+        make_case(capacity=8, tokens=9)
+    with pytest.raises(ValueError, match=r"unknown case fields \['colour'\]"):
+        make_case(capacity=8, tokens=1, colour="red")
+
+
+def test_bits_round_trip():
+    x = torch.tensor([0.0, -0.0, 1.5, float("nan")], dtype=torch.bfloat16)
+    assert bits_from_bf16(x).tolist() == [0, 0x8000, 0x3FC0, 0x7FC0]
+    assert np.array_equal(bits_from_bf16(bf16_from_bits(bits_from_bf16(x))), bits_from_bf16(x))

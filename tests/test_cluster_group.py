@@ -1,0 +1,138 @@
+"""TP groups of rank actors on an embedded local Ray cluster (emulated backend).
+
+One Ray instance and one group per tp for the whole module; tests that break
+a group leave it recovered or rebuilt, and each test starts from a recovered
+group.
+"""
+
+import os
+
+import pytest
+import ray
+
+from cluster.cases import bf16_from_bits, case_inputs
+from cluster.faults import FAULT_KINDS, run_fault
+from cluster.group import TPGroup
+from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
+from kernels.reference.numerics import assert_bit_exact
+
+HIDDEN, CAPACITY = 64, 8
+BUDGET_NS = 300_000_000
+CALL_TIMEOUT_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def groups(cluster):
+    made = {}
+    try:
+        for tp in (1, 2, 4):
+            made[tp] = TPGroup(tp=tp, hidden=HIDDEN, capacity=CAPACITY,
+                               call_timeout_s=CALL_TIMEOUT_S, setup_timeout_s=60)
+        yield made
+    finally:
+        for g in made.values():
+            g.close()
+    for g in made.values():
+        g.close()  # idempotent
+        assert not any(os.path.exists(f"/dev/shm/ll-{g.group_id}-r{r}") for r in range(g.tp))
+
+
+def assert_matches_reference(call, tp):
+    partials, residual, weight = case_inputs(call.case, tp=tp, hidden=HIDDEN)
+    norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, call.case["eps"])
+    for r, res in enumerate(call.results):
+        out = res["outputs"]
+        assert_bit_exact(bf16_from_bits(out["sum"]), all_reduce_sum(partials), f"rank {r} sum")
+        assert_bit_exact(bf16_from_bits(out["residual"]), residual_ref, f"rank {r} residual")
+        assert_bit_exact(bf16_from_bits(out["norm"]), norm_ref, f"rank {r} norm")
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_calls_match_reference_and_rotate_generations(groups, tp):
+    g = groups[tp]
+    g.recover()
+    assert g.start_diagnosis.ok
+    assert len({m["pid"] for m in g.metadata}) == tp and all(m["gpu_ids"] == [] for m in g.metadata)
+    plan = [(1, "random"), (3, "order_sensitive"), (8, "sentinel_pattern"), (2, "random"),
+            (5, "order_sensitive"), (7, "random"), (4, "sentinel_pattern")]
+    for i, (tokens, inputs) in enumerate(plan):
+        call = g.run(g.case(tokens=tokens, inputs=inputs, seed=10 * tp + i, budget_ns=10**9))
+        assert call.outcome == "pass", call.diagnosis.summary()
+        assert call.recovery is None and not call.rebuilt
+        assert [x["consumed_stage"] for x in call.results] == [i % 3] * tp
+        assert_matches_reference(call, tp)
+        for state in g.state():
+            assert state["check"]["non_sentinel"] == 0 and state["check"]["headers_set"] == 0
+            assert state["check"]["stage_state"] == (i % 3, (i + 1) % 3)
+
+
+def test_skipped_publish_names_exactly_that_rank_then_recovers_bit_exact(groups):
+    g = groups[4]
+    g.recover()
+    g.run(g.case(tokens=2, budget_ns=10**9))  # so the skipper's stage is stale
+    call = g.run(g.case(tokens=3, budget_ns=BUDGET_NS), faults={2: {"kind": "skip_publish"}})
+    assert call.outcome == "hang"
+    assert call.diagnosis.missing_ranks == {2}
+    assert call.diagnosis.summary().startswith("missing ranks: {2}")
+    assert all(x["missing_sources"] == [2] for r, x in enumerate(call.results) if r != 2)
+    assert call.results[2]["missing_sources"] == [0, 1, 2, 3]
+    assert call.recovery is not None and not call.rebuilt
+    follow = g.run(g.case(tokens=5, seed=3, budget_ns=10**9))
+    assert follow.outcome == "pass"
+    assert [x["consumed_stage"] for x in follow.results] == [0] * 4
+    assert_matches_reference(follow, 4)
+
+
+REBUILDS = {"dirty_mailbox", "stuck_rank"}
+
+
+@pytest.mark.parametrize("kind", sorted(FAULT_KINDS))
+def test_fault_meets_expected_outcome(groups, kind):
+    # Kinds that rebuild the group run on tp=2: new actors are the cost.
+    g, rank = (groups[2], 1) if kind in REBUILDS else (groups[4], 2)
+    g.recover()
+    verdict = run_fault(g, kind, rank=rank, budget_ns=BUDGET_NS)
+    assert verdict.met, f"{kind}: expected {verdict.expected!r}, seen {verdict.seen!r}"
+
+
+def test_hung_actor_killed_group_rebuilt_results_kept(groups):
+    g = groups[2]
+    g.recover()
+    builds, old = g.builds, [m["pid"] for m in g.metadata]
+    call = g.run(g.case(tokens=2, budget_ns=BUDGET_NS), faults={1: {"kind": "hang"}})
+    assert call.outcome == "hang" and call.rebuilt and g.builds == builds + 1
+    assert call.diagnosis.missing_ranks == {1} and call.diagnosis.unresponsive_ranks == {1}
+    assert "missed the host deadline of 1.5 s" in call.diagnosis.summary()
+    assert call.results[0] is not None and call.results[0]["missing_sources"] == [1]
+    assert call.start_diagnosis.dirty_ranks == {1}
+    assert set(old).isdisjoint(m["pid"] for m in g.metadata)
+    follow = g.run(g.case(tokens=4, seed=5, budget_ns=10**9))
+    assert follow.outcome == "pass"
+    assert_matches_reference(follow, 2)
+
+
+def test_rank_error_is_recorded_and_the_group_recovers(groups):
+    g = groups[2]
+    g.recover()
+    call = g.run(g.case(tokens=CAPACITY, budget_ns=BUDGET_NS),
+                 faults={0: {"kind": "tokens_delta", "delta": 1}})
+    assert call.outcome == "error" and set(call.errors) == {0}
+    assert f"tokens must be in 1..capacity={CAPACITY}, got {CAPACITY + 1}" in call.errors[0]
+    assert call.results[1]["missing_sources"] == [0] and call.recovery is not None
+    assert g.run(g.case(tokens=1, budget_ns=10**9)).outcome == "pass"
+
+
+def test_unplaceable_group_says_requested_and_available(cluster):
+    with pytest.raises(TimeoutError, match=r"bundles \[\{'GPU': 1\}, \{'GPU': 1\}\].*available"):
+        TPGroup(tp=2, hidden=HIDDEN, capacity=CAPACITY, gpus_per_rank=1, setup_timeout_s=1)
