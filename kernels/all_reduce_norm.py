@@ -2,5 +2,8 @@
 
 from kernels.lamport.all_reduce_norm import (AllReduceNorm, AllReduceNormOptions,
                                              LamportTimeout, VirtualRanks)
+from kernels.lamport.finalize_publish import FinalizeTuning
+from kernels.moe import MoEOutput, RoutedExperts
 
-__all__ = ["AllReduceNorm", "AllReduceNormOptions", "LamportTimeout", "VirtualRanks"]
+__all__ = ["AllReduceNorm", "AllReduceNormOptions", "FinalizeTuning", "LamportTimeout",
+           "MoEOutput", "RoutedExperts", "VirtualRanks"]

@@ -239,12 +239,21 @@ GB300 = TacticTable(
     fuse=FuseRule(max_tokens=2, wide_heads=32, wide_max_tokens=16),
     source="seed _tactic/_fuse, tuned on GB300",
 )
-#: H200 (sm_90): the GB300 numbers until issue 6 measures its own.
+#: H200 (sm_90), measured 2026-11-29 (``python -m benchmarks.indexer --sweep``,
+#: K 7168, key 128, gate 128, heads 64 and 32; docs/results/indexer_h200_2026-11-29.md):
+#: the fused kernel beat the two-step path at every measured token count up to
+#: 64 (3.0-15x, heads 32 and 64), so the fuse rule reaches 64 tokens for
+#: heads >= 32, and the table keeps the fused kernel's tactic (16 warps, no
+#: split) up to 64 tokens so a planned step's outputs never depend on the path
+#: (the projection kernel alone is then not on the stage's path there; alone,
+#: 8 warps x 4 CTAs was up to 1.4x faster at 64 tokens and within 10% at
+#: 1-16). Beyond 64 tokens: 8 warps x 4 CTAs (fastest alone at 64). Head
+#: counts below 32 were not measured and keep the seed's rule (<= 2 tokens).
 H200 = TacticTable(
     name="h200",
-    ranges=GB300.ranges,
-    fuse=GB300.fuse,
-    source="copied from GB300, not yet measured on H200",
+    ranges=(TacticRange(64, Tactic(16, 1)), TacticRange(MAX_TOKENS, Tactic(8, 4))),
+    fuse=FuseRule(max_tokens=2, wide_heads=32, wide_max_tokens=64),
+    source="measured on H200 2026-11-29 (benchmarks.indexer --sweep)",
 )
 #: Tables by compute capability (``sm_XY``); the one place to add a GPU.
 TACTIC_TABLES: dict[str, TacticTable] = {"sm_90": H200, "sm_100": GB300, "sm_103": GB300}

@@ -9,6 +9,16 @@ collective), an existing :class:`Mailbox` (external peer table), or
 :meth:`AllReduceNorm.virtual_ranks` (tp ranks in one process on one GPU,
 see :class:`VirtualRanks`). With no group and no mailbox it is a single-rank
 group (tp=1).
+
+The same instance (one mailbox, one stage rotation) also serves
+- a MoE output whose routed top-k reduction is still open
+  (:class:`kernels.moe.MoEOutput`): ``__call__`` dispatches to the finalize
+  publish (:mod:`kernels.lamport.finalize_publish`) compiled for the weight
+  dtype (construct with ``top_k``);
+- the MTP draft's embedding: :meth:`AllReduceNorm.prepare_embedding` then
+  :meth:`AllReduceNorm.embed_norm` (:mod:`kernels.lamport.embed`).
+Calls of the three kinds interleave freely on one instance (every rank makes
+the same sequence of calls with the same token count).
 """
 
 from __future__ import annotations
@@ -18,9 +28,13 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels.moe import MoEOutput, RoutedExperts
 from kernels.validation import require_choice, require_range, require_tensor
 
-from .compile import NormConfig, PublishConfig, cached
+from .compile import (EmbedNormConfig, EmbedPublishConfig, FinalizePublishConfig,
+                      NormConfig, PublishConfig, cached)
+from .finalize_publish import (FinalizeTuning, check_finalize_options,
+                               finalize_ctas_per_token)
 from .mailbox import Diagnosis, Mailbox, RankErrors, diagnose, require_multicast
 from .norm import norm_threads
 from .protocol import ERR_DEFAULT_RECORDS
@@ -55,13 +69,18 @@ class AllReduceNormOptions:
 
 
 def validate_inputs(x, residual, norm_weight, out=None, *, hidden: int, capacity: int,
-                    device=None) -> int:
+                    device=None, top_k: int | None = None, fragment_bytes: int = 16) -> int:
     """Check one rank's call arguments (ValueError naming the argument and
-    the values); returns the token count M. No CUDA calls."""
-    x = require_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden), align=16,
-                       device=device)
-    m = x.shape[0]
-    require_range("x.shape[0] (tokens)", m, 1, capacity)
+    the values); returns the token count M. No CUDA calls. ``x`` may be a
+    :class:`MoEOutput` (see :func:`validate_moe`)."""
+    if isinstance(x, MoEOutput):
+        m = validate_moe(x, hidden=hidden, capacity=capacity, device=device, top_k=top_k,
+                         fragment_bytes=fragment_bytes)
+    else:
+        x = require_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden), align=16,
+                           device=device)
+        m = x.shape[0]
+        require_range("x.shape[0] (tokens)", m, 1, capacity)
     require_tensor("residual", residual, dtype=torch.bfloat16, shape=(m, hidden), align=16,
                    device=device)
     require_tensor("norm_weight", norm_weight, dtype=torch.bfloat16, shape=(hidden,),
@@ -73,6 +92,88 @@ def validate_inputs(x, residual, norm_weight, out=None, *, hidden: int, capacity
             require_tensor(name, t, dtype=torch.bfloat16, shape=(m, hidden), align=16,
                            device=device)
     return m
+
+
+def validate_moe(moe, *, hidden: int, capacity: int, device=None, top_k: int | None,
+                 fragment_bytes: int = 16) -> int:
+    """Check a :class:`MoEOutput` before the finalize publish: shapes and
+    dtypes of the weights and route indices matching ``top_k``, the GEMM2
+    rows and shared output matching ``hidden`` and aligned for the
+    ``fragment_bytes`` (8 or 16) loads. Metadata only: the route values are
+    not read (no host sync); an index outside ``[-1, rows)`` makes the
+    kernel publish NaN for that token instead of loading out of bounds.
+    Returns M."""
+    if not isinstance(moe, MoEOutput):
+        raise ValueError(f"x must be a torch.Tensor or a MoEOutput, got {type(moe).__name__}")
+    if top_k is None:
+        raise ValueError("a MoEOutput needs an AllReduceNorm constructed with top_k=...")
+    routed = moe.routed
+    if not isinstance(routed, RoutedExperts):
+        raise ValueError(f"x.routed must be a RoutedExperts (routed reduction still open), "
+                         f"got {type(routed).__name__}")
+    weights = require_tensor("x.routed.expert_weights", routed.expert_weights,
+                             dtype=(torch.float32, torch.bfloat16), device=device)
+    require_tensor("x.routed.expert_weights", weights, align=weights.element_size())
+    if weights.dim() != 2 or weights.shape[1] != top_k:
+        raise ValueError(f"x.routed.expert_weights must have shape [*, top_k={top_k}], got "
+                         f"{weights.dtype}{list(weights.shape)}")
+    m = weights.shape[0]
+    require_range("x.routed.expert_weights.shape[0] (tokens)", m, 1, capacity)
+    require_tensor("x.routed.expanded_idx_to_permuted_idx",
+                   routed.expanded_idx_to_permuted_idx, dtype=torch.int32, shape=(m, top_k),
+                   align=4, device=device)
+    gemm2 = require_tensor("x.routed.gemm2_permuted", routed.gemm2_permuted,
+                           dtype=torch.bfloat16, shape=(None, hidden), align=fragment_bytes,
+                           device=device)
+    if gemm2.shape[0] >= 2**31:
+        raise ValueError(f"x.routed.gemm2_permuted has {gemm2.shape[0]} rows, at most 2^31-1")
+    if moe.shared_output is not None:
+        require_tensor("x.shared_output", moe.shared_output, dtype=torch.bfloat16,
+                       shape=(m, hidden), align=fragment_bytes, device=device)
+    return m
+
+
+def validate_embedding_shard(weight, start, rows, eps, *, hidden: int,
+                             device=None) -> tuple[int, int, float]:
+    """Check :meth:`AllReduceNorm.prepare_embedding`'s arguments; returns
+    ``(start, rows, eps)`` (``rows`` None = every row of ``weight``)."""
+    require_tensor("weight", weight, dtype=torch.bfloat16, shape=(None, hidden), align=16,
+                   device=device)
+    rows = weight.shape[0] if rows is None else rows
+    if isinstance(rows, bool) or not isinstance(rows, int):
+        raise ValueError(f"rows must be an int, got {rows!r}")
+    if isinstance(start, bool) or not isinstance(start, int):
+        raise ValueError(f"start must be an int, got {start!r}")
+    require_range("rows", rows, 0, weight.shape[0])
+    require_range("start", start, 0, 2**31 - 1 - rows)
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    return start, rows, float(eps)
+
+
+def validate_embedding_inputs(ids, positions, previous, enorm, hnorm, out=None, *,
+                              hidden: int, capacity: int, device=None) -> int:
+    """Check :meth:`AllReduceNorm.embed_norm`'s tensors (ValueError naming the
+    argument); returns M. No CUDA calls."""
+    h, dev = hidden, device
+    ids = require_tensor("ids", ids, dtype=torch.int32, shape=(None,), align=4, device=dev)
+    m = ids.shape[0]
+    require_range("ids.shape[0] (tokens)", m, 1, capacity)
+    require_tensor("positions", positions, dtype=torch.int64, shape=(m,), align=8, device=dev)
+    require_tensor("previous", previous, dtype=torch.bfloat16, shape=(m, h), align=16,
+                   device=dev)
+    require_tensor("enorm", enorm, dtype=torch.bfloat16, shape=(h,), align=16, device=dev)
+    require_tensor("hnorm", hnorm, dtype=torch.bfloat16, shape=(h,), align=16, device=dev)
+    if out is not None:
+        require_tensor("out", out, dtype=torch.bfloat16, shape=(m, 2 * h), align=16, device=dev)
+    return m
+
+
+def _moe_tensors(xs) -> list[torch.Tensor]:
+    out = []
+    for x in xs:
+        out += x.tensors() if isinstance(x, MoEOutput) else [x]
+    return out
 
 
 def _stream_handle(stream: torch.cuda.Stream | None):
@@ -89,7 +190,16 @@ class AllReduceNorm:
                  transport: str = "unicast", watchdog_ns: int = 0, group=None,
                  mailbox: Mailbox | None = None, device=None,
                  allow_multicast: bool = False,
-                 error_records: int = ERR_DEFAULT_RECORDS) -> None:
+                 error_records: int = ERR_DEFAULT_RECORDS, top_k: int | None = None,
+                 routed_scaling_factor: float = 1.0,
+                 finalize_tuning: FinalizeTuning | None = None) -> None:
+        finalize_tuning = FinalizeTuning() if finalize_tuning is None else finalize_tuning
+        if top_k is not None:
+            finalize_tuning.validate(top_k)
+            check_finalize_options(
+                tp=1, top_k=top_k, elements_per_thread=finalize_tuning.elements_per_thread,
+                routed_scaling_factor=float(routed_scaling_factor), shared="after",
+                prefetch_group=finalize_tuning.prefetch_group or top_k, transport=transport)
         self.options = AllReduceNormOptions(hidden_size, max_num_tokens, float(eps),
                                             transport, int(watchdog_ns))
         self.options.validate()
@@ -121,6 +231,27 @@ class AllReduceNorm:
                                        watchdog_ns=self.watchdog_ns))
         self._ctas = publish_ctas_per_token(hidden_size)
         self._virtual_peers = False  # set by VirtualRanks for tp > 1
+        # MoE finalize publish: one compile per (weight dtype, shared expert or not).
+        self.top_k, self.routed_scaling_factor = top_k, float(routed_scaling_factor)
+        self.finalize_tuning = finalize_tuning
+        self._finalize = {}
+        if top_k is not None:
+            t = finalize_tuning
+            for dtype in (torch.float32, torch.bfloat16):
+                for has_shared in (True, False):
+                    self._finalize[dtype, has_shared] = cached(FinalizePublishConfig(
+                        tp=self.tp, top_k=top_k, elements_per_thread=t.elements_per_thread,
+                        fp32_weights=dtype == torch.float32,
+                        routed_scaling_factor=self.routed_scaling_factor,
+                        shared=("before" if t.load_shared_before_pdl else "after")
+                        if has_shared else "none",
+                        prefetch_group=t.prefetch_group, transport=transport))
+            self._finalize_ctas = finalize_ctas_per_token(hidden_size,
+                                                          t.elements_per_thread)
+        # Embedding: weight.data_ptr() -> (weight, start, rows, eps).
+        self._embeddings: dict[int, tuple[torch.Tensor, int, int, float]] = {}
+        self._embed_publish = None
+        self._embed_norm = None
 
     # -- introspection
     @classmethod
@@ -140,15 +271,33 @@ class AllReduceNorm:
     def validate(self, x, residual, norm_weight, out=None) -> int:
         """All checks before any launch; returns M."""
         return validate_inputs(x, residual, norm_weight, out, hidden=self.hidden_size,
-                               capacity=self.capacity, device=self.device)
+                               capacity=self.capacity, device=self.device, top_k=self.top_k,
+                               fragment_bytes=2 * self.finalize_tuning.elements_per_thread)
 
     # -- launches (no validation: __call__ validates)
-    def publish(self, x: torch.Tensor, *, stream: torch.cuda.Stream | None = None) -> None:
-        """Launch this rank's publish of ``x`` on ``stream`` (default current)."""
+    def publish(self, x: torch.Tensor | MoEOutput, *,
+                stream: torch.cuda.Stream | None = None) -> None:
+        """Launch this rank's publish of ``x`` on ``stream`` (default current);
+        a :class:`MoEOutput` goes through the finalize publish."""
+        if isinstance(x, MoEOutput):
+            self._publish_moe(x, stream)
+            return
         mb = self._mailbox
         self._publish(x.data_ptr(), mb.stage_state_ptr, self._destination, mb.error_ptr,
                       self.rank, self.capacity, self.hidden_size, self._ctas, x.shape[0],
                       _stream_handle(stream))
+
+    def _publish_moe(self, moe: MoEOutput, stream) -> None:
+        mb = self._mailbox
+        r = moe.routed
+        shared = moe.shared_output
+        kernel = self._finalize[r.expert_weights.dtype, shared is not None]
+        kernel(r.gemm2_permuted.data_ptr(), r.expert_weights.data_ptr(),
+               r.expanded_idx_to_permuted_idx.data_ptr(),
+               0 if shared is None else shared.data_ptr(), r.gemm2_permuted.shape[0],
+               mb.stage_state_ptr, self._destination, mb.error_ptr, self.rank, self.capacity,
+               self.hidden_size, self._finalize_ctas, r.expert_weights.shape[0],
+               _stream_handle(stream))
 
     def consume(self, residual: torch.Tensor, norm_weight: torch.Tensor,
                 out: tuple[torch.Tensor, torch.Tensor], *,
@@ -161,11 +310,16 @@ class AllReduceNorm:
                    mb.error_ptr, self.capacity, mb.error_records, self.eps,
                    residual.shape[0], _stream_handle(stream))
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                 *, out: tuple[torch.Tensor, torch.Tensor] | None = None
+    def __call__(self, x: torch.Tensor | MoEOutput, residual: torch.Tensor,
+                 norm_weight: torch.Tensor, *,
+                 out: tuple[torch.Tensor, torch.Tensor] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(norm_out, residual_out)``; publish and norm chained with PDL on
-        the current stream. Capturable in a CUDA graph (pass ``out``)."""
+        the current stream. Capturable in a CUDA graph (pass ``out``).
+
+        ``x``: [M, hidden] BF16 TP-partial, or a :class:`MoEOutput` whose
+        routed top-k reduction is finalized inside the publish (FP32 or BF16
+        weights pick the compiled kernel)."""
         if self._virtual_peers:
             raise RuntimeError(
                 f"rank {self.rank} of tp={self.tp} virtual ranks: call the VirtualRanks group "
@@ -176,6 +330,81 @@ class AllReduceNorm:
             out = (torch.empty_like(residual), torch.empty_like(residual))
         self.publish(x)
         self.consume(residual, norm_weight, out)
+        return out
+
+    # -- embedding (the MTP draft's input)
+    def prepare_embedding(self, weight: torch.Tensor, start: int, rows: int | None = None,
+                          eps: float | None = None) -> None:
+        """Register (and compile for) the vocabulary shard ``weight``
+        ([R, hidden] BF16) whose first ``rows`` rows (default R) hold token
+        ids ``[start, start + rows)``; ``eps`` (default the instance's) is
+        the enorm / hnorm epsilon. Call once per shard before
+        :meth:`embed_norm` (and before capturing it in a graph)."""
+        start, rows, eps = validate_embedding_shard(
+            weight, start, rows, self.eps if eps is None else eps, hidden=self.hidden_size,
+            device=self.device)
+        if self._embed_publish is None:
+            self._embed_publish = cached(EmbedPublishConfig(tp=self.tp,
+                                                            transport=self.transport))
+            self._embed_norm = cached(EmbedNormConfig(hidden=self.hidden_size, tp=self.tp,
+                                                      watchdog_ns=self.watchdog_ns))
+        self._embeddings[weight.data_ptr()] = (weight, start, rows, eps)
+
+    def validate_embedding(self, ids, positions, previous, weight, enorm, hnorm,
+                           out=None) -> int:
+        """All checks of :meth:`embed_norm` before any launch; returns M."""
+        require_tensor("weight", weight, dtype=torch.bfloat16, shape=(None, self.hidden_size),
+                       device=self.device)
+        entry = self._embeddings.get(weight.data_ptr())
+        if entry is None or entry[0].shape != weight.shape:
+            raise ValueError(f"weight {weight.dtype}{list(weight.shape)} at "
+                             f"{weight.data_ptr():#x} was not prepared: call "
+                             "prepare_embedding(weight, start, rows) first")
+        return validate_embedding_inputs(ids, positions, previous, enorm, hnorm, out,
+                                         hidden=self.hidden_size, capacity=self.capacity,
+                                         device=self.device)
+
+    def publish_embedding(self, ids: torch.Tensor, weight: torch.Tensor, *,
+                          stream: torch.cuda.Stream | None = None) -> None:
+        """Launch this rank's embedding publish (its rows of ``ids``, zeros
+        for the ids of other shards)."""
+        _, start, rows, _ = self._embeddings[weight.data_ptr()]
+        mb = self._mailbox
+        self._embed_publish(ids.data_ptr(), weight.data_ptr(), mb.stage_state_ptr,
+                            self._destination, mb.error_ptr, self.rank, self.capacity,
+                            self.hidden_size, start, rows, self._ctas, ids.shape[0],
+                            _stream_handle(stream))
+
+    def consume_embedding(self, positions: torch.Tensor, previous: torch.Tensor,
+                          weight: torch.Tensor, enorm: torch.Tensor, hnorm: torch.Tensor,
+                          out: torch.Tensor, *,
+                          stream: torch.cuda.Stream | None = None) -> None:
+        """Launch this rank's embed-norm consumer."""
+        eps = self._embeddings[weight.data_ptr()][3]
+        mb = self._mailbox
+        self._embed_norm(mb.buffer_ptr, positions.data_ptr(), previous.data_ptr(),
+                         enorm.data_ptr(), hnorm.data_ptr(), out.data_ptr(),
+                         mb.stage_state_ptr, mb.error_ptr, self.capacity, mb.error_records,
+                         eps, positions.shape[0], _stream_handle(stream))
+
+    def embed_norm(self, ids: torch.Tensor, positions: torch.Tensor, previous: torch.Tensor,
+                   weight: torch.Tensor, enorm: torch.Tensor, hnorm: torch.Tensor, *,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """``fused_eh_norm`` of the vocab-parallel embedding of ``ids``:
+        ``[M, 2 * hidden]`` BF16 = ``[enorm(embedding), hnorm(previous)]``, the
+        embedding zeroed where ``positions == 0``. ``ids`` int32 [M],
+        ``positions`` int64 [M], ``previous`` BF16 [M, hidden], ``weight`` a
+        shard registered with :meth:`prepare_embedding`. Publish and consumer
+        chained with PDL on the current stream; capturable (pass ``out``)."""
+        if self._virtual_peers:
+            raise RuntimeError(f"rank {self.rank} of tp={self.tp} virtual ranks: call the "
+                               "VirtualRanks group's embed_norm")
+        m = self.validate_embedding(ids, positions, previous, weight, enorm, hnorm, out)
+        if out is None:
+            out = torch.empty(m, 2 * self.hidden_size, dtype=torch.bfloat16,
+                              device=previous.device)
+        self.publish_embedding(ids, weight)
+        self.consume_embedding(positions, previous, weight, enorm, hnorm, out)
         return out
 
     # -- faults
@@ -225,7 +454,9 @@ class VirtualRanks:
 
     def __init__(self, *, tp: int, hidden_size: int, max_num_tokens: int, eps: float,
                  transport: str = "unicast", watchdog_ns: int = 0, device=None,
-                 error_records: int = ERR_DEFAULT_RECORDS) -> None:
+                 error_records: int = ERR_DEFAULT_RECORDS, top_k: int | None = None,
+                 routed_scaling_factor: float = 1.0,
+                 finalize_tuning: FinalizeTuning | None = None) -> None:
         if transport != "unicast":
             raise ValueError(f"virtual ranks support transport='unicast' only, got {transport!r}")
         AllReduceNormOptions(hidden_size, max_num_tokens, float(eps), transport,
@@ -234,7 +465,9 @@ class VirtualRanks:
                                       device=device, error_records=error_records)
         self.ranks = [AllReduceNorm(hidden_size=hidden_size, max_num_tokens=max_num_tokens,
                                     eps=eps, transport=transport, watchdog_ns=watchdog_ns,
-                                    mailbox=b) for b in boxes]
+                                    mailbox=b, top_k=top_k,
+                                    routed_scaling_factor=routed_scaling_factor,
+                                    finalize_tuning=finalize_tuning) for b in boxes]
         for r in self.ranks:
             r._virtual_peers = tp > 1
         self.tp, self.device = tp, boxes[0].device
@@ -248,6 +481,7 @@ class VirtualRanks:
                  norm_weight: torch.Tensor, *, outs=None, skip_publish: Sequence[int] = ()):
         """Run every rank; returns a list of ``(norm_out, residual_out)``.
 
+        ``xs``: one ``[M, hidden]`` tensor or :class:`MoEOutput` per rank.
         ``skip_publish``: ranks whose publish is not launched (fault
         injection; use a watchdog variant).
         """
@@ -260,6 +494,18 @@ class VirtualRanks:
             raise ValueError(f"every rank must pass the same token count, got {sorted(ms)}")
         if outs is None:
             outs = [(torch.empty_like(res), torch.empty_like(res)) for res in residuals]
+        self._fork_join(
+            lambda rank, stream: rank.publish(xs[rank.rank], stream=stream),
+            lambda rank, stream: rank.consume(residuals[rank.rank], norm_weight,
+                                              outs[rank.rank], stream=stream),
+            [*_moe_tensors(xs), *residuals, norm_weight, *(o for pair in outs for o in pair)],
+            skip_publish)
+        return outs
+
+    def _fork_join(self, publish, consume, tensors, skip_publish) -> None:
+        """Fork every rank's stream from the current one, launch the
+        publishes, make every consumer wait on every publish event, launch
+        the consumers, join back."""
         if any(s not in range(self.tp) for s in skip_publish):
             raise ValueError(f"skip_publish must name ranks in [0, {self.tp}), got {list(skip_publish)}")
         main = torch.cuda.current_stream(self.device)
@@ -269,23 +515,56 @@ class VirtualRanks:
         for rank, stream in zip(self.ranks, self._streams):
             stream.wait_event(start)
             if rank.rank not in skip_publish:
-                rank.publish(xs[rank.rank], stream=stream)
+                publish(rank, stream)
             ev = torch.cuda.Event()
             ev.record(stream)
             published.append(ev)
         for rank, stream in zip(self.ranks, self._streams):
             for ev in published:
                 stream.wait_event(ev)
-            rank.consume(residuals[rank.rank], norm_weight, outs[rank.rank], stream=stream)
+            consume(rank, stream)
         for stream in self._streams:
             done = torch.cuda.Event()
             done.record(stream)
             main.wait_event(done)
         if not torch.cuda.is_current_stream_capturing():
-            for t in [*xs, *residuals, norm_weight, *(o for pair in outs for o in pair)]:
+            for t in tensors:
                 for stream in self._streams:
                     t.record_stream(stream)
-        return outs
+
+    def prepare_embedding(self, weights: Sequence[torch.Tensor], starts: Sequence[int],
+                          rows: Sequence[int] | None = None, eps: float | None = None) -> None:
+        """Every rank's :meth:`AllReduceNorm.prepare_embedding` (its shard)."""
+        if len(weights) != self.tp or len(starts) != self.tp:
+            raise ValueError(f"weights and starts must hold tp={self.tp} entries, "
+                             f"got {len(weights)} and {len(starts)}")
+        for i, r in enumerate(self.ranks):
+            r.prepare_embedding(weights[i], starts[i], None if rows is None else rows[i], eps)
+
+    def embed_norm(self, ids: torch.Tensor, positions: torch.Tensor, previous: torch.Tensor,
+                   weights: Sequence[torch.Tensor], enorm: torch.Tensor, hnorm: torch.Tensor,
+                   *, outs: Sequence[torch.Tensor] | None = None,
+                   skip_publish: Sequence[int] = ()) -> list[torch.Tensor]:
+        """Every rank's :meth:`AllReduceNorm.embed_norm` (the same ids,
+        positions and previous on every rank, ``weights[r]`` rank r's shard);
+        returns one ``[M, 2 * hidden]`` output per rank."""
+        if len(weights) != self.tp:
+            raise ValueError(f"weights must hold tp={self.tp} shards, got {len(weights)}")
+        if outs is not None and len(outs) != self.tp:
+            raise ValueError(f"outs must hold tp={self.tp} tensors, got {len(outs)}")
+        m = {r.validate_embedding(ids, positions, previous, weights[i], enorm, hnorm,
+                                  None if outs is None else outs[i])
+             for i, r in enumerate(self.ranks)}.pop()
+        if outs is None:
+            outs = [torch.empty(m, 2 * self.hidden_size, dtype=torch.bfloat16,
+                                device=previous.device) for _ in range(self.tp)]
+        self._fork_join(
+            lambda rank, stream: rank.publish_embedding(ids, weights[rank.rank], stream=stream),
+            lambda rank, stream: rank.consume_embedding(positions, previous, weights[rank.rank],
+                                                        enorm, hnorm, outs[rank.rank],
+                                                        stream=stream),
+            [ids, positions, previous, *weights, enorm, hnorm, *outs], skip_publish)
+        return list(outs)
 
     def errors(self) -> list[RankErrors]:
         torch.cuda.synchronize(self.device)

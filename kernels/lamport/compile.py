@@ -79,7 +79,87 @@ def cached(config):
         compiled = compile_publish(config)
     elif isinstance(config, NormConfig):
         compiled = compile_norm(config)
+    elif type(config) in _COMPILERS:
+        compiled = _COMPILERS[type(config)](config)
     else:
         raise TypeError(f"unknown kernel config {config!r}")
     with _lock:
         return _cache.setdefault(config, compiled)
+
+
+# ---------------------------------------------------------------- MoE finalize, embedding
+@dataclasses.dataclass(frozen=True)
+class FinalizePublishConfig:
+    tp: int
+    top_k: int
+    elements_per_thread: int = 4
+    fp32_weights: bool = True
+    routed_scaling_factor: float = 1.0
+    shared: str = "after"            # "none" | "before" | "after" griddepcontrol.wait
+    prefetch_group: int | None = None  # None = top_k
+    transport: str = "unicast"
+    arch: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedPublishConfig:
+    tp: int
+    transport: str = "unicast"
+    arch: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedNormConfig:
+    hidden: int
+    tp: int
+    watchdog_ns: int = 0
+    arch: str = ""
+
+
+def compile_finalize_publish(config: FinalizePublishConfig, *, dump_dir: str | None = None):
+    import cutlass.cute as cute
+    from cutlass import Int32, Int64
+    from cutlass.cute.runtime import make_fake_stream
+
+    from .finalize_publish import FinalizePublishKernel
+
+    kernel = FinalizePublishKernel(
+        tp=config.tp, top_k=config.top_k, elements_per_thread=config.elements_per_thread,
+        fp32_weights=config.fp32_weights, routed_scaling_factor=config.routed_scaling_factor,
+        shared=config.shared, prefetch_group=config.prefetch_group, transport=config.transport)
+    return cute.compile(kernel, *([Int64(0)] * 4), Int32(1), *([Int64(0)] * 3), Int32(0),
+                        Int32(1), Int32(VEC_BF16), Int32(1), Int32(1), make_fake_stream(),
+                        options=_options(config.arch, dump_dir))
+
+
+def compile_embed_publish(config: EmbedPublishConfig, *, dump_dir: str | None = None):
+    import cutlass.cute as cute
+    from cutlass import Int32, Int64
+    from cutlass.cute.runtime import make_fake_stream
+
+    from .embed import EmbedPublishKernel
+
+    kernel = EmbedPublishKernel(tp=config.tp, transport=config.transport)
+    return cute.compile(kernel, *([Int64(0)] * 5), Int32(0), Int32(1), Int32(VEC_BF16),
+                        Int32(0), Int32(1), Int32(1), Int32(1), make_fake_stream(),
+                        options=_options(config.arch, dump_dir))
+
+
+def compile_embed_norm(config: EmbedNormConfig, *, dump_dir: str | None = None):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64
+    from cutlass.cute.runtime import make_fake_stream
+
+    from .embed import EmbedNormKernel
+
+    kernel = EmbedNormKernel(hidden=config.hidden, tp=config.tp,
+                             watchdog_ns=config.watchdog_ns)
+    return cute.compile(kernel, *([Int64(0)] * 8), Int32(1), Int32(1), Float32(1e-6),
+                        Int32(1), make_fake_stream(), options=_options(config.arch, dump_dir))
+
+
+_COMPILERS = {
+    FinalizePublishConfig: compile_finalize_publish,
+    EmbedPublishConfig: compile_embed_publish,
+    EmbedNormConfig: compile_embed_norm,
+}

@@ -99,6 +99,48 @@ class NormKernel:
 
         cute.arch.griddepcontrol_wait()
 
+        reduced = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
+        failed = self._consume(mailbox, stage_state, error, capacity, error_records,
+                               token, tidx, column, reduced)
+
+        if failed:
+            reduced.fill(Float32(float("nan")))
+        # The all-reduced value is BF16, as the collective returns it.
+        summed = (reduced.load().to(cutlass.BFloat16).to(Float32)
+                  + residual_values).to(cutlass.BFloat16)
+        prim.store_u32x4(residual_out + element * 2, prim.pack_bf16x8(summed))
+        values = summed.to(Float32)
+        square = (values * values).reduce(cute.ReductionOp.ADD,
+                                          init_val=Float32(0.0),
+                                          reduction_profile=0)
+        for offset in cutlass.range_constexpr(5):
+            square = square + cute.arch.shuffle_sync_bfly(
+                square, offset=1 << offset, mask=-1, mask_and_clamp=31)
+        smem = cutlass.memory.SmemAllocator()
+        warp_sums = smem.allocate_array(Float32, self.warps)
+        if lane == 0:
+            cute.arch.store((warp_sums + warp).llvm_ptr, square)
+        cute.arch.barrier()
+        total = Float32(0.0)
+        for w in cutlass.range_constexpr(self.warps):
+            total = total + cute.arch.load((warp_sums + w).llvm_ptr, Float32)
+        inv_rms = cute.math.rsqrt(total / Float32(hidden) + eps, fastmath=True)
+        prim.store_u32x4(norm_out + element * 2, prim.pack_bf16x8(
+            (values * inv_rms * gamma_values).to(cutlass.BFloat16)))
+
+    @cute.jit
+    def _consume(self, mailbox: Int64, stage_state: Int64, error: Int64,
+                 capacity: Int32, error_records: Int32, token, tidx, column,
+                 reduced) -> Boolean:
+        """The Lamport consume of one fragment (steps 1-4 of the protocol),
+        shared by every consumer kernel: volatile ACTIVE_STAGE load (bounds
+        checked), one spin per source rank in rank order (watchdog deadline
+        in the watchdog variant) summed into ``reduced`` (FP32 rmem [8]),
+        NEXT_STAGE store (token 0 thread 0), ``launch_dependents``, sentinel
+        write-back. Call it right after ``griddepcontrol.wait``. Returns
+        True where the fragment could not be computed (timeout or bad stage);
+        the caller writes NaN then."""
+        hidden = self.hidden
         stage = prim.load_volatile_u32(stage_state + ACTIVE_STAGE * 4)
         stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
         safe_stage = Int64(0)
@@ -108,7 +150,6 @@ class NormKernel:
         if stage_ok:
             failed = Boolean(False)
 
-        reduced = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
         reduced.fill(0.0)
         deadline = Int64(0)
         if cutlass.const_expr(self.watchdog_ns > 0):
@@ -152,31 +193,7 @@ class NormKernel:
                     mailbox + slot_index(safe_stage, self.tp, source,
                                          Int64(capacity), Int64(token),
                                          hidden, column) * 2)
-
-        if failed:
-            reduced.fill(Float32(float("nan")))
-        # The all-reduced value is BF16, as the collective returns it.
-        summed = (reduced.load().to(cutlass.BFloat16).to(Float32)
-                  + residual_values).to(cutlass.BFloat16)
-        prim.store_u32x4(residual_out + element * 2, prim.pack_bf16x8(summed))
-        values = summed.to(Float32)
-        square = (values * values).reduce(cute.ReductionOp.ADD,
-                                          init_val=Float32(0.0),
-                                          reduction_profile=0)
-        for offset in cutlass.range_constexpr(5):
-            square = square + cute.arch.shuffle_sync_bfly(
-                square, offset=1 << offset, mask=-1, mask_and_clamp=31)
-        smem = cutlass.memory.SmemAllocator()
-        warp_sums = smem.allocate_array(Float32, self.warps)
-        if lane == 0:
-            cute.arch.store((warp_sums + warp).llvm_ptr, square)
-        cute.arch.barrier()
-        total = Float32(0.0)
-        for w in cutlass.range_constexpr(self.warps):
-            total = total + cute.arch.load((warp_sums + w).llvm_ptr, Float32)
-        inv_rms = cute.math.rsqrt(total / Float32(hidden) + eps, fastmath=True)
-        prim.store_u32x4(norm_out + element * 2, prim.pack_bf16x8(
-            (values * inv_rms * gamma_values).to(cutlass.BFloat16)))
+        return failed
 
     @cute.jit
     def _record(self, error: Int64, error_records: Int32, token, source,

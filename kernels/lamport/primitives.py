@@ -22,7 +22,7 @@ Memory ordering, in short:
 
 from __future__ import annotations
 
-from cutlass import BFloat16, Boolean, Int64, Uint32
+from cutlass import BFloat16, Boolean, Float32, Int32, Int64, Uint32
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm, vector
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -254,3 +254,119 @@ def pack_bf16x8(values: cute.TensorSSA, *, loc=None, ip=None):
     vec = llvm.bitcast(T.vector(4, T.i32()), values.ir_value(loc=loc, ip=ip),
                        loc=loc, ip=ip)
     return [Uint32(vector.extract(vec, [], [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+# ---------------------------------------------------------------- MoE finalize / embedding
+# 8-byte fragments (4 BF16 lanes in 2 words) for the finalize publish's
+# ``elements_per_thread=4`` variant, scalar metadata loads, and FP32 arithmetic
+# spelled out so that the rounding of every step is fixed by the PTX (no
+# contraction or reassociation left to the compiler).
+@dsl_user_op
+def load_u32x2(address: Int64, *, loc=None, ip=None):
+    """Plain 8-byte load (``ld.global.v2.u32``); weak, like :func:`load_u32x4`."""
+    words = _inline_asm([T.i32()] * 2, [_i64(address, loc, ip)],
+                        "ld.global.v2.u32 {$0, $1}, [$2];", "=r,=r,l",
+                        clobber_memory=False, loc=loc, ip=ip)
+    return [Uint32(w) for w in words]
+
+
+@dsl_user_op
+def load_s32(address: Int64, *, loc=None, ip=None) -> Int32:
+    """Plain 32-bit signed load (``ld.global.s32``), e.g. a route index."""
+    (value,) = _inline_asm([T.i32()], [_i64(address, loc, ip)],
+                           "ld.global.s32 $0, [$1];", "=r,l",
+                           clobber_memory=False, loc=loc, ip=ip)
+    return Int32(value)
+
+
+@dsl_user_op
+def load_f32(address: Int64, *, loc=None, ip=None) -> Float32:
+    """Plain FP32 load (``ld.global.f32``)."""
+    (value,) = _inline_asm([T.f32()], [_i64(address, loc, ip)],
+                           "ld.global.f32 $0, [$1];", "=f,l",
+                           clobber_memory=False, loc=loc, ip=ip)
+    return Float32(value)
+
+
+@dsl_user_op
+def load_bf16_as_f32(address: Int64, *, loc=None, ip=None) -> Float32:
+    """Plain BF16 load widened exactly to FP32 (``ld.global.b16`` +
+    ``cvt.f32.bf16``)."""
+    (value,) = _inline_asm([T.f32()], [_i64(address, loc, ip)],
+                           "{\n\t.reg .b16 h;\n\tld.global.b16 h, [$1];\n\t"
+                           "cvt.f32.bf16 $0, h;\n\t}", "=f,l",
+                           clobber_memory=False, loc=loc, ip=ip)
+    return Float32(value)
+
+
+@dsl_user_op
+def store_relaxed_sys_u32x2(address: Int64, words, *, loc=None, ip=None) -> None:
+    """8-byte ``st.relaxed.sys.global.v2.b32``: the unicast store of a half
+    fragment. Two of them (two threads) fill one 16-byte mailbox fragment;
+    each BF16 lane carries its own arrival bit, so the consumer's 16-byte spin
+    simply keeps spinning until both halves have landed."""
+    _inline_asm([], [_i64(address, loc, ip)] + [_u32(w, loc, ip) for w in words],
+                "st.relaxed.sys.global.v2.b32 [$0], {$1, $2};", "l,r,r",
+                loc=loc, ip=ip)
+
+
+@dsl_user_op
+def store_multicast_bf16x4(address: Int64, words, *, loc=None, ip=None) -> None:
+    """8-byte ``multimem.st.relaxed.sys.global.v2.bf16x2``: the multicast store
+    of a half fragment. Compiled and PTX-checked only (see
+    :func:`store_multicast_bf16x8`)."""
+    _inline_asm([], [_i64(address, loc, ip)] + [_u32(w, loc, ip) for w in words],
+                "multimem.st.relaxed.sys.global.v2.bf16x2 [$0], {$1, $2};",
+                "l,r,r", loc=loc, ip=ip)
+
+
+def _f32(x, loc, ip):
+    return Float32(x).ir_value(loc=loc, ip=ip)
+
+
+@dsl_user_op
+def fma_rn_f32(a, b, c, *, loc=None, ip=None) -> Float32:
+    """``fma.rn.f32 a*b+c``: one rounding, no flush-to-zero."""
+    (value,) = _inline_asm([T.f32()], [_f32(a, loc, ip), _f32(b, loc, ip), _f32(c, loc, ip)],
+                           "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f",
+                           side_effects=False, clobber_memory=False, loc=loc, ip=ip)
+    return Float32(value)
+
+
+@dsl_user_op
+def add_rn_f32(a, b, *, loc=None, ip=None) -> Float32:
+    """``add.rn.f32`` (the ``.rn`` forbids contraction into an FMA)."""
+    (value,) = _inline_asm([T.f32()], [_f32(a, loc, ip), _f32(b, loc, ip)],
+                           "add.rn.f32 $0, $1, $2;", "=f,f,f",
+                           side_effects=False, clobber_memory=False, loc=loc, ip=ip)
+    return Float32(value)
+
+
+@dsl_user_op
+def mul_rn_f32(a, b, *, loc=None, ip=None) -> Float32:
+    """``mul.rn.f32`` (the ``.rn`` forbids contraction into an FMA)."""
+    (value,) = _inline_asm([T.f32()], [_f32(a, loc, ip), _f32(b, loc, ip)],
+                           "mul.rn.f32 $0, $1, $2;", "=f,f,f",
+                           side_effects=False, clobber_memory=False, loc=loc, ip=ip)
+    return Float32(value)
+
+
+@dsl_user_op
+def bf16x2_to_f32x2(word, *, loc=None, ip=None):
+    """One packed word -> (low lane, high lane) as FP32 (exact: BF16 is the
+    top half of an FP32)."""
+    lo, hi = _inline_asm([T.f32(), T.f32()], [_u32(word, loc, ip)],
+                         "{\n\t.reg .b32 t;\n\tshl.b32 t, $2, 16;\n\tmov.b32 $0, t;\n\t"
+                         "and.b32 t, $2, 0xFFFF0000;\n\tmov.b32 $1, t;\n\t}",
+                         "=f,=f,r", side_effects=False, clobber_memory=False, loc=loc, ip=ip)
+    return Float32(lo), Float32(hi)
+
+
+@dsl_user_op
+def f32x2_to_bf16x2_rn(lo, hi, *, loc=None, ip=None) -> Uint32:
+    """(low, high) FP32 -> one packed word, each rounded to nearest-even
+    (``cvt.rn.bf16x2.f32``; its first source goes to the high half)."""
+    (word,) = _inline_asm([T.i32()], [_f32(hi, loc, ip), _f32(lo, loc, ip)],
+                          "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
+                          side_effects=False, clobber_memory=False, loc=loc, ip=ip)
+    return Uint32(word)

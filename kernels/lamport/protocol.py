@@ -16,7 +16,10 @@ Publish (rank ``r``, token ``t``; one kernel, after ``griddepcontrol.wait``):
   3. store each fragment of row ``t`` into slot ``(stage, r, t, column)`` of
      every rank's mailbox: one ``multimem.st`` to the multicast address
      (transport ``multicast``) or one ``st.relaxed.sys`` per peer through a
-     device table of peer base addresses (transport ``unicast``);
+     device table of peer base addresses (transport ``unicast``); the MoE
+     finalize publish may store a fragment as two independent 8-byte halves
+     (the consumer's per-lane test waits for both; see
+     :mod:`kernels.lamport.finalize_publish`);
   4. block 0 thread 0 writes ``ACTIVE_STAGE = stage``.
   Each lane carries its own "arrived" bit (it is not 0x8000), so the payload
   needs no release fence.

@@ -1,0 +1,115 @@
+"""The indexer's ``jobs compile-check`` variants and their PTX checks.
+
+Variants (each compiled for every requested arch, K = 7168, key 128, heads
+64, gate 128): the projection kernel with the tactics of the tables (16 warps
+no split at 1 and 16 tokens, 8 warps x 4-CTA cluster at 64 tokens) and the
+fused kernel (FP32 head weights at 1 token, BF16 at 16 tokens).
+
+Checks on the kernel's instruction lines:
+- ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`` present;
+- every weight load (``ld.global.nc``) before ``griddepcontrol.wait``, every
+  input load (``ld.global.v4``) after it, ``wait`` before
+  ``launch_dependents``;
+- split-K builds: ``barrier.cluster`` and ``mapa`` + ``ld.shared::cluster``
+  (the DSMEM partial sums); no-split builds: none of them;
+- fused builds: the mbarrier init and its cluster fence and the relaxed
+  cluster arrive before ``griddepcontrol.wait``, then ``barrier.cluster.wait``,
+  ``mapa`` + ``st.async...mbarrier::complete_tx`` (the (mean, M2) pushes),
+  ``mbarrier.try_wait``, and the FP8 conversion ``cvt.rn.satfinite.e4m3x2``.
+"""
+
+from __future__ import annotations
+
+CHECK_K = 7168
+CHECK_SHAPE = dict(key=128, heads=64, gate=128)
+#: (name, tokens, warps, split) of the projection variants.
+PROJECTION_VARIANTS = (("proj16x1", 1, 16, 1), ("proj16x1", 16, 16, 1), ("proj8x4", 64, 8, 4))
+#: (name, tokens, BF16 head weights) of the fused variants.
+FUSED_VARIANTS = (("fusedf32", 1, False), ("fusedbf16", 16, True))
+
+
+def _first(lines, pattern):
+    return next((i for i, ln in enumerate(lines) if pattern in ln), -1)
+
+
+def _all(lines, prefix):
+    return [i for i, ln in enumerate(lines) if ln.startswith(prefix)]
+
+
+def _common(lines) -> tuple[list[str], int]:
+    errs = []
+    wait = _first(lines, "griddepcontrol.wait")
+    launch = _first(lines, "griddepcontrol.launch_dependents")
+    if not any(ln.startswith("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") for ln in lines):
+        errs.append("no mma.sync m16n8k16 bf16")
+    if wait < 0 or launch < 0 or not wait < launch:
+        errs.append(f"griddepcontrol.wait ({wait}) must precede launch_dependents ({launch})")
+    weights = _all(lines, "ld.global.nc")
+    inputs = _all(lines, "ld.global.v4")
+    if not weights:
+        errs.append("no ld.global.nc weight loads")
+    elif max(weights) > wait:
+        errs.append("weight loads (ld.global.nc) after griddepcontrol.wait")
+    if not inputs:
+        errs.append("no ld.global.v4 input loads")
+    elif min(inputs) < wait:
+        errs.append("input loads (ld.global.v4) before griddepcontrol.wait")
+    return errs, wait
+
+
+def check_projection(lines: list[str], v) -> list[str]:
+    errs, _ = _common(lines)
+    split = "split=1" not in v.detail
+    cluster = [_first(lines, p) for p in ("barrier.cluster", "mapa.shared::cluster",
+                                           "ld.shared::cluster")]
+    if split and min(cluster) < 0:
+        errs.append("split-K build without barrier.cluster / mapa / ld.shared::cluster")
+    if not split and max(cluster) >= 0:
+        errs.append("no-split build with cluster / DSMEM ops")
+    if any("st.async" in ln or "mbarrier" in ln for ln in lines):
+        errs.append("projection build with st.async / mbarrier")
+    return errs
+
+
+def check_fused(lines: list[str], v) -> list[str]:
+    errs, wait = _common(lines)
+    order = [_first(lines, p) for p in ("mbarrier.init.shared", "fence.mbarrier_init",
+                                         "barrier.cluster.arrive.relaxed")]
+    if min(order) < 0 or not order[0] < order[1] < order[2] < wait:
+        errs.append(f"mbarrier init < fence < cluster arrive < griddepcontrol.wait broken: "
+                    f"{order} vs wait {wait}")
+    after = [_first(lines, p) for p in ("barrier.cluster.wait", "mapa.shared::cluster",
+                                         "st.async.shared::cluster.mbarrier::complete_tx",
+                                         "mbarrier.try_wait")]
+    if min(after) < 0 or not wait < after[0] < after[2] < after[3]:
+        errs.append(f"cluster wait < st.async complete_tx < mbarrier.try_wait after the PDL "
+                    f"wait broken: {after}")
+    if _first(lines, "cvt.rn.satfinite.e4m3x2.f32") < 0:
+        errs.append("no FP8 e4m3 conversion")
+    return errs
+
+
+def indexer_variants(Variant) -> list:
+    """The variants, built with compile_check's ``Variant`` class."""
+    from kernels.indexer.compile import (FusedConfig, ProjectionConfig, compile_fused,
+                                         compile_projection)
+    from kernels.indexer.layout import Tactic, padded_heads
+
+    out = []
+    for name, tokens, warps, split in PROJECTION_VARIANTS:
+        def build(arch, dump, tokens=tokens, warps=warps, split=split):
+            return compile_projection(ProjectionConfig(
+                **CHECK_SHAPE, k=CHECK_K, tokens=tokens, tactic=Tactic(warps, split), arch=arch),
+                dump_dir=dump)
+        out.append(Variant("indexer", name, "ProjectionKernel", build, hidden=CHECK_K,
+                           check=check_projection,
+                           detail=f"M={tokens},warps={warps},split={split}"))
+    for name, tokens, bf16 in FUSED_VARIANTS:
+        def build(arch, dump, tokens=tokens, bf16=bf16):
+            return compile_fused(FusedConfig(
+                **CHECK_SHAPE, k=CHECK_K, tokens=tokens,
+                padded=padded_heads(CHECK_SHAPE["heads"]), bf16=bf16, arch=arch), dump_dir=dump)
+        out.append(Variant("indexer", name, "fused_kernel", build, hidden=CHECK_K,
+                           check=check_fused,
+                           detail=f"M={tokens},{'bf16' if bf16 else 'fp32'} weights"))
+    return out

@@ -1,0 +1,126 @@
+"""Compile entry points and the compile cache of the indexer kernels.
+
+The kernels take device addresses (``Int64``) and scalars only, so a config
+(shapes, tactic, arch) is the whole compile-cache key and the same function
+compiles on a machine with no GPU (``arch="sm_90a"``; PTX kept with
+``dump_dir``) and on the GPU machine (``arch=""``: the current device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from kernels.lamport.compile import _options
+
+from .layout import FUSED_WARPS, ROWS, Tactic, check_projection_shape
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectionConfig:
+    """``IndexerProjection.__call__``: the seed's cache key (rows, K, heads, M)
+    plus the key width, the tactic and the arch."""
+    key: int
+    heads: int
+    gate: int
+    k: int
+    tokens: int
+    tactic: Tactic
+    arch: str = ""
+
+    @property
+    def rows(self) -> int:
+        return self.key + self.heads + self.gate
+
+    def validate(self) -> None:
+        check_projection_shape(self.key, self.heads, self.gate, self.k)
+        self.tactic.span(self.k)  # ValueError if K does not tile for the tactic
+        if self.tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedConfig:
+    """``IndexerProjection.fused``: the seed's cache key ("fused", rows, K,
+    heads, padded, bf16, M) plus key, gate, the q-scale format and the arch."""
+    key: int
+    heads: int
+    gate: int
+    k: int
+    tokens: int
+    padded: int
+    bf16: bool = False
+    ue8m0: bool = True
+    arch: str = ""
+
+    @property
+    def rows(self) -> int:
+        return self.key + self.heads + self.gate
+
+    def validate(self) -> None:
+        check_projection_shape(self.key, self.heads, self.gate, self.k)
+        Tactic(FUSED_WARPS, 1).span(self.k)
+        if self.tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+        if self.padded < self.heads:
+            raise ValueError(f"padded must be >= heads = {self.heads}, got {self.padded}")
+
+
+def _fused_shape(config: FusedConfig):
+    from .kernel import FusedShape
+    from .layout import fused_layout
+
+    order, first = fused_layout(config.key, config.heads, config.gate)
+    return FusedShape(padded=config.padded, ctas=len(order) // ROWS, first_head=first,
+                      bf16=config.bf16, ue8m0=config.ue8m0)
+
+
+def compile_projection(config: ProjectionConfig, *, dump_dir: str | None = None):
+    import cutlass.cute as cute
+    from cutlass import Int64
+    from cutlass.cute.runtime import make_fake_stream
+
+    from .kernel import ProjectionKernel
+
+    config.validate()
+    kernel = ProjectionKernel(rows=config.rows, k=config.k, key=config.key, heads=config.heads,
+                              tokens=config.tokens, warps=config.tactic.warps,
+                              split=config.tactic.split)
+    return cute.compile(kernel, *([Int64(0)] * 5), make_fake_stream(),
+                        options=_options(config.arch, dump_dir))
+
+
+def compile_fused(config: FusedConfig, *, dump_dir: str | None = None):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int64
+    from cutlass.cute.runtime import make_fake_stream
+
+    from .kernel import ProjectionKernel
+
+    config.validate()
+    kernel = ProjectionKernel(rows=config.rows, k=config.k, key=config.key, heads=config.heads,
+                              tokens=config.tokens, warps=FUSED_WARPS, split=1,
+                              fused=_fused_shape(config))
+    return cute.compile(kernel.fused_call, *([Int64(0)] * 10), Float32(1.0), Float32(1e-6),
+                        make_fake_stream(), options=_options(config.arch, dump_dir))
+
+
+_cache: dict[Any, Any] = {}
+_lock = threading.Lock()
+
+
+def cached(config):
+    """The compiled kernel of ``config``, compiled once per process."""
+    with _lock:
+        hit = _cache.get(config)
+    if hit is not None:
+        return hit
+    if isinstance(config, ProjectionConfig):
+        compiled = compile_projection(config)
+    elif isinstance(config, FusedConfig):
+        compiled = compile_fused(config)
+    else:
+        raise TypeError(f"unknown indexer kernel config {config!r}")
+    with _lock:
+        return _cache.setdefault(config, compiled)

@@ -1,0 +1,392 @@
+"""The indexer projection kernel and its fused query-epilogue variant.
+
+``x @ weight.T`` on ``mma.sync`` m16n8k16 BF16: tokens are the m16, 8 weight
+rows the n8. A cluster of ``split`` CTAs owns 8 weight rows, each CTA a
+contiguous K part and each warp a contiguous ``span`` of it. The dot product
+does not care which K a fragment slot holds, so lane (g, q) = (lane / 4,
+lane % 4) keeps the contiguous 16-byte chunks ``q * 8 + 32 p`` of its span for
+weight row g (and tokens g, g + 8): the loaded words are the mma fragments as
+they are; words 0-1 of a chunk feed accumulator 0, words 2-3 accumulator 1.
+The reduction tree (two accumulators, ``acc0 + acc1``, warps in order from
++0.0, cluster CTAs in rank order from +0.0) is the one
+:func:`kernels.reference.indexer.projection_accumulate` models.
+
+Order in the kernel (checked in the PTX by ``jobs.compile_check``): the
+weight fragments are loaded into registers (``ld.global.nc``) before
+``griddepcontrol.wait``; the inputs after it. Padding tokens of the last
+16-token tile repeat the last token and are never stored. Outputs are written
+in their stock dtypes (key BF16, head weights FP32, kpool gate BF16).
+
+All tensors are passed as ``Int64`` device addresses with compile-time shapes
+(the compile cache is keyed by shape, see :mod:`kernels.indexer.compile`), so
+the same function compiles without a GPU and a CUDA graph can replay it.
+
+The fused variant (``fused=FusedShape(...)``, ``split == 1``) runs the same
+GEMV in the fused row order (:func:`kernels.indexer.layout.fused_layout`),
+then the query epilogue: CTA ``first_head + h`` rotates and quantizes head h's
+query (warp w: tokens w, w + warps, ...; lane l holds elements 4l..4l+3),
+writes its FP8 words and folds the per-(token, head) scale and
+``softmax_scale * heads^-0.5`` into head h's weight; the first cluster (the
+key CTAs) rounds the key to BF16, pushes each CTA's per-token (mean, M2) to
+every CTA of the cluster with ``st.async`` completing on an mbarrier, combines
+them in rank order (Chan, equal counts) and writes the normed key. Heads
+``heads..padded-1`` are written as zeros.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+
+from kernels.lamport import primitives as lp
+
+from . import primitives as ip
+from .layout import DIM, FUSED_WARPS, ROWS, SLOT_GATE, SLOT_HEAD, SLOT_INDEX_BITS, SLOT_KEY, TILE
+
+#: FP32(1 / 448): ``act_quant``'s scale factor.
+INV_FP8_MAX = 1.0 / 448.0
+#: ``act_quant``'s floor on a block's amax.
+AMAX_FLOOR = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedShape:
+    """Compile-time shape of the fused variant."""
+    padded: int        # heads written (>= heads), zeros beyond ``heads``
+    ctas: int          # CTAs of the grid, a multiple of the key cluster
+    first_head: int    # CTA holding head 0 (= key // ROWS)
+    bf16: bool         # head weights in BF16 (else FP32)
+    ue8m0: bool        # power-of-two q scales (else amax / 448)
+
+
+class ProjectionKernel:
+    """``x @ weight.T`` for ``tokens`` tokens; see the module docstring."""
+
+    def __init__(self, *, rows: int, k: int, key: int, heads: int, tokens: int, warps: int,
+                 split: int, fused: FusedShape | None = None) -> None:
+        if rows % ROWS or k % (32 * warps * split) or tokens < 1:
+            raise ValueError(f"rows={rows} must tile by {ROWS}, K={k} by {32 * warps * split}, "
+                             f"tokens={tokens} >= 1")
+        self.rows, self.k, self.key, self.heads = rows, k, key, heads
+        self.gate = rows - key - heads
+        self.tokens, self.warps, self.split = tokens, warps, split
+        self.threads = 32 * warps
+        self.span = k // (warps * split)
+        self.pairs = self.span // 32
+        self.tiles = (tokens + TILE - 1) // TILE
+        self.fused = fused
+        if fused is not None:
+            self.cluster = key // ROWS
+            if split != 1 or warps != FUSED_WARPS or fused.ctas % self.cluster:
+                raise ValueError(f"the fused kernel needs split 1, {FUSED_WARPS} warps and whole "
+                                 f"clusters of {self.cluster} CTAs, got split={split} "
+                                 f"warps={warps} ctas={fused.ctas}")
+
+    # ------------------------------------------------------------ launches
+    @cute.jit
+    def __call__(self, w: Int64, x: Int64, key: Int64, weights: Int64, gate: Int64,
+                 stream: cuda.CUstream) -> None:
+        self.kernel(w, x, key, weights, gate).launch(
+            grid=(self.rows // ROWS * self.split, 1, 1), block=(self.threads, 1, 1),
+            cluster=(self.split, 1, 1), stream=stream, use_pdl=True)
+
+    @cute.jit
+    def fused_call(self, w: Int64, x: Int64, gate: Int64, q: Int64, q_out: Int64,
+                   w_out: Int64, key: Int64, norm_w: Int64, norm_b: Int64, slots: Int64,
+                   scale: Float32, eps: Float32, stream: cuda.CUstream) -> None:
+        self.fused_kernel(w, x, gate, q, q_out, w_out, key, norm_w, norm_b, slots,
+                          scale, eps).launch(
+            grid=(self.fused.ctas, 1, 1), block=(self.threads, 1, 1),
+            cluster=(self.cluster, 1, 1), stream=stream, use_pdl=True)
+
+    # ------------------------------------------------------------ shared parts
+    @cute.jit
+    def load_weights(self, w: Int64, cta, rank, warp, lane):
+        """Lane (g, q)'s fragments of weight row g (before the PDL wait)."""
+        first = (rank * self.warps + warp) * self.span + lane % 4 * 8
+        row = Int64(cta * ROWS + lane // 4)
+        b = []
+        for p in cutlass.range_constexpr(self.pairs):
+            b += ip.load_weight_u32x4(w + (row * self.k + first + p * 32) * 2)
+        return b
+
+    @cute.jit
+    def gemv(self, x: Int64, b, partial: Int32, rank, warp, lane):
+        """Each warp's partial C tiles of its K span into shared ``partial``
+        ``[warps, tiles, 32 lanes, 4]`` FP32."""
+        g = lane // 4
+        first = (rank * self.warps + warp) * self.span + lane % 4 * 8
+        both = self.tokens > 8
+        for tile in cutlass.range(self.tiles, unroll=1):
+            lo = tile * TILE + g
+            if lo >= self.tokens:
+                lo = self.tokens - 1
+            hi = lo
+            if cutlass.const_expr(both):
+                hi = tile * TILE + 8 + g
+                if hi >= self.tokens:
+                    hi = self.tokens - 1
+            acc0 = [Float32(0.0)] * 4
+            acc1 = [Float32(0.0)] * 4
+            for p in cutlass.range_constexpr(self.pairs):
+                offset = first + p * 32
+                a_lo = lp.load_u32x4(x + (Int64(lo) * self.k + offset) * 2)
+                a_hi = a_lo
+                if cutlass.const_expr(both):
+                    a_hi = lp.load_u32x4(x + (Int64(hi) * self.k + offset) * 2)
+                acc0 = ip.mma_bf16_m16n8k16((a_lo[0], a_hi[0], a_lo[1], a_hi[1]),
+                                            (b[p * 4], b[p * 4 + 1]), acc0)
+                acc1 = ip.mma_bf16_m16n8k16((a_lo[2], a_hi[2], a_lo[3], a_hi[3]),
+                                            (b[p * 4 + 2], b[p * 4 + 3]), acc1)
+            base = partial + (((warp * self.tiles + tile) * 32 + lane) * 4) * 4
+            for i in cutlass.range_constexpr(4):
+                ip.store_shared_f32(base + i * 4, ip.add_rn_f32(acc0[i], acc1[i]))
+
+    @cute.jit
+    def warp_total(self, partial: Int32, e):
+        """Element e = (token, row) of C summed over the warps (from +0.0): it
+        sits in lane ``(token % 8) * 4 + row / 2``, value ``(token % 16) / 8 *
+        2 + row % 2``."""
+        t = e // ROWS
+        r = e % ROWS
+        src = t % 8 * 4 + r // 2
+        idx = t % TILE // 8 * 2 + r % 2
+        total = Float32(0.0)
+        for v in cutlass.range_constexpr(self.warps):
+            total = ip.add_rn_f32(total, ip.load_shared_f32(
+                partial + (((v * self.tiles + t // TILE) * 32 + src) * 4 + idx) * 4))
+        return total
+
+    @cute.jit
+    def store(self, key: Int64, weights: Int64, gate: Int64, t, row, total):
+        if row < self.key:
+            ip.store_bf16(key + (Int64(t) * self.key + row) * 2, total)
+        elif row < self.key + self.heads:
+            ip.store_f32(weights + (Int64(t) * self.heads + row - self.key) * 4, total)
+        else:
+            ip.store_bf16(gate + (Int64(t) * self.gate + row - self.key - self.heads) * 2, total)
+
+    # ------------------------------------------------------------ projection
+    @cute.kernel
+    def kernel(self, w: Int64, x: Int64, key: Int64, weights: Int64, gate: Int64):
+        tid, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        block, _, _ = cute.arch.block_idx()
+        cta = block // self.split
+        rank = block % self.split
+        b = self.load_weights(w, cta, rank, warp, lane)
+        smem = cutlass.memory.SmemAllocator()
+        partial = ip.shared_address(smem.allocate_array(
+            Float32, self.warps * self.tiles * 32 * 4, byte_alignment=16))
+        sums = ip.shared_address(smem.allocate_array(Float32, self.tokens * ROWS,
+                                                     byte_alignment=16))
+
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+        self.gemv(x, b, partial, rank, warp, lane)
+        cute.arch.sync_threads()
+
+        for e in cutlass.range(tid, self.tokens * ROWS, self.threads, unroll=1):
+            total = self.warp_total(partial, e)
+            if cutlass.const_expr(self.split == 1):
+                self.store(key, weights, gate, e // ROWS, cta * ROWS + e % ROWS, total)
+            else:
+                ip.store_shared_f32(sums + e * 4, total)
+        if cutlass.const_expr(self.split > 1):
+            # Rank c adds elements c, c + split, ... over the cluster's K parts.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            for e in cutlass.range(tid * self.split + rank, self.tokens * ROWS,
+                                   self.threads * self.split, unroll=1):
+                total = Float32(0.0)
+                for c in cutlass.range_constexpr(self.split):
+                    total = ip.add_rn_f32(total, ip.load_cluster_f32(sums + e * 4, c))
+                self.store(key, weights, gate, e // ROWS, cta * ROWS + e % ROWS, total)
+            # Keep this CTA's sums alive until the whole cluster has read them.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    # ------------------------------------------------------------ fused
+    @cute.jit
+    def store_weight(self, w_out: Int64, t, head, value):
+        f = self.fused
+        if cutlass.const_expr(f.bf16):
+            ip.store_bf16(w_out + (Int64(t) * f.padded + head) * 2, value)
+        else:
+            ip.store_f32(w_out + (Int64(t) * f.padded + head) * 4, value)
+
+    @cute.jit
+    def hadamard_quant(self, words, lane):
+        """(4 FP8 e4m3 of elements 4 lane..4 lane + 3 as one word, the head's
+        FP32 scale) of one 128-wide head held 4 BF16 a lane: FP32
+        butterflies of strides 1, 2 (in the lane) and 4..64 (lanes xor 1..16),
+        times FP32(128^-0.5), rounded to BF16; amax over the head, floor 1e-4,
+        scale ``amax * FP32(1/448)`` (``ue8m0``: ``2^ceil(log2)``), ``q =
+        e4m3(v / scale)`` saturating. As :func:`kernels.reference.indexer.
+        hadamard_transform` + ``quantize_fp8``, bit for bit."""
+        v0, v1 = ip.bf16x2_to_f32(words[0])
+        v2, v3 = ip.bf16x2_to_f32(words[1])
+        v0, v1 = ip.add_rn_f32(v0, v1), ip.sub_rn_f32(v0, v1)
+        v2, v3 = ip.add_rn_f32(v2, v3), ip.sub_rn_f32(v2, v3)
+        v0, v2 = ip.add_rn_f32(v0, v2), ip.sub_rn_f32(v0, v2)
+        v1, v3 = ip.add_rn_f32(v1, v3), ip.sub_rn_f32(v1, v3)
+        vals = [v0, v1, v2, v3]
+        for s in cutlass.range_constexpr(5):
+            m = 1 << s
+            # Lower index: v + partner; upper: partner - v == (-v) + partner.
+            sign = Float32(1.0) - Float32(2.0) * Float32((lane >> s) & 1)
+            for i in cutlass.range_constexpr(4):
+                partner = cute.arch.shuffle_sync_bfly(vals[i], offset=m)
+                vals[i] = ip.add_rn_f32(ip.mul_rn_f32(vals[i], sign), partner)
+        amax = Float32(AMAX_FLOOR)
+        for i in cutlass.range_constexpr(4):
+            vals[i] = ip.round_bf16(ip.mul_rn_f32(vals[i], Float32(DIM ** -0.5)))
+            amax = ip.abs_max_f32(vals[i], amax)
+        for s in cutlass.range_constexpr(5):
+            amax = ip.max_f32(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << s))
+        q_scale = ip.mul_rn_f32(amax, Float32(INV_FP8_MAX))
+        if cutlass.const_expr(self.fused.ue8m0):
+            q_scale, inverse = ip.pow2_ceil_f32(q_scale)
+            for i in cutlass.range_constexpr(4):
+                vals[i] = ip.mul_rn_f32(vals[i], inverse)
+        else:
+            for i in cutlass.range_constexpr(4):
+                vals[i] = ip.div_rn_f32(vals[i], q_scale)
+        return ip.e4m3x4(vals[0], vals[1], vals[2], vals[3]), q_scale
+
+    @cute.kernel
+    def fused_kernel(self, w: Int64, x: Int64, gate: Int64, q: Int64, q_out: Int64,
+                     w_out: Int64, key: Int64, norm_w: Int64, norm_b: Int64, slots: Int64,
+                     scale: Float32, eps: Float32):
+        f = self.fused
+        tid, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        cta, _, _ = cute.arch.block_idx()
+        b = self.load_weights(w, cta, 0, warp, lane)
+        smem = cutlass.memory.SmemAllocator()
+        partial = ip.shared_address(smem.allocate_array(
+            Float32, self.warps * self.tiles * 32 * 4, byte_alignment=16))
+        scales = ip.shared_address(smem.allocate_array(Float32, self.tokens, byte_alignment=16))
+        values = ip.shared_address(smem.allocate_array(Float32, self.tokens * ROWS,
+                                                       byte_alignment=16))
+        stats = ip.shared_address(smem.allocate_array(Float32, self.tokens * 2,
+                                                      byte_alignment=16))
+        peers = ip.shared_address(smem.allocate_array(Float32, self.cluster * self.tokens * 2,
+                                                      byte_alignment=16))
+        bar = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
+        is_key = cta < self.cluster
+        if is_key:
+            # Armed for every key CTA's (mean, M2) pushes before the PDL wait;
+            # the cluster barrier (completed in key_norm) publishes the init.
+            if tid == 0:
+                ip.mbarrier_init_expect(bar, self.cluster * self.tokens * 8)
+            cute.arch.cluster_arrive_relaxed()
+
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(f.padded > self.heads):
+            spare = f.padded - self.heads
+            for i in cutlass.range(cta * self.warps + warp, self.tokens * spare,
+                                   f.ctas * self.warps, unroll=1):
+                t = i // spare
+                head = self.heads + i % spare
+                ip.store_b32(q_out + ((Int64(t) * f.padded + head) * DIM + lane * 4), Uint32(0))
+                if lane == 0:
+                    self.store_weight(w_out, t, head, Float32(0.0))
+        rounds = (self.tokens + self.warps - 1) // self.warps
+        head = cta - f.first_head
+        is_head = (head >= 0) & (head < self.heads)
+        if head < 0:
+            head = 0
+        if head >= self.heads:
+            head = self.heads - 1
+        # Issued before the GEMV, so the query loads hide behind it.
+        got = []
+        for j in cutlass.range_constexpr(rounds):
+            t = j * self.warps + warp
+            if t >= self.tokens:
+                t = self.tokens - 1
+            got.append(ip.load_u32x2(q + ((Int64(t) * self.heads + head) * DIM + lane * 4) * 2))
+        self.gemv(x, b, partial, 0, warp, lane)
+        if is_head:
+            for j in cutlass.range_constexpr(rounds):
+                t = j * self.warps + warp
+                if t < self.tokens:
+                    word, q_scale = self.hadamard_quant(got[j], lane)
+                    ip.store_b32(q_out + ((Int64(t) * f.padded + head) * DIM + lane * 4), word)
+                    if lane == 0:
+                        ip.store_shared_f32(scales + t * 4, q_scale)
+        cute.arch.sync_threads()
+
+        for e in cutlass.range(tid, self.tokens * ROWS, self.threads, unroll=1):
+            t = e // ROWS
+            code = Int32(ip.load_u32(slots + (cta * ROWS + e % ROWS) * 4))
+            index = code & ((1 << SLOT_INDEX_BITS) - 1)
+            kind = code >> SLOT_INDEX_BITS
+            total = self.warp_total(partial, e)
+            if kind == SLOT_HEAD:
+                value = ip.mul_rn_f32(ip.mul_rn_f32(total, ip.load_shared_f32(scales + t * 4)),
+                                      scale)
+                self.store_weight(w_out, t, index, value)
+            elif kind == SLOT_GATE:
+                ip.store_bf16(gate + (Int64(t) * self.gate + index) * 2, total)
+            elif kind == SLOT_KEY:
+                ip.store_shared_f32(values + e * 4, ip.round_bf16(total))
+        if is_key:
+            self.key_norm(key, values, peers, bar, stats, norm_w, norm_b, slots, eps, cta, tid)
+
+    @cute.jit
+    def key_norm(self, key: Int64, values, peers, bar, stats, norm_w: Int64, norm_b: Int64,
+                 slots: Int64, eps: Float32, rank, tid):
+        """Each key CTA pushes its eight rows' (mean, M2) per token to every CTA
+        of the cluster (``st.async`` completing on the peer's mbarrier), which
+        combine them in rank order (Chan, equal counts); then the LayerNorm."""
+        cute.arch.sync_threads()
+        cute.arch.cluster_wait()
+        for t in cutlass.range(tid, self.tokens, self.threads, unroll=1):
+            total = Float32(0.0)
+            for r in cutlass.range_constexpr(ROWS):
+                total = ip.add_rn_f32(total, ip.load_shared_f32(values + (t * ROWS + r) * 4))
+            mean = ip.mul_rn_f32(total, Float32(1.0 / ROWS))
+            m2 = Float32(0.0)
+            for r in cutlass.range_constexpr(ROWS):
+                d = ip.sub_rn_f32(ip.load_shared_f32(values + (t * ROWS + r) * 4), mean)
+                m2 = ip.add_rn_f32(m2, ip.mul_rn_f32(d, d))
+            dst = peers + (rank * self.tokens + t) * 8
+            for peer in cutlass.range_constexpr(self.cluster):
+                ip.store_async_cluster_f32x2(dst, mean, m2, bar, peer)
+        ip.mbarrier_wait_parity(bar, 0)
+        for t in cutlass.range(tid, self.tokens, self.threads, unroll=1):
+            means = [ip.load_shared_f32(peers + (c * self.tokens + t) * 8)
+                     for c in range(self.cluster)]
+            mean = means[0]
+            for c in cutlass.range_constexpr(1, self.cluster):
+                mean = ip.add_rn_f32(mean, means[c])
+            mean = ip.mul_rn_f32(mean, Float32(1.0 / self.cluster))
+            m2 = Float32(0.0)
+            for c in cutlass.range_constexpr(self.cluster):
+                d = ip.sub_rn_f32(means[c], mean)
+                m2 = ip.add_rn_f32(
+                    ip.add_rn_f32(m2, ip.load_shared_f32(peers + (c * self.tokens + t) * 8 + 4)),
+                    ip.mul_rn_f32(ip.mul_rn_f32(Float32(ROWS), d), d))
+            ip.store_shared_f32(stats + t * 8, mean)
+            ip.store_shared_f32(stats + t * 8 + 4, ip.rsqrt_f32(
+                ip.add_rn_f32(ip.div_rn_f32(m2, Float32(self.key)), eps)))
+        cute.arch.sync_threads()
+        for e in cutlass.range(tid, self.tokens * ROWS, self.threads, unroll=1):
+            t = e // ROWS
+            r = e % ROWS
+            index = Int32(ip.load_u32(slots + (rank * ROWS + r) * 4)) & ((1 << SLOT_INDEX_BITS) - 1)
+            centred = ip.sub_rn_f32(ip.load_shared_f32(values + e * 4),
+                                    ip.load_shared_f32(stats + t * 8))
+            normed = ip.mul_rn_f32(
+                ip.mul_rn_f32(centred, ip.load_shared_f32(stats + t * 8 + 4)),
+                ip.load_f32(norm_w + index * 4))
+            ip.store_bf16(key + (Int64(t) * self.key + index) * 2,
+                          ip.add_rn_f32(normed, ip.load_f32(norm_b + index * 4)))

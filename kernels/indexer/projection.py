@@ -1,0 +1,279 @@
+"""``IndexerProjection``: the indexer's input projections in one GEMV kernel,
+or with :meth:`IndexerProjection.fused` also the query epilogue.
+
+One kernel reads the concatenated ``[wk; weights_proj; kpool gate]`` rows once
+and writes each part in its stock dtype (key BF16, head weights FP32, gate
+BF16): products of BF16 values are exact in FP32, so only the summation order
+differs from the stock GEMMs (bounded by
+:func:`kernels.reference.indexer.projection_error_bound`). ``fused`` runs the
+same GEMV with the fused row order and does ``indexer_query``'s work in the
+same kernel (Hadamard + FP8 quant of q, head-weight scaling, head padding,
+key LayerNorm); its outputs equal ``__call__`` with the fused tactic followed
+by the reference query epilogue (bit for bit except the key, 1 BF16 ULP).
+
+Every argument is checked before anything is launched (ValueError naming the
+argument and the values). Calls are CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels.validation import require_tensor
+
+from .compile import FusedConfig, ProjectionConfig, cached
+from .layout import (DIM, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, Tactic, TacticTable,
+                     check_projection_shape, fused_layout, fused_smem_bytes, slot_codes,
+                     tactic_table)
+
+#: Largest mbarrier transaction count (PTX: 2^20 - 1 bytes).
+_MAX_TX_BYTES = (1 << 20) - 1
+
+
+def device_arch(device: torch.device | None = None) -> str:
+    """``sm_XY`` of a CUDA device (the tactic tables' key)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _stream_handle():
+    import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+
+
+def fused_max_tokens(key: int) -> int:
+    """Largest token count the fused kernel's shared memory and mbarrier
+    transaction count allow for a ``key``-wide key."""
+    m = 1
+    while (fused_smem_bytes(m + 1, FUSED_WARPS, key) <= MAX_SMEM_BYTES
+           and key // ROWS * (m + 1) * 8 <= _MAX_TX_BYTES):
+        m += 1
+    return m
+
+
+def max_active_clusters(compiled, *, cluster: int, threads: int, smem_bytes: int) -> int:
+    """``cuOccupancyMaxActiveClusters`` of a compiled CuTe DSL kernel for
+    clusters of ``cluster`` CTAs, after opting the function in to
+    non-portable cluster sizes (more than 8 CTAs; the H200's limit with the
+    opt-in is 16) and to ``smem_bytes`` of dynamic shared memory. Call after
+    the kernel ran once (its module is loaded then)."""
+    import cuda.bindings.driver as drv
+
+    def ok(result):
+        err, *rest = result
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cluster occupancy query failed: {err}")
+        return rest[0] if rest else None
+
+    # The CUfunction of the kernel in the library the DSL loaded (CuTe DSL
+    # 4.8.1 loads one context-free cudaLibrary per compile; the runtime and
+    # driver library handles are the same object).
+    names = list(getattr(compiled, "kernel_info", {}) or {})
+    if len(names) != 1:
+        raise RuntimeError(f"expected one kernel in the compiled module, got {names}")
+    library = drv.CUlibrary(int(compiled.library))
+    func = ok(drv.cuKernelGetFunction(ok(drv.cuLibraryGetKernel(library, names[0].encode()))))
+    attr = drv.CUfunction_attribute
+    ok(drv.cuFuncSetAttribute(func, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
+    ok(drv.cuFuncSetAttribute(func, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                              smem_bytes))
+    config = drv.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = smem_bytes
+    launch = drv.CUlaunchAttribute()
+    launch.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    launch.value.clusterDim.x, launch.value.clusterDim.y, launch.value.clusterDim.z = cluster, 1, 1
+    config.attrs = [launch]
+    config.numAttrs = 1
+    return int(ok(drv.cuOccupancyMaxActiveClusters(func, config)))
+
+
+class IndexerProjection:
+    """(key BF16, head weights FP32, kpool gate BF16) of the layer input, or
+    with :meth:`fused` also the query epilogue of ``indexer_query``.
+
+    ``indexer`` holds ``head_dim`` (key width), ``n_head``,
+    ``wk_weights_proj.weight`` (BF16 ``[key + heads, K]``: wk rows then
+    weights_proj rows) and ``index_kpool_compress_gate`` (BF16 ``[gate, K]``).
+    The weights are copied (concatenated, and reordered for ``fused``) here:
+    rebuild the projection after changing them. ``arch`` picks the tactic
+    table (default: the weights' device).
+    """
+
+    def __init__(self, indexer, *, arch: str | None = None) -> None:
+        self.key = int(indexer.head_dim)
+        self.heads = int(indexer.n_head)
+        wkw = _param(indexer.wk_weights_proj.weight)
+        gate = _param(indexer.index_kpool_compress_gate)
+        require_tensor("wk_weights_proj.weight", wkw, dtype=torch.bfloat16,
+                       shape=(self.key + self.heads, None))
+        require_tensor("index_kpool_compress_gate", gate, dtype=torch.bfloat16,
+                       shape=(None, wkw.shape[1]), device=wkw.device)
+        self.gate = gate.shape[0]
+        self.k = wkw.shape[1]
+        check_projection_shape(self.key, self.heads, self.gate, self.k)
+        self.device = wkw.device
+        self.arch = arch or (device_arch(self.device) if self.device.type == "cuda" else "sm_90")
+        self.table: TacticTable = tactic_table(self.arch)
+        self.weight = torch.cat([wkw, gate]).contiguous()
+        order, self.first_head = fused_layout(self.key, self.heads, self.gate)
+        source = torch.tensor([max(r, 0) for r in order], device=self.device)
+        self.fused_weight = self.weight[source].contiguous()
+        self.fused_weight[torch.tensor(order, device=self.device) < 0] = 0
+        self.slots = torch.tensor(slot_codes(order, self.key, self.heads), dtype=torch.int32,
+                                  device=self.device)
+        self.fused_ctas = len(order) // ROWS
+        self.fused_max_tokens = fused_max_tokens(self.key)
+        #: FusedConfig -> max active key clusters (occupancy query, first call).
+        self.cluster_occupancy: dict = {}
+
+    @property
+    def rows(self) -> int:
+        return self.key + self.heads + self.gate
+
+    # ------------------------------------------------------------ validation
+    def _check_x(self, x) -> int:
+        require_tensor("x", x, dtype=torch.bfloat16, shape=(None, self.k), align=16,
+                       device=self.device)
+        m = x.shape[0]
+        if m < 1:
+            raise ValueError(f"x must hold at least one token, got shape {list(x.shape)}")
+        return m
+
+    def tactic_for(self, tokens: int) -> Tactic:
+        """The tactic table's entry for ``tokens`` (ValueError outside it)."""
+        return self.table.lookup(tokens)
+
+    def validate(self, x, *, tactic: Tactic | None = None, out=None) -> tuple[int, Tactic]:
+        """All checks of :meth:`__call__`; returns (M, tactic)."""
+        m = self._check_x(x)
+        if tactic is None:
+            tactic = self.tactic_for(m)
+        elif not isinstance(tactic, Tactic):
+            raise ValueError(f"tactic must be a Tactic or None, got {tactic!r}")
+        try:
+            tactic.span(self.k)
+        except ValueError as err:
+            raise ValueError(f"indexer projection rows or K do not tile: {err}") from None
+        if tactic.smem_bytes(m) > MAX_SMEM_BYTES:
+            raise ValueError(f"{tactic} at {m} tokens needs {tactic.smem_bytes(m)} B of shared "
+                             f"memory, more than {MAX_SMEM_BYTES}")
+        if out is not None:
+            _check_out(out, (("out[0] (key)", torch.bfloat16, (m, self.key)),
+                             ("out[1] (weights)", torch.float32, (m, self.heads)),
+                             ("out[2] (gate)", torch.bfloat16, (m, self.gate))), self.device)
+        return m, tactic
+
+    def validate_fused(self, x, q, norm_weight, norm_bias, eps, scale, padded, weights_dtype,
+                       out=None) -> int:
+        """All checks of :meth:`fused`; returns M."""
+        m = self._check_x(x)
+        if m > self.fused_max_tokens:
+            raise ValueError(f"the fused kernel takes at most {self.fused_max_tokens} tokens "
+                             f"(shared memory), got {m}")
+        require_tensor("q", q, dtype=torch.bfloat16, align=16, device=self.device)
+        if tuple(q.shape) not in ((m, self.heads, DIM), (m, self.heads * DIM)):
+            raise ValueError(f"q must have shape [{m}, {self.heads}, {DIM}] or "
+                             f"[{m}, {self.heads * DIM}], got {list(q.shape)}")
+        for name, t in (("norm.weight", norm_weight), ("norm.bias", norm_bias)):
+            require_tensor(name, t, dtype=torch.float32, shape=(self.key,), device=self.device)
+        for name, v in (("eps", eps), ("scale", scale)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+        if not isinstance(padded, int) or isinstance(padded, bool) or padded < self.heads:
+            raise ValueError(f"padded must be an int >= heads = {self.heads}, got {padded!r}")
+        if weights_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"weights_dtype must be torch.float32 or torch.bfloat16, "
+                             f"got {weights_dtype}")
+        if out is not None:
+            _check_out(out, (("out[0] (q_fp8)", torch.float8_e4m3fn, (m, padded, DIM)),
+                             ("out[1] (weights)", weights_dtype, (m, padded)),
+                             ("out[2] (key)", torch.bfloat16, (m, self.key)),
+                             ("out[3] (gate)", torch.bfloat16, (m, self.gate))), self.device)
+        return m
+
+    # ------------------------------------------------------------ launches
+    def __call__(self, x: torch.Tensor, *, tactic: Tactic | None = None, out=None):
+        """``(key BF16 [M, key], head weights FP32 [M, heads], gate BF16 [M,
+        gate])`` of ``x`` (BF16 ``[M, K]``); ``tactic`` overrides the table's."""
+        m, tactic = self.validate(x, tactic=tactic, out=out)
+        if out is None:
+            out = (torch.empty((m, self.key), dtype=torch.bfloat16, device=x.device),
+                   torch.empty((m, self.heads), dtype=torch.float32, device=x.device),
+                   torch.empty((m, self.gate), dtype=torch.bfloat16, device=x.device))
+        key, weights, gate = out
+        kernel = cached(ProjectionConfig(self.key, self.heads, self.gate, self.k, m, tactic))
+        kernel(self.weight.data_ptr(), x.data_ptr(), key.data_ptr(), weights.data_ptr(),
+               gate.data_ptr(), _stream_handle())
+        return key, weights, gate
+
+    def fused(self, x: torch.Tensor, q: torch.Tensor, norm, scale: float, padded: int,
+              weights_dtype: torch.dtype = torch.float32, *, ue8m0: bool = True, out=None):
+        """``(q_fp8 [M, padded, 128] e4m3, scaled head weights [M, padded],
+        normed key [M, key] BF16, kpool gate [M, gate] BF16)``, as
+        ``__call__`` with the fused tactic followed by ``indexer_query``.
+        ``norm`` has ``weight``, ``bias`` (FP32 ``[key]``) and ``eps``."""
+        eps = float(norm.eps)
+        m = self.validate_fused(x, q, _param(norm.weight), _param(norm.bias), eps, scale,
+                                padded, weights_dtype, out)
+        dev = x.device
+        if out is None:
+            out = (torch.empty((m, padded, DIM), dtype=torch.float8_e4m3fn, device=dev),
+                   torch.empty((m, padded), dtype=weights_dtype, device=dev),
+                   torch.empty((m, self.key), dtype=torch.bfloat16, device=dev),
+                   torch.empty((m, self.gate), dtype=torch.bfloat16, device=dev))
+        q_out, w_out, key, gate = out
+        config = FusedConfig(self.key, self.heads, self.gate, self.k, m, padded,
+                             weights_dtype == torch.bfloat16, bool(ue8m0))
+        kernel = cached(config)
+        refused = self.cluster_occupancy.get(("refused", config))
+        if refused:
+            raise RuntimeError(refused)
+        first = config not in self.cluster_occupancy
+        kernel(self.fused_weight.data_ptr(), x.data_ptr(), gate.data_ptr(), q.data_ptr(),
+               q_out.data_ptr(), w_out.data_ptr(), key.data_ptr(),
+               _param(norm.weight).data_ptr(), _param(norm.bias).data_ptr(),
+               self.slots.data_ptr(), float(scale), eps, _stream_handle())
+        if first:
+            self._check_schedulable(config, kernel)
+        return q_out, w_out, key, gate
+
+    def _check_schedulable(self, config: FusedConfig, kernel) -> None:
+        """The key cluster is ``key / 8`` = 16 CTAs of 512 threads: on sm_90
+        a non-portable cluster size. CuTe DSL opts every kernel in
+        (``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED``); this sets it
+        again explicitly and asks the occupancy API how many such clusters
+        fit at once (recorded in ``cluster_occupancy``). Zero means the launch
+        cannot be scheduled: later calls raise RuntimeError (the first launch
+        has already failed with a CUDA error then)."""
+        cluster = self.key // ROWS
+        smem = fused_smem_bytes(config.tokens, FUSED_WARPS, self.key)
+        try:
+            n = max_active_clusters(kernel, cluster=cluster, threads=32 * FUSED_WARPS,
+                                    smem_bytes=smem)
+        except Exception as exc:  # the query itself failed: record, do not block
+            self.cluster_occupancy[config] = None
+            self.cluster_occupancy[("error", config)] = f"{type(exc).__name__}: {exc}"
+            return
+        self.cluster_occupancy[config] = n
+        if n < 1:
+            self.cluster_occupancy[("refused", config)] = (
+                f"the fused kernel's {cluster}-CTA cluster ({32 * FUSED_WARPS} threads, {smem} B "
+                f"shared memory a CTA) cannot be scheduled on this GPU (0 active clusters)")
+            raise RuntimeError(self.cluster_occupancy[("refused", config)])
+
+
+def _param(t):
+    return t.data if isinstance(t, torch.nn.Parameter) else t
+
+
+def _check_out(out, specs, device) -> None:
+    if not isinstance(out, (tuple, list)) or len(out) != len(specs):
+        raise ValueError(f"out must be a tuple of {len(specs)} tensors "
+                         f"({', '.join(s[0] for s in specs)}), got {type(out).__name__}")
+    for t, (name, dtype, shape) in zip(out, specs):
+        require_tensor(name, t, dtype=dtype, shape=shape, align=16, device=device)

@@ -1,0 +1,279 @@
+"""The MoE finalize fused with the Lamport publish (seed
+``_QuadFinalizePublishDeviceKernel``).
+
+Rank ``rank`` publishes, for token ``t``, the BF16 payload
+``sum_k w[t, k] * gemm2_permuted[idx[t, k]] + shared_output[t]`` straight into
+slot ``[stage, rank, t, :]`` of every rank's mailbox, so the routed top-k
+reduction never makes a round trip through global memory. The arithmetic is
+exactly :func:`kernels.reference.moe.moe_finalize` with ``fma=True``, spelled
+out in PTX (``jobs.compile_check`` counts the instructions):
+
+1. ``w = f32(weight)`` (``ld.global.f32``, or ``ld.global.b16`` +
+   ``cvt.f32.bf16``); ``w = mul.rn.f32(w, routed_scaling_factor)`` when the
+   factor is not 1.0 (compile time); ``w = 0`` where the route is -1;
+2. ``acc = +0.0``; for ``k = 0 .. top_k-1`` in order,
+   ``acc = fma.rn.f32(x_k, w_k, acc)``. A -1 route loads nothing and
+   contributes ``fma(+0, 0, acc) == acc`` (up to the sign of a zero acc,
+   which step 5 or the shared add erases);
+3. ``acc = add.rn.f32(acc, shared)`` when a shared expert is included;
+4. ``cvt.rn.bf16x2.f32`` (one rounding); 5. sanitize -0.0 to +0.0.
+
+A route index outside ``[-1, routed_rows)`` is never dereferenced: the route
+is skipped and its weight made NaN, so the token's payload is NaN (loud, not a
+wild load and not a silent wrong answer).
+
+Layout: grid ``(ceil(hidden / E / 128), M)``, 128 threads, ``E =
+elements_per_thread`` (4 or 8) BF16 a thread, i.e. 8- or 16-byte fragments;
+``hidden`` and ``rank`` are runtime, ``tp``, ``top_k`` and the options below
+are compile time. Order in the kernel (PTX-checked): the route indices and
+weights are staged in shared memory (one thread a route) *before*
+``griddepcontrol.wait`` (the seed's choice: routing metadata must be complete
+before the kernel preceding this one triggers its dependents, as it is when
+the GEMM2 that consumed it runs in between), the shared-expert fragment is
+loaded before or after the wait (``load_shared_before_pdl``: before only when
+the shared expert's output was produced before the preceding kernel), then
+``launch_dependents``, the volatile NEXT_STAGE load, the routed rows in
+prefetch groups of ``prefetch_group`` loads issued back to back before their
+FMAs, and the stores (one ``st.relaxed.sys`` per peer, or one
+``multimem.st``).
+
+8-byte fragments and the mailbox protocol. The mailbox's unit of
+consumption stays the 16-byte fragment of 8 BF16: with ``E = 4``, threads
+``2j`` and ``2j+1`` of a token store the low and high halves of consumer
+fragment ``j`` with independent 8-byte stores (``st.relaxed.sys.global.v2``
+or ``multimem.st...v2.bf16x2``), at the same slot addresses a 16-byte
+publish would use. Nothing orders the two halves, and nothing needs to: the
+consumer's 16-byte volatile spin retries until *no* BF16 lane is 0x8000, and
+each 32-bit word (two lanes) lands whole, so a half-arrived fragment always
+still shows sentinel lanes in the other half and is never consumed early.
+The only visible difference is in the watchdog's classification: a fragment
+that times out with exactly one half arrived (the publishing rank died
+between its two CTAs' stores) is reported as "unsanitized" (some lanes
+written) rather than "missing".
+
+Stage bounds check as in :mod:`kernels.lamport.publish`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+import cuda.bindings.driver as cuda
+
+from . import primitives as prim
+from .protocol import ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS, NEXT_STAGE, slot_index
+from .publish import TRANSPORTS
+
+FINALIZE_THREADS = 128
+ELEMENTS_PER_THREAD = (4, 8)
+SHARED_MODES = ("none", "before", "after")
+"""Shared expert: absent, loaded before ``griddepcontrol.wait``, or after it."""
+
+
+def finalize_ctas_per_token(hidden: int, elements_per_thread: int) -> int:
+    per_cta = elements_per_thread * FINALIZE_THREADS
+    return (hidden + per_cta - 1) // per_cta
+
+
+def check_finalize_options(*, tp: int, top_k: int, elements_per_thread: int,
+                           routed_scaling_factor: float, shared: str,
+                           prefetch_group: int, transport: str) -> None:
+    """ValueError naming the option and its value."""
+    if tp not in (1, 2, 4, 8):
+        raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+    if not 1 <= top_k <= FINALIZE_THREADS:
+        raise ValueError(f"top_k must be in [1, {FINALIZE_THREADS}], got {top_k}")
+    if elements_per_thread not in ELEMENTS_PER_THREAD:
+        raise ValueError(f"elements_per_thread must be 4 or 8, got {elements_per_thread}")
+    if not 1 <= prefetch_group <= top_k:
+        raise ValueError(f"prefetch_group must be in [1, top_k={top_k}], got {prefetch_group}")
+    if shared not in SHARED_MODES:
+        raise ValueError(f"shared must be one of {list(SHARED_MODES)}, got {shared!r}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    if not math.isfinite(routed_scaling_factor):
+        raise ValueError(f"routed_scaling_factor must be finite, got {routed_scaling_factor}")
+
+
+class FinalizePublishKernel:
+    """MoE finalize + publish of ``[M, hidden]`` (see the module docstring).
+
+    Launch arguments (addresses are device pointers as Int64):
+    ``routed`` BF16 [rows, hidden], ``weights`` FP32 or BF16 [M, top_k],
+    ``indices`` int32 [M, top_k], ``shared`` BF16 [M, hidden] (ignored when
+    ``shared == "none"``), ``routed_rows`` = rows, then as
+    :class:`kernels.lamport.publish.PublishKernel`.
+    """
+
+    def __init__(self, *, tp: int, top_k: int, elements_per_thread: int = 4,
+                 fp32_weights: bool = True, routed_scaling_factor: float = 1.0,
+                 shared: str = "after", prefetch_group: int | None = None,
+                 transport: str = "unicast") -> None:
+        prefetch_group = top_k if prefetch_group is None else prefetch_group
+        check_finalize_options(tp=tp, top_k=top_k, elements_per_thread=elements_per_thread,
+                               routed_scaling_factor=routed_scaling_factor, shared=shared,
+                               prefetch_group=prefetch_group, transport=transport)
+        self.tp, self.top_k, self.transport = tp, top_k, transport
+        self.elements = elements_per_thread
+        self.words = elements_per_thread // 2
+        self.fp32_weights = bool(fp32_weights)
+        self.scale = float(routed_scaling_factor)
+        self.shared = shared
+        self.prefetch_group = prefetch_group
+        self.prefetch_groups = (top_k + prefetch_group - 1) // prefetch_group
+        self.threads = FINALIZE_THREADS
+
+    # -- the fragment width, chosen at compile time
+    def _load(self, address):
+        if self.elements == 8:
+            return prim.load_u32x4(address)
+        return prim.load_u32x2(address)
+
+    def _store_unicast(self, address, words):
+        if self.elements == 8:
+            prim.store_relaxed_sys_u32x4(address, words)
+        else:
+            prim.store_relaxed_sys_u32x2(address, words)
+
+    def _store_multicast(self, address, words):
+        if self.elements == 8:
+            prim.store_multicast_bf16x8(address, words)
+        else:
+            prim.store_multicast_bf16x4(address, words)
+
+    @cute.jit
+    def __call__(self, routed: Int64, weights: Int64, indices: Int64, shared: Int64,
+                 routed_rows: Int32, stage_state: Int64, destination: Int64, error: Int64,
+                 rank: Int32, capacity: Int32, hidden: Int32, ctas_per_token: Int32,
+                 m: Int32, stream: cuda.CUstream) -> None:
+        self.kernel(routed, weights, indices, shared, routed_rows, stage_state,
+                    destination, error, rank, capacity, hidden).launch(
+            grid=(ctas_per_token, m, 1), block=(self.threads, 1, 1), stream=stream,
+            use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, routed: Int64, weights: Int64, indices: Int64, shared: Int64,
+               routed_rows: Int32, stage_state: Int64, destination: Int64, error: Int64,
+               rank: Int32, capacity: Int32, hidden: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, token, _ = cute.arch.block_idx()
+        column = Int64(cta * self.threads + tidx) * self.elements
+        hidden64 = Int64(hidden)
+
+        peers = []
+        if cutlass.const_expr(self.transport == "unicast"):
+            for p in cutlass.range_constexpr(self.tp):
+                peers.append(prim.load_u64(destination + p * 8))
+
+        # Routing metadata -> shared memory, one thread a route.
+        smem = cutlass.memory.SmemAllocator()
+        staged_rows = smem.allocate_array(Int32, self.top_k)
+        staged_weights = smem.allocate_array(Float32, self.top_k)
+        if tidx < self.top_k:
+            element = Int64(token) * self.top_k + Int64(tidx)
+            row = prim.load_s32(indices + element * 4)
+            if cutlass.const_expr(self.fp32_weights):
+                weight = prim.load_f32(weights + element * 4)
+            else:
+                weight = prim.load_bf16_as_f32(weights + element * 2)
+            if cutlass.const_expr(self.scale != 1.0):
+                weight = prim.mul_rn_f32(weight, Float32(self.scale))
+            if row == Int32(-1):
+                weight = Float32(0.0)
+            if (row < Int32(-1)) | (row >= routed_rows):
+                row = Int32(-1)
+                weight = Float32(float("nan"))
+            cute.arch.store((staged_rows + tidx).llvm_ptr, row)
+            cute.arch.store((staged_weights + tidx).llvm_ptr, weight)
+        cute.arch.barrier()
+
+        shared_words = cute.make_rmem_tensor(cute.make_layout((self.words,)), Uint32)
+        shared_words.fill(Uint32(0))
+        if cutlass.const_expr(self.shared == "before"):
+            if column < hidden64:
+                loaded = self._load(shared + (Int64(token) * hidden64 + column) * 2)
+                for i in cutlass.range_constexpr(self.words):
+                    shared_words[i] = loaded[i]
+
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+
+        if cutlass.const_expr(self.shared == "after"):
+            if column < hidden64:
+                loaded = self._load(shared + (Int64(token) * hidden64 + column) * 2)
+                for i in cutlass.range_constexpr(self.words):
+                    shared_words[i] = loaded[i]
+
+        stage = prim.load_volatile_u32(stage_state + NEXT_STAGE * 4)
+        stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
+        if column < hidden64:
+            acc = [Float32(0.0) for _ in range(self.elements)]
+            inputs = cute.make_rmem_tensor(
+                cute.make_layout((self.prefetch_group, self.words)), Uint32)
+            for group in cutlass.range_constexpr(self.prefetch_groups):
+                # Issue the group's loads back to back ...
+                for item in cutlass.range_constexpr(self.prefetch_group):
+                    k = group * self.prefetch_group + item
+                    if cutlass.const_expr(k < self.top_k):
+                        for w in cutlass.range_constexpr(self.words):
+                            inputs[item, w] = Uint32(0)
+                        row = cute.arch.load((staged_rows + k).llvm_ptr, Int32)
+                        if row != Int32(-1):
+                            loaded = self._load(
+                                routed + (Int64(row) * hidden64 + column) * 2)
+                            for w in cutlass.range_constexpr(self.words):
+                                inputs[item, w] = loaded[w]
+                # ... then their FMAs, in route order.
+                for item in cutlass.range_constexpr(self.prefetch_group):
+                    k = group * self.prefetch_group + item
+                    if cutlass.const_expr(k < self.top_k):
+                        weight = cute.arch.load((staged_weights + k).llvm_ptr, Float32)
+                        for w in cutlass.range_constexpr(self.words):
+                            lo, hi = prim.bf16x2_to_f32x2(inputs[item, w])
+                            acc[2 * w] = prim.fma_rn_f32(lo, weight, acc[2 * w])
+                            acc[2 * w + 1] = prim.fma_rn_f32(hi, weight, acc[2 * w + 1])
+            if cutlass.const_expr(self.shared != "none"):
+                for w in cutlass.range_constexpr(self.words):
+                    lo, hi = prim.bf16x2_to_f32x2(shared_words[w])
+                    acc[2 * w] = prim.add_rn_f32(acc[2 * w], lo)
+                    acc[2 * w + 1] = prim.add_rn_f32(acc[2 * w + 1], hi)
+            words = [prim.sanitize_u32(prim.f32x2_to_bf16x2_rn(acc[2 * w], acc[2 * w + 1]))
+                     for w in range(self.words)]
+            if stage_ok:
+                offset = slot_index(Int64(stage), self.tp, Int64(rank), Int64(capacity),
+                                    Int64(token), hidden64, column) * 2
+                if cutlass.const_expr(self.transport == "unicast"):
+                    for p in cutlass.range_constexpr(self.tp):
+                        self._store_unicast(peers[p] + offset, words)
+                else:
+                    self._store_multicast(destination + offset, words)
+        if (cta == 0) & (token == 0) & (tidx == 0):
+            prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
+            if not stage_ok:
+                prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalizeTuning:
+    """How ``AllReduceNorm`` compiles its finalize publish (data only; part
+    of the compile-cache key). ``elements_per_thread``: 4 (8-byte fragments,
+    the seed's default) or 8 (16-byte); ``prefetch_group``: routed-row loads
+    issued back to back before their FMAs (None = top_k, all at once);
+    ``load_shared_before_pdl``: load the shared-expert output before
+    ``griddepcontrol.wait`` (only when it was produced before the kernel
+    preceding the publish)."""
+
+    elements_per_thread: int = 4
+    prefetch_group: int | None = None
+    load_shared_before_pdl: bool = False
+
+    def validate(self, top_k: int) -> None:
+        if self.elements_per_thread not in ELEMENTS_PER_THREAD:
+            raise ValueError(f"elements_per_thread must be 4 or 8, got {self.elements_per_thread}")
+        if self.prefetch_group is not None and not 1 <= self.prefetch_group <= top_k:
+            raise ValueError(f"prefetch_group must be in [1, top_k={top_k}] or None, "
+                             f"got {self.prefetch_group}")
