@@ -2,8 +2,11 @@
 
 - :mod:`cluster.group`: :class:`~cluster.group.TPGroup`, tp rank actors run as one Lamport group;
 - :mod:`cluster.actors`: the RankActor (thin executor) and its metadata;
-- :mod:`cluster.backend`: the RankBackend seam (``emulated`` now, ``gpu`` later);
+- :mod:`cluster.backend`: the RankBackend seam and its registry (``emulated``, ``gpu``);
 - :mod:`cluster.emulated`: the Lamport protocol in numpy over host shared memory;
+- :mod:`cluster.gpu`: the CuTe DSL kernels on GPUs (process per GPU: NCCL +
+  symmetric memory; shared GPU: gloo + CUDA IPC mailboxes);
+- :mod:`cluster.topology`: topology discovery and TP-group planning;
 - :mod:`cluster.diagnosis`: group-level diagnosis from every rank's watchdog report;
 - :mod:`cluster.cases`: the case dict, its inputs and its reference check;
 - :mod:`cluster.injection`, :mod:`cluster.faults`: per-rank fault injections and

@@ -38,17 +38,30 @@ class RankActor:
         """Node id and IP, hostname, pid, Ray's GPU ids, backend name."""
         return dict(self._metadata)
 
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's IP and a free TCP port, for the group's torch.distributed
+        rendezvous when this actor is rank 0 (Ray Train's MASTER_ADDR/PORT).
+        The port is free when picked; the group uses it at once."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return self._metadata["node_ip"], port
+
     def setup_group(self, *, group_id: str, rank: int, tp: int, capacity: int, hidden: int,
-                    timeout_s: float) -> dict:
+                    timeout_s: float, options: dict | None = None) -> dict:
         """Join the group (see RankBackend.setup); returns the backend's setup
         dict plus this actor's metadata."""
         if self._backend is not None:
             raise RuntimeError(f"actor pid {os.getpid()} already joined a group; close() first")
         backend = make_backend(self._backend_name)
+        kwargs = {} if options is None else {"options": options}
         out = backend.setup(group_id=group_id, rank=rank, tp=tp, capacity=capacity,
-                            hidden=hidden, timeout_s=timeout_s)
+                            hidden=hidden, timeout_s=timeout_s, **kwargs)
         self._backend = backend
         return {**out, "metadata": self.metadata()}
+
+    def prepare(self, case: dict) -> dict:
+        return self._joined().prepare(case)
 
     def run_case(self, case: dict) -> dict:
         return self._joined().run_case(case)

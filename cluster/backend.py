@@ -2,10 +2,16 @@
 
 A rank actor (:mod:`cluster.actors`) is a thin executor: it owns one
 :class:`RankBackend` and forwards to it. ``"emulated"`` runs the Lamport
-protocol in numpy over host shared memory (:mod:`cluster.emulated`); a
-``"gpu"`` backend (the symmetric-memory / CUDA IPC mailbox and
-``AllReduceNorm`` from ``kernels``) registers here when it exists, and until
-then asking for it is a ValueError like any unknown name.
+protocol in numpy over host shared memory (:mod:`cluster.emulated`);
+``"gpu"`` runs the CuTe DSL kernels (``AllReduceNorm`` from ``kernels``) on a
+symmetric-memory or CUDA IPC mailbox (:mod:`cluster.gpu`). Any other name
+is a ValueError naming the registered ones.
+
+A backend module exports ``Backend``, ``release_rank(group_id, rank)`` and
+optionally ``NEEDS_RENDEZVOUS = True``: then the TP group asks rank 0's
+actor for an address and a free port (as Ray Train does) and passes
+``master_addr`` / ``master_port`` with the placement in ``setup``'s
+``options``.
 
 Result contract of :meth:`RankBackend.run_case` (a plain dict):
 
@@ -24,6 +30,12 @@ Result contract of :meth:`RankBackend.run_case` (a plain dict):
 ``outputs``                          ``sum``, ``residual``, ``norm``: uint16
                                      bit arrays [M, H] (NaN where not computed)
 ``publish_ns``, ``consume_ns``       wall time of the two phases
+``check`` (optional)                 cluster.cases.check_outputs made on the rank
+                                     (the group then uses it instead of checking
+                                     on the driver)
+
+``outputs["sum"]`` may be None where the backend cannot observe the sum (gpu
+with a non-zero residual); the check then reports it as not observed.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from __future__ import annotations
 import importlib
 from typing import Protocol
 
-BACKENDS = {"emulated": "cluster.emulated"}
+BACKENDS = {"emulated": "cluster.emulated", "gpu": "cluster.gpu"}
 """Backend name -> module exporting ``Backend`` (a RankBackend class) and
 ``release_rank(group_id, rank)`` (frees what a rank that died without
 close() left on its node)."""
@@ -41,10 +53,16 @@ class RankBackend(Protocol):
     """One rank of one TP group. Calls on one backend never overlap."""
 
     def setup(self, *, group_id: str, rank: int, tp: int, capacity: int, hidden: int,
-              timeout_s: float) -> dict:
+              timeout_s: float, options: dict | None = None) -> dict:
         """Join the group (rendezvous with the peers, bounded by ``timeout_s``),
         check the own mailbox, scrub it if dirty; returns ``{"rank", "start_check"}``
-        with the MailboxCheck as found (a dict)."""
+        with the MailboxCheck as found (a dict). ``options``: backend specific
+        (gpu: master_addr, master_port, placement, transport); unknown names
+        are a ValueError."""
+
+    def prepare(self, case: dict) -> dict:
+        """Build (compile) what ``case`` needs before any rank's call starts;
+        the group calls it on every rank once per new (budget_ns, eps)."""
 
     def run_case(self, case: dict) -> dict:
         """One collective call (publish + watchdog consume + epilogue), with
@@ -74,6 +92,12 @@ def require_backend(name: str) -> str:
 def make_backend(name: str) -> RankBackend:
     """A new, not yet set up backend instance of the named kind."""
     return importlib.import_module(BACKENDS[require_backend(name)]).Backend()
+
+
+def needs_rendezvous(name: str) -> bool:
+    """Whether the backend's setup needs ``master_addr`` / ``master_port``."""
+    module = importlib.import_module(BACKENDS[require_backend(name)])
+    return bool(getattr(module, "NEEDS_RENDEZVOUS", False))
 
 
 def release_rank(name: str, *, group_id: str, rank: int) -> None:

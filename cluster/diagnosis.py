@@ -172,10 +172,15 @@ def _by_rank(values: Mapping[int, int]) -> str:
 
 
 def diagnose(reports: Sequence[RankReport], *, tp: int,
-             absent: Mapping[int, str] | None = None) -> GroupDiagnosis:
+             absent: Mapping[int, str] | None = None,
+             expected: tuple[int, int] | None = None) -> GroupDiagnosis:
     """The group diagnosis of one call from the reports of the ranks that
     answered. Ranks in 0..tp-1 without a report are unresponsive; ``absent``
-    may say why (e.g. ``{1: "missed the host deadline of 2 s"}``)."""
+    may say why (e.g. ``{1: "missed the host deadline of 2 s"}``).
+    ``expected``: the (call seq, M) the driver asked every rank for; with it
+    a sequence or token-count mismatch names the ranks that differ from it,
+    without it the minority (all of them on a tie, e.g. 1:1 at tp=2 on the
+    GPU kernels, which publish no header)."""
     by_rank = {r.rank: r for r in reports}
     if len(by_rank) != len(reports) or not set(by_rank) <= set(range(tp)):
         raise ValueError(f"reports must come from distinct ranks in 0..{tp - 1}, "
@@ -201,8 +206,12 @@ def diagnose(reports: Sequence[RankReport], *, tp: int,
         for source, header in enumerate(r.headers):
             if header is not None and source not in seqs:
                 seqs[source], tokens[source] = header
-    seq_mismatch = _minority(seqs)
-    token_mismatch = _minority(tokens)
+    if expected is None:
+        seq_mismatch = _minority(seqs)
+        token_mismatch = _minority(tokens)
+    else:
+        seq_mismatch = {r for r, v in seqs.items() if v != expected[0]}
+        token_mismatch = {r for r, v in tokens.items() if v != expected[1]}
 
     details: list[str] = []
     for rank in sorted(bad):

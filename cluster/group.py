@@ -32,7 +32,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.actors import RankActor, release_rank
-from cluster.backend import require_backend
+from cluster.backend import needs_rendezvous, require_backend
 from cluster.cases import check_outputs, make_case
 from cluster.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
@@ -70,18 +70,34 @@ class GroupCall:
     wall_s: float
 
 
+PLACEMENTS = ("cpu", "process_per_gpu", "shared_gpu")
+
+
+def placement_for(gpus_per_rank: float) -> str:
+    """The placement a GPU share implies: 0 cpu, 1 process_per_gpu, a
+    fraction shared_gpu."""
+    if gpus_per_rank == 0:
+        return "cpu"
+    return "process_per_gpu" if gpus_per_rank == 1 else "shared_gpu"
+
+
 class TPGroup:
     """tp RankActors placed with STRICT_PACK (one node: one NVLink domain on
     GPUs, one host's shared memory on the emulated backend), set up as one TP
     group. Use as a context manager or call :meth:`close`.
 
     ``gpus_per_rank``: 0 for CPU ranks (emulated), 1 for process-per-GPU,
-    a fraction for several ranks sharing a GPU.
+    a fraction for several ranks sharing a GPU (placement ``shared_gpu``:
+    one bundle holding ``tp * gpus_per_rank`` of one GPU, every rank in it,
+    so all ranks land on the same GPU). ``backend_options``: passed to every
+    rank's backend setup (gpu: ``transport``); a backend that needs a
+    rendezvous (gpu) also gets ``master_addr`` / ``master_port`` from rank 0's
+    actor and the ``placement``, new for every (re)build.
     """
 
     def __init__(self, *, tp: int, hidden: int, capacity: int, backend: str = "emulated",
                  gpus_per_rank: float = 0.0, setup_timeout_s: float = 60.0,
-                 call_timeout_s: float = 10.0) -> None:
+                 call_timeout_s: float = 10.0, backend_options: Mapping | None = None) -> None:
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
         if not 0 <= gpus_per_rank <= 1:
@@ -92,6 +108,13 @@ class TPGroup:
         self.tp, self.hidden, self.capacity = tp, hidden, capacity
         self.backend = require_backend(backend)
         self.gpus_per_rank = gpus_per_rank
+        self.placement = placement_for(gpus_per_rank)
+        if self.placement == "shared_gpu" and tp * gpus_per_rank > 1 + 1e-6:
+            raise ValueError(f"shared_gpu: tp * gpus_per_rank must be <= 1 (one GPU), got "
+                             f"{tp} * {gpus_per_rank}")
+        self.backend_options = dict(backend_options or {})
+        self._rendezvous = needs_rendezvous(self.backend)
+        self._prepared: set = set()
         self.setup_timeout_s, self.call_timeout_s = setup_timeout_s, call_timeout_s
         self.group_id = uuid.uuid4().hex[:12]
         self.builds = 0
@@ -100,8 +123,11 @@ class TPGroup:
         self._actors: list = []
         self._seq = 0
         self._closed = False
-        self._bundles = [{"GPU": gpus_per_rank} if gpus_per_rank else {"CPU": CPU_PER_RANK_BUNDLE}
-                         for _ in range(tp)]
+        if self.placement == "shared_gpu":
+            self._bundles = [{"GPU": round(tp * gpus_per_rank, 4)}]
+        else:
+            self._bundles = [{"GPU": gpus_per_rank} if gpus_per_rank
+                             else {"CPU": CPU_PER_RANK_BUNDLE} for _ in range(tp)]
         self._pg = placement_group(self._bundles, strategy="STRICT_PACK",
                                    name=f"tp{tp}-{self.group_id}")
         try:
@@ -126,17 +152,39 @@ class TPGroup:
     def _resources(self) -> str:
         return f"cluster total {ray.cluster_resources()}, available {ray.available_resources()}"
 
+    def _bundle_index(self, rank: int) -> int:
+        return 0 if self.placement == "shared_gpu" else rank
+
+    def _options(self) -> dict | None:
+        """Setup options for this build (a fresh rendezvous address each time)."""
+        if not self._rendezvous:
+            return self.backend_options or None
+        try:
+            addr, port = ray.get(self._actors[0].rendezvous_address.remote(),
+                                 timeout=self.setup_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"TP group {self.group_id}: rank 0's actor did not start within "
+                f"{self.setup_timeout_s} s (bundles {self._bundles}, num_gpus="
+                f"{self.gpus_per_rank} each): {self._resources()}") from None
+        return {**self.backend_options, "master_addr": addr, "master_port": port,
+                "placement": self.placement}
+
     def _build(self) -> None:
         """Start tp fresh actors in the bundles and set them up concurrently."""
         self._actors = [
             RankActor.options(
                 num_gpus=self.gpus_per_rank,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=r)).remote(self.backend)
+                    self._pg, placement_group_bundle_index=self._bundle_index(r))
+            ).remote(self.backend)
             for r in range(self.tp)]
+        self._prepared = set()
+        options = self._options()
         refs = [a.setup_group.remote(group_id=self.group_id, rank=r, tp=self.tp,
                                      capacity=self.capacity, hidden=self.hidden,
-                                     timeout_s=self.setup_timeout_s)
+                                     timeout_s=self.setup_timeout_s,
+                                     **({} if options is None else {"options": options}))
                 for r, a in enumerate(self._actors)]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.setup_timeout_s)
         late = [r for r, ref in enumerate(refs) if ref not in ready]
@@ -202,7 +250,8 @@ class TPGroup:
         if not ranks:
             return
         refs = [release_rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            self._pg, placement_group_bundle_index=r)).remote(self.backend, self.group_id, r)
+            self._pg, placement_group_bundle_index=self._bundle_index(r))
+        ).remote(self.backend, self.group_id, r)
             for r in sorted(ranks)]
         ray.get(refs, timeout=CONTROL_TIMEOUT_S)
 
@@ -210,6 +259,21 @@ class TPGroup:
     def case(self, **fields) -> dict:
         """A validated case dict for this group (cluster.cases.make_case)."""
         return make_case(capacity=self.capacity, **fields)
+
+    def prepare(self, case: Mapping) -> list[dict]:
+        """Every rank builds (compiles) what ``case`` needs, bounded by
+        ``setup_timeout_s``; :meth:`run` does this once per (budget_ns, eps)
+        and build, before any rank's watchdog starts."""
+        self._require_open()
+        case = make_case(capacity=self.capacity, **{k: v for k, v in case.items() if k != "seq"})
+        refs = [a.prepare.remote(case) for a in self._actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.setup_timeout_s)
+        if len(ready) < len(refs):
+            raise TimeoutError(f"prepare: ranks {[r for r, x in enumerate(refs) if x not in ready]} "
+                               f"did not finish within {self.setup_timeout_s} s")
+        out = ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+        self._prepared.add((case["budget_ns"], case["eps"]))
+        return out
 
     def run(self, case: Mapping, faults: Mapping[int, Mapping] | None = None) -> GroupCall:
         """One collective call: the same case (same seq, same M) on every rank,
@@ -225,6 +289,8 @@ class TPGroup:
         if self.call_timeout_s <= case["budget_ns"] / 1e9 + delay_s:
             raise ValueError(f"call_timeout_s={self.call_timeout_s} must exceed the watchdog budget "
                              f"{case['budget_ns'] / 1e9} s plus injected delays {delay_s} s")
+        if (case["budget_ns"], case["eps"]) not in self._prepared:
+            self.prepare(case)
         self._seq += 1
         started = time.monotonic()
         refs = [a.run_case.remote({**case, "seq": self._seq, "fault": faults.get(r)})
@@ -247,8 +313,9 @@ class TPGroup:
                 absent[r] = f"raised {type(exc.cause).__name__}"
                 errors[r] = str(exc.cause)
         reports = [RankReport.from_result(x) for x in results if x is not None]
-        diagnosis = diagnose(reports, tp=self.tp, absent=absent)
-        checks = tuple(None if x is None else
+        diagnosis = diagnose(reports, tp=self.tp, absent=absent,
+                             expected=(self._seq, int(case["tokens"])))
+        checks = tuple(None if x is None else x["check"] if x.get("check") is not None else
                        check_outputs(case, tp=self.tp, hidden=self.hidden, outputs=x["outputs"])
                        for x in results)
         outcome = _outcome(diagnosis, results, checks, errors, hung=gone - set(errors))

@@ -165,12 +165,12 @@ def test_setup_names_the_peer_that_never_came():
 
 
 def test_unknown_backend_and_bad_cases_are_named():
-    with pytest.raises(ValueError, match=r"unknown backend 'gpu'; available: \['emulated'\]"):
-        require_backend("gpu")
+    with pytest.raises(ValueError, match=r"unknown backend 'cuda'; available: \['emulated', 'gpu'\]"):
+        require_backend("cuda")
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
         make_backend("cuda")
-    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
-        TPGroup(tp=2, hidden=64, capacity=4, backend="gpu")
+    with pytest.raises(ValueError, match="unknown backend 'nccl'"):
+        TPGroup(tp=2, hidden=64, capacity=4, backend="nccl")
     with pytest.raises(ValueError, match="tokens must be in 1..capacity=8, got 9"):
         make_case(capacity=8, tokens=9)
     with pytest.raises(ValueError, match=r"unknown case fields \['colour'\]"):

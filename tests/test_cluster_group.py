@@ -25,7 +25,7 @@ CALL_TIMEOUT_S = 1.5
 def cluster():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
     yield
     if started:
@@ -136,3 +136,12 @@ def test_rank_error_is_recorded_and_the_group_recovers(groups):
 def test_unplaceable_group_says_requested_and_available(cluster):
     with pytest.raises(TimeoutError, match=r"bundles \[\{'GPU': 1\}, \{'GPU': 1\}\].*available"):
         TPGroup(tp=2, hidden=HIDDEN, capacity=CAPACITY, gpus_per_rank=1, setup_timeout_s=1)
+
+
+def test_token_mismatch_at_tp2_is_named_by_the_asked_count(groups):
+    # A 1:1 split has no majority; the driver's (seq, M) decides.
+    g = groups[2]
+    g.recover()
+    verdict = run_fault(g, "token_count_differs", rank=1, budget_ns=BUDGET_NS)
+    assert verdict.met, verdict.seen
+    assert verdict.diagnosis.token_mismatch_ranks == {1}

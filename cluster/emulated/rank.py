@@ -34,7 +34,10 @@ class EmulatedRank:
 
     # -- group lifetime
     def setup(self, *, group_id: str, rank: int, tp: int, capacity: int, hidden: int,
-              timeout_s: float) -> dict:
+              timeout_s: float, options: dict | None = None) -> dict:
+        unknown = set(options or {}) - {"placement"}
+        if unknown:
+            raise ValueError(f"unknown emulated backend options {sorted(unknown)}; known ['placement']")
         if self._mailboxes:
             raise RuntimeError(f"rank {self._rank} is already set up in group {self._group_id}; "
                                f"close() first")
@@ -74,6 +77,10 @@ class EmulatedRank:
             box.close()
         own.unlink()
         self._mailboxes = []
+
+    def prepare(self, case: dict) -> dict:
+        """Nothing to build: the emulation compiles nothing."""
+        return {"rank": self._rank}
 
     # -- one call
     def run_case(self, case: dict) -> dict:

@@ -1,0 +1,313 @@
+"""GpuRank: the ``"gpu"`` RankBackend (see cluster.backend).
+
+Placements (``options["placement"]``):
+- ``process_per_gpu``: one rank a GPU. torch.distributed NCCL group
+  (MASTER_ADDR/PORT from rank 0, as Ray Train does), the mailbox in torch
+  symmetric memory (:meth:`kernels.lamport.mailbox.Mailbox.symmetric`: the
+  peer table is the rendezvous' ``buffer_ptrs_dev``).
+- ``shared_gpu``: several rank processes on one GPU (fractional
+  ``num_gpus``). NCCL refuses two ranks on one device, so the group
+  bootstraps over gloo; each rank allocates its mailbox, exports a CUDA IPC
+  handle, the group all-gathers the handles, each rank opens its peers' and
+  builds the peer table (:mod:`cluster.gpu.ipc`) →
+  :meth:`~kernels.lamport.mailbox.Mailbox.from_peer_table`.
+
+Kernels: one :class:`kernels.lamport.all_reduce_norm.AllReduceNorm` per
+(watchdog budget, eps) on the one mailbox (they share its stage rotation);
+the compiled kernels come from ``kernels.lamport.compile.cached``, keyed by
+frozen configs, so a sweep compiles each configuration once per process.
+:meth:`prepare` compiles before a call: a rank still compiling while its
+peers' watchdogs run would read as a missing rank.
+
+Results follow cluster.backend's contract; the diagnosis fields come from
+the kernels' error buffer (:mod:`cluster.gpu.report`). Outputs are poisoned
+before every call. The consumer writes ``residual_out`` and ``norm_out``
+only: ``outputs["sum"]`` is reported when the case's residual is zero
+(then residual_out is BF16(sum) bit for bit), else None (not observed).
+
+Fault injections: every kind of cluster.injection except
+``unsanitized_lane`` (the GPU publish always sanitizes; that fault is
+covered at kernel level by tests/gpu/test_all_reduce_norm_gpu.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import time
+from collections.abc import Mapping
+
+from cluster.cases import bits_from_bf16, case_inputs, check_outputs
+from cluster.diagnosis import MailboxCheck
+from cluster.gpu.ipc import check_handles, export_buffer, open_buffer, peer_addresses
+from cluster.gpu.report import result_fields
+from cluster.injection import validate_injection
+from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_INT16, mailbox_shape
+
+PLACEMENTS = ("process_per_gpu", "shared_gpu")
+UNSUPPORTED_INJECTIONS = ("unsanitized_lane",)
+OPTIONS = ("master_addr", "master_port", "placement", "transport")
+
+
+class GpuRank:
+    """One rank of a GPU TP group. Not thread-safe; the actor serialises calls."""
+
+    def __init__(self) -> None:
+        self._mailbox = None
+        self._peers: list = []
+        self._kernels: dict = {}
+        self._rank = self._tp = self._hidden = self._capacity = None
+        self._group_id = None
+        self._placement = None
+        self._transport = "unicast"
+        self._timeout_s = 60.0
+        self._calls = 0
+        self._pg = False
+        self._device = None
+
+    # -- group lifetime
+    def setup(self, *, group_id: str, rank: int, tp: int, capacity: int, hidden: int,
+              timeout_s: float, options: Mapping | None = None) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        if self._mailbox is not None:
+            raise RuntimeError(f"rank {self._rank} is already set up in group {self._group_id}; "
+                               f"close() first")
+        options = dict(options or {})
+        unknown = set(options) - set(OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown gpu backend options {sorted(unknown)}; known {list(OPTIONS)}")
+        placement = options.get("placement", "process_per_gpu")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {placement!r} for the gpu backend; known {PLACEMENTS}")
+        if not 0 <= rank < tp:
+            raise ValueError(f"rank must be in 0..{tp - 1}, got {rank}")
+        if "master_addr" not in options or "master_port" not in options:
+            raise ValueError(f"the gpu backend needs master_addr and master_port, got {sorted(options)}")
+        if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+            raise RuntimeError(f"rank {rank}: no CUDA device visible "
+                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        self._device = torch.device("cuda", 0)  # Ray's CUDA_VISIBLE_DEVICES: ours is 0
+        torch.cuda.set_device(self._device)
+        self._rank, self._tp, self._hidden, self._capacity = rank, tp, hidden, capacity
+        self._group_id, self._placement = group_id, placement
+        self._transport = options.get("transport", "unicast")
+        self._timeout_s = float(timeout_s)
+        kwargs = {"device_id": self._device} if placement == "process_per_gpu" else {}
+        dist.init_process_group(
+            backend="nccl" if placement == "process_per_gpu" else "gloo",
+            init_method=f"tcp://{options['master_addr']}:{int(options['master_port'])}",
+            rank=rank, world_size=tp, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        self._pg = True
+        try:
+            self._mailbox = (self._symmetric_mailbox() if placement == "process_per_gpu"
+                             else self._ipc_mailbox())
+        except BaseException:
+            self.close()
+            raise
+        self._calls = 0
+        found = self._check()
+        return {"rank": rank, "placement": placement, "device_uuid": _device_uuid(self._device),
+                "start_check": dataclasses.asdict(found)}
+
+    def _symmetric_mailbox(self):
+        import torch.distributed as dist
+
+        from kernels.lamport.mailbox import Mailbox
+
+        return Mailbox.symmetric(group=dist.group.WORLD, capacity=self._capacity,
+                                 hidden=self._hidden, device=self._device)
+
+    def _ipc_mailbox(self):
+        import torch
+        import torch.distributed as dist
+
+        from kernels.lamport.mailbox import Mailbox
+
+        shape = mailbox_shape(self._tp, self._capacity, self._hidden)
+        buffer = torch.empty(shape, dtype=torch.bfloat16, device=self._device)
+        uuid = _device_uuid(self._device)
+        mine = export_buffer(buffer, rank=self._rank, device_uuid=uuid)
+        handles: list = [None] * self._tp
+        dist.all_gather_object(handles, mine)
+        check_handles(handles, tp=self._tp, rank=self._rank, device_uuid=uuid, shape=shape)
+        ptrs, self._peers = peer_addresses(handles, rank=self._rank, own_ptr=buffer.data_ptr(),
+                                           opener=open_buffer, address=lambda t: t.data_ptr())
+        box = Mailbox.from_peer_table(rank=self._rank, tp=self._tp, capacity=self._capacity,
+                                      hidden=self._hidden, buffer=buffer, peers=ptrs)
+        torch.cuda.synchronize(self._device)  # own sentinel fill done ...
+        self._barrier()  # ... on every rank before anyone publishes
+        return box
+
+    def close(self) -> None:
+        """Release kernels, mailboxes (peer mappings first) and the process
+        group; idempotent. No collective: a peer may be dead."""
+        import torch
+
+        if self._device is not None and torch.cuda.is_available():
+            try:
+                torch.cuda.synchronize(self._device)
+            except Exception:  # noqa: BLE001 (a faulted context must not block close)
+                pass
+        self._kernels = {}
+        self._peers = []
+        self._mailbox = None
+        if self._pg:
+            import torch.distributed as dist
+
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+            self._pg = False
+
+    # -- kernels
+    def prepare(self, case: Mapping) -> dict:
+        """Build (and compile) the kernels ``case`` needs, before any rank's
+        watchdog starts; returns what it took."""
+        started = time.monotonic()
+        self._kernel(int(case["budget_ns"]), float(case["eps"]))
+        return {"rank": self._rank, "prepare_s": time.monotonic() - started,
+                "kernels": len(self._kernels)}
+
+    def _kernel(self, budget_ns: int, eps: float):
+        key = (budget_ns, eps)
+        if key not in self._kernels:
+            from kernels.lamport.all_reduce_norm import AllReduceNorm
+
+            self._kernels[key] = AllReduceNorm(
+                hidden_size=self._hidden, max_num_tokens=self._capacity, eps=eps,
+                transport=self._transport, watchdog_ns=budget_ns, mailbox=self._own())
+        return self._kernels[key]
+
+    # -- one call
+    def run_case(self, case: dict) -> dict:
+        import torch
+
+        from kernels.reference.numerics import poison_
+
+        box = self._own()
+        fault = validate_injection(case.get("fault")) or {"kind": None}
+        kind = fault["kind"]
+        if kind in UNSUPPORTED_INJECTIONS:
+            raise ValueError(f"fault injection {kind!r} is not supported by the gpu backend "
+                             f"(the GPU publish always sanitizes)")
+        tokens = int(case["tokens"]) + (fault["delta"] if kind == "tokens_delta" else 0)
+        if not 1 <= tokens <= self._capacity:
+            raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")
+        arn = self._kernel(int(case["budget_ns"]), float(case["eps"]))
+        partials, residual, weight = case_inputs(case, tp=self._tp, hidden=self._hidden,
+                                                 tokens=tokens)
+        dev = self._device
+        x = partials[self._rank].contiguous().to(dev)
+        residual_d, weight_d = residual.to(dev), weight.to(dev)
+        out = (poison_(torch.empty_like(residual_d)), poison_(torch.empty_like(residual_d)))
+        arn.validate(x, residual_d, weight_d, out)
+        seq = int(case["seq"])
+        expected_stage = self._calls % LAMPORT_GENERATIONS
+        self._calls += 1
+        box.clear_errors()
+        state = box.stage_state
+        if kind == "set_next_stage":
+            state[NEXT_STAGE] = int(fault["value"])
+        if kind == "shift_next_stage":
+            state[NEXT_STAGE] = (state[NEXT_STAGE] + int(fault["by"])) % LAMPORT_GENERATIONS
+        next_before = int(state[NEXT_STAGE].item())  # synchronizes: inputs are on the device
+
+        started = time.monotonic_ns()
+        if kind == "hang":
+            while True:
+                time.sleep(1.0)
+        if kind == "delay_publish":
+            time.sleep(fault["delay_ns"] / 1e9)
+        published = kind != "skip_publish"
+        if published:
+            arn.publish(x)
+        if kind == "die_after_publish":
+            torch.cuda.synchronize(dev)
+            os._exit(1)
+        consume_from = time.monotonic_ns()
+        arn.consume(residual_d, weight_d, out)
+        torch.cuda.synchronize(dev)
+        done = time.monotonic_ns()
+
+        errors = box.read_errors()
+        norm_bits, residual_bits = bits_from_bf16(out[0].cpu()), bits_from_bf16(out[1].cpu())
+        outputs = {"sum": residual_bits.copy() if case.get("residual") == "zeros" else None,
+                   "residual": residual_bits, "norm": norm_bits}
+        result = result_fields(errors, seq=seq, tokens=tokens, expected_stage=expected_stage,
+                               next_stage_before=next_before, published=published)
+        result.update({
+            "mailbox_clean": box.is_all_sentinel(), "outputs": outputs,
+            "publish_ns": consume_from - started, "consume_ns": done - consume_from,
+            "check": check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs),
+        })
+        return result
+
+    # -- recovery
+    def recover(self) -> dict:
+        """Quiesce (this rank's stream drained: no kernel of it in flight),
+        scrub (sentinel, stage state, error buffer), reset the call count,
+        then barrier with the group's other ranks (bounded by the setup
+        timeout); returns the mailbox as found."""
+        import torch
+
+        box = self._own()
+        torch.cuda.synchronize(self._device)
+        found = self._check()
+        box.scrub()
+        torch.cuda.synchronize(self._device)
+        self._calls = 0
+        self._barrier()
+        return dataclasses.asdict(found)
+
+    def scrub(self) -> dict:
+        import torch
+
+        box = self._own()
+        torch.cuda.synchronize(self._device)
+        found = self._check()
+        if not found.clean:
+            box.scrub()
+            torch.cuda.synchronize(self._device)
+            self._calls = 0
+        return dataclasses.asdict(found)
+
+    def state(self) -> dict:
+        return {"rank": self._rank, "group_id": self._group_id, "placement": self._placement,
+                "calls_since_reset": self._calls, "kernels": sorted(self._kernels),
+                "check": dataclasses.asdict(self._check())}
+
+    # -- helpers
+    def _check(self) -> MailboxCheck:
+        import torch
+
+        box = self._own()
+        non_sentinel = int((box.buffer.view(torch.int16) != SENTINEL_INT16).sum().item())
+        active, nxt = (int(v) for v in box.stage_state.tolist())
+        return MailboxCheck(rank=self._rank, non_sentinel=non_sentinel, headers_set=0,
+                            stage_state=(active, nxt))
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self._tp == 1:
+            return
+        if self._placement == "shared_gpu":  # gloo: bounded, names the missing ranks
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=self._timeout_s))
+        else:
+            dist.barrier(device_ids=[self._device.index])
+
+    def _own(self):
+        if self._mailbox is None:
+            raise RuntimeError("this rank is not set up: call setup() first")
+        return self._mailbox
+
+
+def _device_uuid(device) -> str:
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    return str(getattr(props, "uuid", "")) or f"cuda:{device.index}"
