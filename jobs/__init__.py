@@ -1,0 +1,13 @@
+"""The jobs users run: ``python -m jobs <command>`` (see ``jobs.__main__``).
+
+- :mod:`jobs.config`: suite configs (``jobs/suites/*.toml``), cases, filters;
+- :mod:`jobs.harness`: Ray session, backend and placement choice, result rows,
+  the table and progress bar every job shares;
+- :mod:`jobs.correctness`, :mod:`jobs.faults`, :mod:`jobs.profile`
+  (:mod:`jobs.profiling` is its GPU side): the jobs;
+- :mod:`jobs.regression`: the regression rule against the nightly history;
+- :mod:`jobs.report`: print or compare runs;
+- :mod:`jobs.selfcheck`, :mod:`jobs.compile_check`: the golden self-check and
+  the kernel compile check;
+- :mod:`jobs.results`: the Arrow results store.
+"""

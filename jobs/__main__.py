@@ -2,66 +2,395 @@
 ``ray job submit --working-dir . -- python -m jobs <command>``.
 
 Commands:
-  smoke          what a fresh machine can run today: the reference self-check
-                 and the sm_90a kernel compile check, with results written
+  nightly        every job of the suite(s) (reference self-check, compile check,
+                 correctness, faults, profile) on the cluster's backend, then
+                 regression detection against the nightly history, then the
+                 dashboard (when ``dashboards.build`` exists)
+  correctness    the numerical contract through TP groups of rank actors
+  faults         DESIGN.md's fault table: expected vs seen, per kind, op and tp
+  profile        latency against same-run baselines (GPU only; skipped rows elsewhere)
+  compile-check  compile every registered kernel variant (no GPU needed), check its PTX
+  report         print a run from the results, or compare two
+  regress        regression detection for one run already in the results
   selfcheck      recompute every golden vector with the torch references
-  compile-check  compile every registered kernel variant (no GPU needed) and
-                 check its PTX
+  smoke          the same as ``nightly --suite smoke``
+  submit         ``ray job submit --working-dir .`` of one of the above, with the
+                 git commit passed along (the uploaded tree has no .git)
 
-Exit status: 0 when every case passed, 1 when any failed, 2 on bad usage.
+Cluster: no ``--address`` and no RAY_ADDRESS starts an embedded local Ray
+cluster for the run; either joins that cluster. ``--backend auto`` runs on
+GPUs when the cluster has some and a ``gpu`` backend is registered, else on
+the emulated backend, and says which.
+
+Git commit: rows record ``git rev-parse HEAD`` of the checkout, or
+LAMPORT_GIT_COMMIT when set (``submit`` sets it for the job: ``ray job
+submit --working-dir`` uploads no .git).
+
+Exit status: 0 when every case passed (or was skipped with its reason), 1 on
+any wrong element, hang, error or regression, 2 on bad usage (nothing is
+written then).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+import subprocess
 import sys
+from collections import Counter
+from pathlib import Path
 
-from jobs import selfcheck
-from jobs.options import add_results_arguments, open_results, report
+from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
+from jobs.options import DEFAULT_RESULTS, add_results_arguments, open_results, report
+
+DEFAULT_SITE = Path("site")
 
 
+# ----------------------------------------------------------------- options
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _strs(text: str) -> tuple[str, ...]:
+    values = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str) -> None:
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--suite", type=_strs, default=None,
+                       help=f"bundled suite(s), comma-separated: {', '.join(bundled_suites())} "
+                            f"(default: {suite})")
+    which.add_argument("--config", type=Path, action="append", default=None, metavar="PATH",
+                       help="a suite file (repeatable); format in jobs/config.py")
+    p.set_defaults(default_suite=suite)
+    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                   help="results dataset directory (default: %(default)s)")
+    p.add_argument("--no-results", action="store_true", help="print the tables only, write no rows")
+    p.add_argument("--trigger", default=trigger, choices=("adhoc", "nightly", "ci"),
+                   help="what started this run, recorded with every row (default: %(default)s)")
+    p.add_argument("--run-id", default=None, help="join an existing run (default: a new run id)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to join (GCS address, e.g. 10.0.0.1:6379, or 'auto'); "
+                        "default: RAY_ADDRESS, else an embedded local cluster")
+    p.add_argument("--backend", default="auto", choices=("auto", "gpu", "emulated"),
+                   help="rank backend (default: %(default)s: gpu when the cluster has GPUs and "
+                        "a gpu backend is registered, else emulated)")
+    p.add_argument("--timeout", type=_positive, default=None, metavar="S",
+                   help="host deadline per collective call in seconds (default: the suite's "
+                        "timeout_s); must exceed the watchdog budget")
+    f = p.add_argument_group("filters (comma-separated; a case passes when its value is listed)")
+    f.add_argument("--ops", type=_strs)
+    f.add_argument("--tp", type=_ints)
+    f.add_argument("--hidden", type=_ints)
+    f.add_argument("--tokens", type=_ints, help="M values")
+    f.add_argument("--top-k", type=_ints, dest="top_k")
+    f.add_argument("--hc", type=_ints)
+    f.add_argument("--variant", type=_strs)
+    f.add_argument("--transport", type=_strs)
+    f.add_argument("--placement", type=_strs)
+    f.add_argument("--inputs", type=_strs, help="correctness inputs kinds")
+    f.add_argument("--faults", type=_strs, help="fault kinds (cluster.faults.FAULT_KINDS)")
+
+
+def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
+    from jobs import regression as rg
+    r = p.add_argument_group("regression rule")
+    r.add_argument("--history", type=int, default=rg.DEFAULT_HISTORY,
+                   help="compare with the last N nightly runs (default: %(default)s)")
+    r.add_argument("--min-history", type=int, default=rg.DEFAULT_MIN_HISTORY,
+                   help="fewer runs than this: status insufficient-history (default: %(default)s)")
+    r.add_argument("--sigmas", type=float, default=rg.DEFAULT_SIGMAS,
+                   help="standard deviations beyond the history mean (default: %(default)s)")
+    r.add_argument("--threshold", type=float, default=rg.DEFAULT_THRESHOLD,
+                   help="and more than this fraction worse (default: %(default)s)")
+
+
+def _rule(args):
+    from jobs.regression import Rule
+    rule = Rule(history=args.history, min_history=args.min_history, sigmas=args.sigmas,
+                threshold=args.threshold)
+    rule.validate()
+    return rule
+
+
+# ----------------------------------------------------------------- planning
+def _plan(args, jobs: tuple[str, ...]):
+    """Suites and their selected cases, everything validated before Ray
+    starts or a row is written; ConfigError otherwise."""
+    from kernels.reference.cases import GOLDEN_CASES
+
+    from jobs.harness import check_backend_request
+    paths = args.config or [suite_path(n) for n in (args.suite or (args.default_suite,))]
+    filters = Filters(**{name: getattr(args, name) for name in Filters.FIELDS})
+    plan = []
+    for path in paths:
+        suite = load_suite(path)
+        cases = select(suite, jobs, filters)
+        if suite.selfcheck and "selfcheck" in jobs:
+            unknown = sorted(set(suite.selfcheck["cases"]) - set(GOLDEN_CASES))
+            if unknown:
+                raise ConfigError(f"config {path}: [selfcheck] cases: unknown golden case(s) "
+                                  f"{unknown}; known: {sorted(GOLDEN_CASES)}")
+        for case in cases:
+            timeout = args.timeout or case.param("timeout_s")
+            budget_s = (case.param("budget_ms") or 0) / 1e3
+            need = 3 * budget_s if case.job == "faults" else budget_s
+            if case.job != "profile" and not timeout > need:
+                raise ConfigError(
+                    f"{case.label()}: the host deadline {timeout} s must exceed "
+                    f"{'3 x ' if case.job == 'faults' else ''}the watchdog budget "
+                    f"{budget_s} s (late faults sleep 2 budgets); raise --timeout")
+        plan.append((suite, cases))
+    names = [s.name for s, _ in plan]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"suites {names}: each suite may run once per invocation")
+    if not any(cases for _, cases in plan) and not any(
+            ("selfcheck" in jobs and s.selfcheck) or ("compile-check" in jobs and s.compile_check)
+            for s, _ in plan):
+        raise ConfigError(f"suite(s) {names} have no {'/'.join(jobs)} case")
+    if not args.no_results and args.results.exists() and not args.results.is_dir():
+        raise ConfigError(f"--results {args.results} exists and is not a directory")
+    check_backend_request(args.backend)
+    return plan
+
+
+# ----------------------------------------------------------------- sweeps
+def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
+    from jobs import correctness, faults, profile
+    from jobs.harness import ClusterView, Run, ray_session, resolve_backend
+    from jobs.results import env_info
+
+    plan = _plan(args, jobs)
+    rule = _rule(args) if nightly else None
+    runners = {"correctness": correctness.run, "faults": faults.run, "profile": profile.run}
+    with ray_session(args.address) as how:
+        backend, why = resolve_backend(args.backend)
+        view = ClusterView(backend)
+        environment = {**env_info(), **view.columns()}
+        run = Run(results=None if args.no_results else args.results, trigger=args.trigger,
+                  run_id=args.run_id, backend=backend, environment=environment)
+        if run.results is not None and not run.results.is_absolute() and "joined" in how:
+            print(f"note: --results {run.results} is relative to this job's working directory "
+                  f"(under ray job submit, a temporary copy): give an absolute path to keep them")
+        print(f"ray: {how}\nbackend: {why}\ncluster: {view.describe()}"
+              f"\ncommit: {environment.get('git_commit') or 'unknown'}"
+              f"\nrun: {run.run_id} (trigger {run.trigger}); results: "
+              f"{'not written' if args.no_results else args.results}", flush=True)
+        for suite, cases in plan:
+            print(f"\n#### suite {suite.name} v{suite.version} ({suite.path}): {suite.description}")
+            if nightly and suite.selfcheck:
+                _selfcheck_part(run, suite)
+            if nightly and suite.compile_check:
+                _compile_part(run, suite, args)
+            # The nightly runs every placement the cluster offers a case
+            # ("every topology"); a single job runs the best one.
+            cases = view.concretize(cases, every=nightly, wanted=args.placement)
+            for job in ("correctness", "faults", "profile"):
+                mine = [c for c in cases if c.job == job]
+                if mine:
+                    runners[job](run, suite, mine, view=view, timeout_s=args.timeout)
+        regressed = 0
+        if nightly:
+            regressed = _regression_part(run, rule, args)
+    failing = run.summary()
+    if nightly:
+        failing += _dashboard_part(args)
+    return 1 if failing or regressed else 0
+
+
+def _selfcheck_part(run, suite) -> None:
+    from jobs import selfcheck
+    print("\n== reference self-check: golden vectors recomputed with the torch references ==")
+    failures = selfcheck.run(argparse.Namespace(case=suite.selfcheck["cases"] or None),
+                             run.writer(suite.name), run.environment)
+    run.count_external(Counter(fail=failures))
+
+
+def _compile_part(run, suite, args) -> None:
+    from jobs import compile_check
+    c = suite.compile_check
+    print("\n== kernel compile check: kernel variants compiled without a GPU, PTX checked ==",
+          flush=True)
+    argv = ["--arch", ",".join(c["arch"]), "--hidden", ",".join(map(str, c["hidden"])),
+            "--tp", ",".join(map(str, c["tp"])), "--trigger", run.trigger, "--suite", suite.name]
+    if c["ops"]:
+        argv += ["--ops", ",".join(c["ops"])]
+    argv += (["--no-results"] if run.results is None
+             else ["--results", str(run.results), "--run-id", run.run_id])
+    status = compile_check.main(argv)
+    run.count_external(Counter(fail=int(status != 0)))
+
+
+def _regression_part(run, rule, args) -> int:
+    from jobs import regression
+    if run.results is None:
+        print("\nregression: skipped (--no-results: no history to compare with)")
+        return 0
+    verdicts = regression.detect(run.results, run.run_id, rule)
+    if not verdicts:
+        print(f"\nregression: no timed case in this run (backend {run.backend}); nothing to compare")
+        return 0
+    regressed = regression.show(verdicts, rule)
+    status = Counter(v.status for v in verdicts)
+    print(f"regression: {dict(status)}; {regressed} kernel case(s) regressed")
+    return regressed
+
+
+def _dashboard_part(args) -> int:
+    """Build the dashboard when ``dashboards.build.build_site`` exists; 1 if
+    the build failed."""
+    if args.no_results or args.no_dashboard:
+        print("dashboard: not built (" + ("--no-results" if args.no_results else "--no-dashboard") + ")")
+        return 0
+    try:
+        from dashboards.build import build_site
+    except ImportError as err:
+        print(f"dashboard: not built: dashboards.build.build_site is not available ({err})")
+        return 0
+    try:
+        index = build_site(Path(args.results), Path(args.site))
+    except Exception as err:
+        print(f"dashboard: FAILED to build from {args.results} into {args.site}: "
+              f"{type(err).__name__}: {err}")
+        return 1
+    print(f"dashboard: built {index}")
+    return 0
+
+
+# ----------------------------------------------------------------- others
 def _selfcheck(args: argparse.Namespace) -> int:
+    from jobs import selfcheck
     writer, environment = open_results(args)
     failures = selfcheck.run(args, writer, environment)
     report(writer, failures)
     return 1 if failures else 0
 
 
-def _smoke(args: argparse.Namespace) -> int:
-    from jobs import compile_check
-    writer, environment = open_results(args)
-    print("== reference self-check: golden vectors recomputed with the torch references ==")
-    failures = selfcheck.run(argparse.Namespace(case=None), writer, environment)
-    print("\n== kernel compile check: every kernel variant compiled for sm_90a, PTX checked ==")
-    compile_argv = ["--arch", "sm_90a", "--trigger", args.trigger, "--suite", args.suite]
-    compile_argv += (["--no-results"] if writer is None
-                     else ["--results", str(args.results), "--run-id", writer.run_id])
-    compile_failed = compile_check.main(compile_argv) != 0
-    print("\nsmoke: ran the reference self-check and the kernel compile check; no kernel was "
-          "launched (the GPU correctness, fault and profile jobs are not built yet).")
-    report(writer, failures + compile_failed)
-    return 1 if failures or compile_failed else 0
+def _report(args) -> int:
+    from jobs import report as rp
+    return rp.main(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["compile-check"]:  # it owns its options
-        from jobs import compile_check
-        return compile_check.main(argv[1:])
+def _regress(args) -> int:
+    from jobs import regression
+    from jobs.report import _resolve
+    rule = _rule(args)
+    (run_id,) = _resolve(args.results, [args.run] if args.run else [])
+    verdicts = regression.detect(args.results, run_id, rule)
+    print(f"regression check of run {run_id} in {args.results}: {rule.describe()}")
+    if not verdicts:
+        print("no timed case in this run; nothing to compare")
+        return 0
+    regressed = regression.show(verdicts, rule)
+    print(f"\n{regressed} kernel case(s) regressed")
+    return 1 if regressed else 0
+
+
+def _submit(args) -> int:
+    """``ray job submit --working-dir <repo>`` with LAMPORT_GIT_COMMIT set."""
+    from jobs.results import git_commit
+    if not args.command:
+        raise ConfigError("submit: give the job command after '--', e.g. "
+                          "python -m jobs submit -- nightly --suite smoke")
+    command = args.command[1:] if args.command[0] == "--" else args.command
+    repo = Path(__file__).resolve().parents[1]
+    ray_bin = Path(sys.executable).with_name("ray")
+    env_vars = {"LAMPORT_GIT_COMMIT": os.environ.get("LAMPORT_GIT_COMMIT") or git_commit() or "unknown"}
+    argv = [str(ray_bin) if ray_bin.exists() else (shutil.which("ray") or "ray"), "job", "submit",
+            "--working-dir", str(repo), "--runtime-env-json", json.dumps({"env_vars": env_vars})]
+    if args.address:
+        argv += ["--address", args.address]
+    argv += ["--", args.python, "-m", "jobs", *command]
+    print("submitting:", " ".join(argv), flush=True)
+    return subprocess.call(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("smoke", help="reference self-check + kernel compile check")
-    add_results_arguments(p, suite="smoke")
-    p.set_defaults(func=_smoke)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="command")
+    for name, suite, trigger, helptext in (
+            ("nightly", "nightly", "nightly", "all jobs of the suite(s), regressions, dashboard"),
+            ("smoke", "smoke", "adhoc", "nightly --suite smoke"),
+            ("correctness", "smoke", "adhoc", "the numerical contract through the cluster"),
+            ("faults", "smoke", "adhoc", "the fault campaign: expected vs seen"),
+            ("profile", "smoke", "adhoc", "latency vs same-run baselines (GPU)")):
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        _add_sweep_arguments(p, suite=suite, trigger=trigger)
+        if name in ("nightly", "smoke"):
+            _add_rule_arguments(p)
+            p.add_argument("--site", type=Path, default=DEFAULT_SITE,
+                           help="dashboard output directory (default: %(default)s)")
+            p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard")
+            p.set_defaults(jobs=("selfcheck", "compile-check", "correctness", "faults", "profile"),
+                           nightly=True)
+        else:
+            p.set_defaults(jobs=(name,), nightly=False)
+    p = sub.add_parser("report", help="print a run, or compare two")
+    p.add_argument("runs", nargs="*", metavar="RUN_ID", help="none: the latest run; two: compare")
+    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    p.add_argument("--list", action="store_true", help="list the runs, newest first")
+    p.add_argument("--all", action="store_true", help="every row, not only failing and timed ones")
+    p.set_defaults(func=_report)
+    p = sub.add_parser("regress", help="regression detection for one run in the results")
+    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    p.add_argument("--run", default=None, help="run id (default: the latest run)")
+    _add_rule_arguments(p)
+    p.set_defaults(func=_regress)
     p = sub.add_parser("selfcheck", help="recompute the golden vectors")
     add_results_arguments(p, suite="selfcheck")
+    from jobs import selfcheck
     selfcheck.add_arguments(p)
     p.set_defaults(func=_selfcheck)
     sub.add_parser("compile-check", help="compile kernel variants and check the PTX "
                    "(see python -m jobs compile-check --help)")
-    args = parser.parse_args(argv)
-    return args.func(args)
+    p = sub.add_parser("submit", help="ray job submit --working-dir . of a job command")
+    p.add_argument("--address", default=None,
+                   help="Ray dashboard / job server, e.g. http://127.0.0.1:8265 (default: RAY_ADDRESS)")
+    p.add_argument("--python", default="python", help="interpreter on the cluster (default: %(default)s)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job command")
+    p.set_defaults(func=_submit)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["compile-check"]:  # it owns its options
+        from jobs import compile_check
+        return compile_check.main(argv[1:])
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse: 2 on bad usage, 0 for --help
+        return int(exit_.code or 0)
+    try:
+        if hasattr(args, "func"):
+            return args.func(args)
+        return _sweep(args, args.jobs, nightly=args.nightly)
+    except ConfigError as err:
+        print(f"python -m jobs {args.cmd}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -53,5 +53,6 @@ def run(args: argparse.Namespace, writer: ResultsWriter | None, environment: dic
                 op=case.op, variant=name, backend="cpu-reference", placement="host",
                 outcome=outcome, reason=reason, mismatches=verdict.mismatches,
                 elements=verdict.elements, max_ulp=verdict.max_ulp,
-                repro_command=f"python -m jobs selfcheck --case {name}", **environment))
+                repro_command=f"python -m jobs selfcheck --case {name}",
+                extra={"job": "selfcheck"}, **environment))
     return failures

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import re
 import socket
@@ -39,12 +40,21 @@ def env_info(git_timeout_s: float = 2.0) -> dict[str, Any]:
     return info
 
 
-def git_commit(timeout_s: float = 2.0) -> str | None:
-    """HEAD's SHA of the checkout holding this package; None outside git.
+GIT_COMMIT_ENV = "LAMPORT_GIT_COMMIT"
 
-    Under ``ray job submit --working-dir`` the uploaded tree has no .git, so
-    this is None there: pass the commit from the submitting side instead.
+
+def git_commit(timeout_s: float = 2.0) -> str | None:
+    """The commit the code came from: ``$LAMPORT_GIT_COMMIT`` when set, else
+    HEAD's SHA of the checkout holding this package; None outside git.
+
+    Under ``ray job submit --working-dir`` the uploaded tree has no .git:
+    the submitting side passes the commit in LAMPORT_GIT_COMMIT
+    (``python -m jobs submit`` does; by hand: ``--runtime-env-json
+    '{"env_vars": {"LAMPORT_GIT_COMMIT": "<sha>"}}'``).
     """
+    given = os.environ.get(GIT_COMMIT_ENV, "").strip()
+    if given:
+        return given
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True,
                               text=True, timeout=timeout_s, check=False)

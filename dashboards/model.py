@@ -1,0 +1,179 @@
+"""The results as the pages see them: rows, runs and case identities.
+
+Reads only the Arrow rows (``jobs.results.read_results``); nothing here
+knows about kernels. A *case* is what stays the same from run to run: the
+regression key of ``jobs.regression`` (suite, op, variant, transport,
+placement, backend, tp, hidden, tokens, top_k, hc, dtype, GPU model), so
+the dashboards and the jobs judge the same series. Its id (a short hash of
+those) names anchors and chart ids.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from jobs.regression import KEY as REGRESSION_KEY
+from jobs.results import read_results
+
+CASE_FIELDS: tuple[str, ...] = tuple(REGRESSION_KEY)
+#: Baseline implementations timed beside a kernel are rows of their own whose
+#: variant starts with this (jobs/profile.py).
+BASELINE_PREFIX = "baseline:"
+#: Environment columns shown per run, in display order.
+ENV_FIELDS = ("nodes", "gpu_model", "gpu_count", "topology", "multicast_supported", "driver",
+              "cuda", "torch", "cute_dsl", "ray", "pyarrow", "python", "hostname", "git_commit")
+OUTCOME_ORDER = ("pass", "fail", "hang", "error", "skipped")
+#: Worst first: the outcome a cell of several rows shows.
+OUTCOME_SEVERITY = {"hang": 0, "error": 1, "fail": 2, "skipped": 3, "pass": 4}
+
+Row = dict[str, Any]
+
+
+def case_key(row: Row) -> tuple:
+    return tuple(row.get(name) for name in CASE_FIELDS)
+
+
+def case_id(row: Row) -> str:
+    """A short stable id of the row's case (safe in HTML ids and URLs)."""
+    text = json.dumps(case_key(row), default=str)
+    return "c" + hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def case_label(row: Row) -> str:
+    """The case in words, without the op: ``variant · multicast · tp=8 ...``."""
+    parts = [row.get("variant") or "-"]
+    for name in ("transport", "backend"):
+        if row.get(name):
+            parts.append(str(row[name]))
+    for name in ("tp", "hidden", "tokens", "top_k", "hc"):
+        if row.get(name) is not None:
+            parts.append(f"{name}={row[name]}")
+    if row.get("dtype"):
+        parts.append(str(row["dtype"]))
+    return " · ".join(parts)
+
+
+def is_baseline(row: Row) -> bool:
+    return str(row.get("variant") or "").startswith(BASELINE_PREFIX)
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of ``text`` (an op name), unique per text."""
+    clean = re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-")[:40] or "x"
+    if clean != text:
+        clean += "-" + hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()[:6]
+    return clean
+
+
+@dataclass
+class Run:
+    run_id: str
+    trigger: str
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def suites(self) -> list[str]:
+        return sorted({r["suite"] for r in self.rows})
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(OUTCOME_ORDER, 0)
+        for r in self.rows:
+            out[r["outcome"]] = out.get(r["outcome"], 0) + 1
+        return out
+
+    def env(self) -> dict[str, list[Any]]:
+        """Each environment column's distinct values in this run (nulls left out)."""
+        values: dict[str, list[Any]] = {}
+        for name in ENV_FIELDS:
+            seen: list[Any] = []
+            for r in self.rows:
+                v = r.get(name)
+                if v is not None and v not in seen:
+                    seen.append(v)
+            values[name] = seen
+        return values
+
+
+@dataclass
+class Results:
+    """Every row, and the runs newest first."""
+    root: Path
+    rows: list[Row]
+    runs: list[Run]
+
+    @property
+    def latest(self) -> Run | None:
+        return self.runs[0] if self.runs else None
+
+    def run(self, run_id: str) -> Run:
+        for r in self.runs:
+            if r.run_id == run_id:
+                return r
+        raise KeyError(f"no run {run_id!r}; runs: {[r.run_id for r in self.runs]}")
+
+    @property
+    def ops(self) -> list[str]:
+        return sorted({r["op"] for r in self.rows})
+
+    def timed_rows(self) -> list[Row]:
+        return [r for r in self.rows if r.get("t_median_us") is not None]
+
+
+def load(root: str | Path) -> Results:
+    """Read the dataset under ``root``; an existing root without files gives
+    no rows and no runs. FileNotFoundError when ``root`` is not a directory."""
+    root = Path(root)
+    table = read_results(root)
+    return from_table(root, table)
+
+
+def from_table(root: Path, table: pa.Table) -> Results:
+    if table.num_rows:
+        table = table.sort_by([("started_at", "ascending")])
+    rows = table.to_pylist()
+    for index, row in enumerate(rows):
+        row["_index"] = index
+        row["_case"] = case_id(row)
+    by_run: dict[str, Run] = {}
+    for row in rows:
+        run = by_run.get(row["run_id"])
+        if run is None:
+            run = by_run[row["run_id"]] = Run(row["run_id"], row["trigger"], row["started_at"],
+                                              row["finished_at"])
+        run.rows.append(row)
+        run.started_at = min(run.started_at, row["started_at"])
+        if row["finished_at"] is not None:
+            run.finished_at = max(filter(None, (run.finished_at, row["finished_at"])))
+    runs = sorted(by_run.values(), key=lambda r: r.started_at, reverse=True)
+    return Results(root, rows, runs)
+
+
+def group(rows: list[Row], *names: str) -> dict[tuple, list[Row]]:
+    out: dict[tuple, list[Row]] = defaultdict(list)
+    for r in rows:
+        out[tuple(r.get(n) for n in names)].append(r)
+    return out
+
+
+def worst_outcome(rows: list[Row]) -> str:
+    return min((r["outcome"] for r in rows), key=lambda o: OUTCOME_SEVERITY.get(o, -1))
+
+
+def sort_key(value: Any) -> tuple:
+    """Sort mixed/None values: None last, numbers numerically, text as text."""
+    if value is None:
+        return (2, 0, "")
+    if isinstance(value, (int, float)):
+        return (0, value, "")
+    return (1, 0, str(value))

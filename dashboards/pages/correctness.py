@@ -1,0 +1,145 @@
+"""correctness.html: per op, a matrix of the latest run — rows backend ·
+transport · tp, columns tokens — each cell coloured by its worst outcome and
+linking to its rows on details-<op>.html (ULP, mismatches, reason, repro)."""
+
+from __future__ import annotations
+
+from dashboards import html as h
+from dashboards import palette
+from dashboards.model import (OUTCOME_SEVERITY, Row, case_label, group, slug, sort_key,
+                              worst_outcome)
+from dashboards.pages import Site, details_href, no_results
+
+ROW_FIELDS = ("backend", "transport", "tp")
+
+
+def render(site: Site) -> dict[str, str]:
+    run = site.results.latest
+    pages: dict[str, str] = {}
+    if run is None:
+        pages["correctness.html"] = site.page("Correctness", "correctness.html", no_results(site))
+        return pages
+    by_op = group(run.rows, "op")
+    sections = []
+    for (op,) in sorted(by_op, key=lambda k: sort_key(k[0])):
+        rows = by_op[(op,)]
+        sections.append(_matrix(op, rows))
+        pages[f"details-{slug(op)}.html"] = _details_page(site, run, op, rows)
+    legend = h.tag("div", h.join(
+        h.Markup(h.badge(o) + " ") for o in palette.OUTCOME_COLOURS), cls="legend-row")
+    body = h.join([
+        h.tag("p", "Latest run only. Each cell: passed/run cases at that backend, transport, "
+              "tp and token count (all variants, hidden sizes and dtypes together), coloured "
+              "by its worst outcome (skipped cases are counted apart); click a cell for its "
+              "rows.", cls="note"),
+        legend, *sections])
+    sub = h.join(["Run ", h.tag("code", run.run_id), f" · {run.trigger} · {h.fmt(run.started_at)}"])
+    pages["correctness.html"] = site.page("Correctness", "correctness.html", body, subtitle=sub)
+    return pages
+
+
+def _matrix(op: str, rows: list[Row]) -> h.Markup:
+    tokens = sorted({r.get("tokens") for r in rows}, key=sort_key)
+    cells = group(rows, *ROW_FIELDS, "tokens")
+    row_keys = sorted({k[:-1] for k in cells}, key=lambda k: tuple(sort_key(v) for v in k))
+    head = h.join([h.tag("th", "backend · transport · tp", cls="rowh"),
+                   *(h.tag("th", f"tokens {h.fmt(t)}" if t is not None else "no token count",
+                           cls="num") for t in tokens)])
+    body = []
+    for key in row_keys:
+        label = " · ".join(h.fmt(v) if n != "tp" else f"tp={v}"
+                           for n, v in zip(ROW_FIELDS, key) if v is not None) or "—"
+        tds = [h.tag("th", label, cls="rowh")]
+        for t in tokens:
+            members = cells.get((*key, t))
+            if not members:
+                tds.append(h.tag("td", "", cls="cell empty"))
+                continue
+            ran = [r for r in members if r["outcome"] != "skipped"]
+            worst = worst_outcome(ran or members)  # skipped only colours an all-skipped cell
+            target = min(ran or members, key=lambda r: (OUTCOME_SEVERITY.get(r["outcome"], -1),
+                                                        r["_index"]))
+            passed = sum(r["outcome"] == "pass" for r in members)
+            n_skipped = len(members) - len(ran)
+            ulps = [r["max_ulp"] for r in members if r.get("max_ulp") is not None]
+            bad = sum(r.get("mismatches") or 0 for r in members)
+            tip = (f"{op} {label} tokens={h.fmt(t)}: {passed}/{len(ran)} passed, "
+                   f"{n_skipped} skipped, worst {worst}; max ULP "
+                   f"{h.fmt(max(ulps)) if ulps else '—'}; mismatches {bad}")
+            if not ran:
+                text = f"skipped {n_skipped}"
+            else:
+                text = f"{passed}/{len(ran)}" if worst == "pass" else f"{worst} {passed}/{len(ran)}"
+                text += f" +{n_skipped} skip" if n_skipped else ""
+            link = h.link(details_href(target), text, cls=f"o-{worst}", title=tip)
+            tds.append(h.tag("td", link, cls="cell", data_outcome=worst, data_cases=len(members),
+                             style=f"background:{palette.outcome_colour(worst)}"))
+        body.append(h.tag("tr", h.join(tds)))
+    table = h.tag("table", h.Markup(f"<thead><tr>{head}</tr></thead><tbody>{h.join(body)}</tbody>"),
+                  cls="data matrix", data_op=op)
+    return h.section(h.op_chip(op, f"details-{slug(op)}.html"), table, id=f"op-{slug(op)}")
+
+
+#: (header, field or None for computed, numeric) of the details table.
+DETAIL_COLUMNS = [
+    ("outcome", None, False), ("latency", None, False), ("variant", "variant", False),
+    ("backend", "backend", False), ("transport", "transport", False),
+    ("placement", "placement", False), ("tp", "tp", True), ("hidden", "hidden", True),
+    ("tokens", "tokens", True), ("top_k", "top_k", True), ("hc", "hc", True),
+    ("dtype", "dtype", False), ("max ULP", "max_ulp", True), ("max abs err", "max_abs_err", True),
+    ("mismatches", "mismatches", True), ("elements", "elements", True),
+    ("median µs", "t_median_us", True), ("baseline µs", "baseline_median_us", True),
+    ("ratio", "ratio", True), ("reason", None, False), ("reproduce", "repro_command", False),
+]
+IDENTITY = {"variant", "backend", "transport", "placement", "tp", "hidden", "tokens", "top_k",
+            "hc", "dtype"}
+
+
+def _cell(site: Site, r: Row, header: str, field: str | None):
+    if header == "outcome":
+        return h.badge(r["outcome"])
+    if header == "latency":
+        return h.status_badge(site.status(r))
+    if header == "reason":
+        return r.get("diagnosis") or r.get("reason")
+    if field in ("t_median_us", "baseline_median_us"):
+        return h.us(r.get(field))
+    if field == "ratio":
+        return h.ratio(r.get(field))
+    if field == "repro_command":
+        return h.tag("code", r.get(field) or "—")
+    return r.get(field)
+
+
+def _details_page(site: Site, run, op: str, rows: list[Row]) -> str:
+    ordered = sorted(rows, key=lambda r: (OUTCOME_SEVERITY.get(r["outcome"], -1),
+                                          tuple(sort_key(r.get(n)) for n in
+                                                ("backend", "transport", "tp", "tokens",
+                                                 "hidden", "variant"))))
+    # Columns empty in every row are left out; case fields with one value in
+    # every row are said once above the table instead.
+    columns, constant = [], []
+    for header, field, numeric in DETAIL_COLUMNS:
+        values = {r.get(field) for r in rows} if field else {1}
+        if field and field != "repro_command" and values == {None}:
+            continue
+        if field in IDENTITY and len(values) == 1:
+            constant.append(f"{header} {h.fmt(next(iter(values)))}")
+            continue
+        columns.append((header, field, numeric))
+    table = h.table([c[0] for c in columns],
+                    [[_cell(site, r, c[0], c[1]) for c in columns] for r in ordered],
+                    row_ids=[f"r{r['_index']}" for r in ordered],
+                    numeric=[i for i, c in enumerate(columns) if c[2]], cls="compact",
+                    id="details")
+    note = "every row: " + " · ".join(constant) if constant else None
+    body = h.join([
+        h.tag("p", h.join([h.link(f"correctness.html#op-{slug(op)}", "← matrix"),
+                           " · worst first · the highlighted row is the one a matrix cell "
+                           "linked to"]), cls="note"),
+        h.section(h.join([h.op_chip(op), f" — {len(rows)} case(s)"]), table, note=note)])
+    sub = h.join(["Run ", h.tag("code", run.run_id), f" · {run.trigger} · {h.fmt(run.started_at)}"])
+    return site.page(f"Details: {op}", "correctness.html", body, subtitle=sub)
+
+
+__all__ = ["render", "case_label"]

@@ -1,0 +1,170 @@
+"""index.html: the latest run at a glance — counts by outcome, op and topology,
+what needs attention, and every run."""
+
+from __future__ import annotations
+
+from dashboards import html as h
+from dashboards import palette
+from dashboards.model import OUTCOME_ORDER, Row, group, is_baseline, slug, sort_key
+from dashboards.pages import Site, details_href, latency, no_results, trends
+
+MAX_RUNS_LISTED = 60
+
+
+def counts(site: Site, rows: list[Row]) -> dict[str, int]:
+    """Rows per outcome, plus kernel cases ``regressed``, ``improved`` and with
+    ``insufficient-history`` (by verdict; baselines never count)."""
+    out = dict.fromkeys(OUTCOME_ORDER, 0)
+    out["regressed"] = out["improved"] = out["insufficient-history"] = 0
+    for r in rows:
+        out[r["outcome"]] = out.get(r["outcome"], 0) + 1
+        status = site.status(r)
+        if status in ("regressed", "improved", "insufficient-history") and not is_baseline(r):
+            out[status] += 1
+    return out
+
+
+def _count_cells(c: dict[str, int], keys: tuple[str, ...]) -> list[h.Markup]:
+    return [h.tag("span", c[k], cls="zero" if not c[k] else None, data_k=k) for k in keys]
+
+
+COUNT_KEYS = ("pass", "fail", "hang", "error", "skipped", "regressed")
+
+
+def render(site: Site) -> dict[str, str]:
+    run = site.results.latest
+    if run is None:
+        return {"index.html": site.page("Overview", "index.html", no_results(site))}
+    rows = run.rows
+    c = counts(site, rows)
+    env = run.env()
+    duration = (run.finished_at - run.started_at).total_seconds() if run.finished_at else None
+    meta = [("run", run.run_id), ("trigger", run.trigger), ("started", h.fmt(run.started_at)),
+            ("duration", f"{duration:,.0f} s" if duration is not None else None),
+            ("suites", ", ".join(run.suites)),
+            ("commit", ", ".join(str(v)[:12] for v in env["git_commit"]) or None),
+            ("GPUs", ", ".join(f"{n}× {m}" for n, m in zip(env["gpu_count"] or [None],
+                                                          env["gpu_model"] or ["—"]))
+             if env["gpu_model"] else "none recorded"),
+            ("hosts", ", ".join(map(str, env["hostname"])) or None)]
+    meta_html = h.tag("dl", h.join(h.Markup(h.tag("dt", k) + h.tag("dd", v)) for k, v in meta),
+                      cls="meta")
+    cards = h.cards([
+        ("cases", len(rows), "total"), ("passed", c["pass"], "pass"),
+        ("failed", c["fail"], "fail"), ("hung", c["hang"], "hang"),
+        ("errors", c["error"], "error"), ("regressed", c["regressed"], "regressed"),
+        ("skipped", c["skipped"], "skipped"), ("improved", c["improved"], "improved"),
+        ("no history yet", c["insufficient-history"], ""),
+    ])
+
+    by_op = group(rows, "op")
+    ops = sorted(by_op, key=lambda k: sort_key(k[0]))
+    trend_ops = {r["op"] for r in trends.nightly_timed(site)}
+    timed_run = latency.latest_timed_run(site)
+    latency_ops = {r["op"] for r in latency.timed_rows(timed_run)} if timed_run else set()
+    op_rows = []
+    for (op,) in ops:
+        oc = counts(site, by_op[(op,)])
+        links = [h.link(f"details-{slug(op)}.html", "details"),
+                 h.link(f"correctness.html#op-{slug(op)}", "matrix")]
+        if op in trend_ops:
+            links.append(h.link(f"trends-{slug(op)}.html", "trends"))
+        if op in latency_ops:
+            links.append(h.link(f"latency.html#op-{slug(op)}", "latency"))
+        op_rows.append([h.op_chip(op, f"details-{slug(op)}.html"), len(by_op[(op,)]),
+                        *_count_cells(oc, COUNT_KEYS), h.join(links, " · ")])
+    op_table = h.table(["op", "cases", *COUNT_KEYS, "pages"], op_rows,
+                       numeric=range(1, 2 + len(COUNT_KEYS)), id="by-op")
+    op_chart = _outcome_chart(site, ops, by_op)
+
+    by_topo = group(rows, "topology", "tp", "transport", "placement")
+    topo_rows = []
+    for key in sorted(by_topo, key=lambda k: tuple(sort_key(v) for v in k)):
+        tc = counts(site, by_topo[key])
+        topo_rows.append([*key, len(by_topo[key]), *_count_cells(tc, COUNT_KEYS)])
+    topo_table = h.table(["topology", "tp", "transport", "placement", "cases", *COUNT_KEYS],
+                         topo_rows, numeric=range(4, 5 + len(COUNT_KEYS)), id="by-topology")
+
+    attention = [r for r in rows if r["outcome"] not in ("pass", "skipped")
+                 or (site.status(r) == "regressed" and not is_baseline(r))]
+    attention.sort(key=lambda r: (r["outcome"] == "pass", r["outcome"], r["op"]))
+    att_table = _case_table(site, attention, "nothing failed, hung, errored or regressed "
+                            "in the latest run.", "attention", good=True)
+    skipped = [r for r in rows if r["outcome"] == "skipped"]
+    skipped_html = h.tag("details", h.Markup(
+        h.tag("summary", f"{len(skipped)} skipped case(s) and why") +
+        _case_table(site, skipped, "none skipped.", "skipped"))) if skipped else ""
+
+    run_rows = []
+    runs = site.results.runs[:MAX_RUNS_LISTED]
+    for i, r in enumerate(runs):
+        rc = counts(site, r.rows)
+        prev = runs[i + 1] if i + 1 < len(runs) else None
+        links = [h.link(f"environment.html#run-{r.run_id}", "environment")]
+        if prev:
+            links.append(h.link(f"compare.html?a={prev.run_id}&b={r.run_id}", "vs previous"))
+        run_rows.append([h.tag("code", r.run_id, cls="run"), r.trigger, h.fmt(r.started_at), len(r.rows),
+                         *_count_cells(rc, COUNT_KEYS), h.join(links, " · ")])
+    runs_table = h.table(["run", "trigger", "started", "cases", *COUNT_KEYS, "links"], run_rows,
+                         numeric=range(3, 4 + len(COUNT_KEYS)), id="runs")
+
+    body = h.join([
+        cards,
+        h.section("Latest run", meta_html),
+        h.section("Needs attention", att_table, skipped_html, id="attention-section",
+                  note="Cases of the latest run that failed, hung, errored or regressed; each "
+                       "links to its details."),
+        h.section("By op", op_chart, op_table),
+        h.section("By topology", topo_table,
+                  note="topology is the recorded interconnect summary; — where none was "
+                       "recorded."),
+        h.section(f"Runs ({len(site.results.runs)})", runs_table),
+    ])
+    sub = h.join(["Latest run ", h.tag("code", run.run_id), f" · {run.trigger} · "
+                  f"{h.fmt(run.started_at)}"])
+    return {"index.html": site.page("Overview", "index.html", body, charts=True, subtitle=sub)}
+
+
+def _case_table(site: Site, rows: list[Row], empty: str, table_id: str,
+                good: bool = False) -> h.Markup:
+    out = []
+    for r in rows:
+        status = site.status(r)
+        what = h.badge(r["outcome"]) if r["outcome"] != "pass" else h.status_badge(status)
+        why = r.get("diagnosis") or r.get("reason")
+        if status == "regressed" and r["outcome"] == "pass":
+            v = site.verdicts[r["_index"]]
+            why = (f"median {h.us(v.value)} µs vs {h.us(v.mean)} µs mean of the last "
+                   f"{v.history} nightly runs ({v.value / v.mean - 1:+.1%}; flagged above "
+                   f"{h.us(v.threshold)} µs)")
+        out.append([what, h.op_chip(r["op"]), h.link(details_href(r), _case(r)), why,
+                    h.tag("code", r.get("repro_command") or "—")])
+    return h.table(["outcome", "op", "case", "why", "reproduce"], out, empty=empty,
+                   empty_is_good=good, id=table_id)
+
+
+def _case(r: Row) -> str:
+    from dashboards.model import case_label
+    return case_label(r)
+
+
+def _outcome_chart(site: Site, ops: list[tuple], by_op: dict) -> h.Markup:
+    """Stacked bars: cases per op by outcome (and regressed)."""
+    names = [op for (op,) in ops]
+    labels = [h.plot_text(op) for op in names]
+    data = []
+    for key, colour in [*palette.OUTCOME_COLOURS.items(), ("regressed", palette.REGRESSION_MARKER)]:
+        values = [counts(site, by_op[(op,)])[key] for op in names]
+        if key == "pass":  # regressed cases passed: show them apart
+            values = [v - counts(site, by_op[(op,)])["regressed"] for v, op in zip(values, names)]
+        if not any(values):
+            continue
+        data.append({"type": "bar", "orientation": "h", "name": key, "y": labels, "x": values,
+                     "marker": {"color": colour},
+                     "hovertemplate": "%{y}: %{x} " + key + "<extra></extra>"})
+    tick_colours = [palette.op_colour(op) for op in names]
+    layout = {"barmode": "stack", "margin": {"l": 150, "t": 10},
+              "yaxis": {"autorange": "reversed", "tickfont": {"size": 12}},
+              "xaxis": {"title": {"text": "cases"}}, "legend": {"orientation": "h", "y": -0.25, "traceorder": "normal"},
+              "annotations": [], "meta": {"op_colours": tick_colours}}
+    return h.chart("overview-outcomes", data, layout, height=max(180, 48 + 34 * len(names)))

@@ -1,0 +1,55 @@
+"""``python -m dashboards serve``: a quick local look at a built site.
+
+Loopback only (127.0.0.1), read-only (GET/HEAD of files under the site),
+and bounded: it stops after ``--seconds`` (default 15 minutes) or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the stdlib's name
+        pass
+
+
+def make_server(site: Path, port: int = 0) -> http.server.ThreadingHTTPServer:
+    """A server for ``site`` bound to 127.0.0.1:``port`` (0: any free port)."""
+    site = Path(site)
+    if not (site / "index.html").is_file():
+        raise FileNotFoundError(f"{site} has no index.html; build it first with "
+                                f"python -m dashboards build --results DIR --out {site}")
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    return http.server.ThreadingHTTPServer((LOOPBACK, port), handler)
+
+
+def serve(site: Path, port: int = 8765, seconds: float = 900.0,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve ``site`` on loopback until ``seconds`` pass or Ctrl-C;
+    ``on_ready(url)`` is called once it listens."""
+    if seconds <= 0:
+        raise ValueError(f"seconds={seconds} must be > 0")
+    server = make_server(site, port)
+    host, bound = server.server_address[:2]
+    print(f"serving {site} at http://{host}:{bound}/ for {seconds:.0f} s (Ctrl-C stops)",
+          flush=True)
+    timer = threading.Timer(seconds, server.shutdown)
+    timer.daemon = True
+    timer.start()
+    if on_ready is not None:
+        on_ready(f"http://{host}:{bound}/")
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        timer.cancel()
+        server.server_close()
+    print("stopped", flush=True)

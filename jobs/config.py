@@ -1,0 +1,393 @@
+"""Suite configs: versioned TOML files naming the cases a job sweeps.
+
+A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
+(``--config PATH``). Format 1::
+
+    format = 1                    # this loader's format; other values are refused
+    name = "smoke"                # results partition (suite=NAME)
+    version = 1                   # the suite's own version, bumped when its cases change
+    description = "..."
+
+    [selfcheck]                   # optional: golden vectors recomputed
+    cases = []                    # names; empty = every committed golden case
+
+    [compile_check]               # optional: python -m jobs compile-check
+    arch = ["sm_90a"]
+    hidden = [2048]
+    tp = [2]
+    ops = []                      # empty = every registered op
+
+    [[correctness]]               # any number of sweeps per job
+    op = "all_reduce_norm"        # every sweep key takes a value or a list;
+    variant = "watchdog"          # lists multiply (a cartesian product)
+    transport = "unicast"
+    placement = "auto"
+    dtype = "bfloat16"
+    tp = [1, 2, 4]
+    hidden = [64]
+    tokens = [1, 3, 8]            # in order: a group runs its cases as one M sequence
+    top_k = 8                     # finalize ops only
+    hc = 4                        # mHC only
+    repeats = 2                   # calls per case, each with new data
+    inputs = ["random", "order_sensitive", "sentinel_pattern"]
+    budget_ms = 1000              # consumer watchdog budget
+    timeout_s = 10                # host deadline per call (--timeout overrides)
+
+    [[faults]]                    # sweep keys as above, plus
+    kinds = "all"                 # or names from cluster.faults.FAULT_KINDS
+    rank = "last"                 # the faulty rank: "last" (tp - 1) or an int
+
+    [[profile]]                   # sweep keys as above, plus
+    baselines = ["unfused", "symm_mem", "flashinfer"]
+    calls = 50                    # calls captured in one CUDA graph
+    replays = 200                 # timed replays
+
+Every key is checked: an unknown key, a wrong type or a value outside its
+choices is a :class:`ConfigError` naming the file, the table and the key.
+Command-line filters (:class:`Filters`) then narrow the expanded cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+SUITES_DIR = Path(__file__).resolve().parent / "suites"
+
+OPS = ("all_reduce_norm", "finalize_publish", "all_reduce_mhc", "embed_norm", "indexer")
+VARIANTS = ("watchdog", "plain")
+TRANSPORTS = ("unicast", "multicast")
+PLACEMENTS = ("auto", "process-per-gpu", "shared-gpu", "virtual-ranks", "emulated")
+DTYPES = ("bfloat16",)
+INPUTS = ("random", "order_sensitive", "sentinel_pattern")
+BASELINES = ("unfused", "symm_mem", "flashinfer")
+JOBS = ("correctness", "faults", "profile")
+
+
+class ConfigError(ValueError):
+    """A suite file or a filter that cannot be used; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One case of one job: its identity (the results' case columns) and
+    the job's parameters for it."""
+    job: str
+    op: str
+    variant: str
+    transport: str
+    placement: str
+    tp: int
+    hidden: int
+    tokens: int
+    top_k: int | None
+    hc: int | None
+    dtype: str
+    repeats: int
+    inputs: str | None = None      # correctness
+    fault: str | None = None       # faults
+    rank: int | None = None        # faults: the faulty rank
+    params: tuple[tuple[str, Any], ...] = ()  # budget_ms, timeout_s, baselines, calls, ...
+
+    def param(self, name: str, default: Any = None) -> Any:
+        return dict(self.params).get(name, default)
+
+    @property
+    def group_key(self) -> tuple:
+        """Cases with the same key run on one TP group, in suite order."""
+        return (self.op, self.variant, self.transport, self.placement, self.tp, self.hidden,
+                self.top_k, self.hc, self.dtype)
+
+    def label(self) -> str:
+        what = self.inputs or self.fault or ""
+        return (f"{self.job} {self.op} tp={self.tp} hidden={self.hidden} M={self.tokens}"
+                + (f" {what}" if what else ""))
+
+
+# --------------------------------------------------------------------- keys
+def _int(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+_SWEEP_KEYS: dict[str, tuple[Any, Any]] = {
+    # key: (default, check): check is a tuple of choices or a predicate
+    "op": (None, OPS),
+    "variant": ("watchdog", VARIANTS),
+    "transport": ("unicast", TRANSPORTS),
+    "placement": ("auto", PLACEMENTS),
+    "dtype": ("bfloat16", DTYPES),
+    "tp": (None, _int),
+    "hidden": (None, _int),
+    "tokens": (None, _int),
+    "top_k": (None, _int),
+    "hc": (None, _int),
+}
+_SCALAR_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "correctness": {"repeats": (1, _int), "inputs": (list(INPUTS), INPUTS),
+                    "budget_ms": (1000, _num), "timeout_s": (10.0, _num)},
+    "faults": {"repeats": (1, _int), "kinds": ("all", None), "rank": ("last", None),
+               "budget_ms": (200, _num), "timeout_s": (2.0, _num)},
+    "profile": {"repeats": (1, _int), "baselines": (list(BASELINES), BASELINES),
+                "calls": (50, _int), "replays": (200, _int), "watchdog_ns": (1_000_000_000, _int),
+                "rotate_mb": (120, _num), "timeout_s": (600.0, _num)},
+}
+_TOP_KEYS = {"format", "name", "version", "description", "selfcheck", "compile_check", *JOBS}
+_SELFCHECK_KEYS = {"cases"}
+_COMPILE_KEYS = {"arch", "hidden", "tp", "ops"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    version: int
+    description: str
+    path: Path
+    selfcheck: dict | None
+    compile_check: dict | None
+    cases: tuple[Case, ...]
+
+    @property
+    def source(self) -> str:
+        """How a command line names this suite: ``--suite NAME`` for a
+        bundled one, ``--config PATH`` otherwise."""
+        bundled = SUITES_DIR / f"{self.name}.toml"
+        if self.path.resolve() == bundled.resolve():
+            return f"--suite {self.name}"
+        return f"--config {self.path}"
+
+    def of(self, job: str) -> list[Case]:
+        return [c for c in self.cases if c.job == job]
+
+
+def bundled_suites() -> list[str]:
+    return sorted(p.stem for p in SUITES_DIR.glob("*.toml"))
+
+
+def suite_path(name: str) -> Path:
+    path = SUITES_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown suite {name!r}; bundled suites: {bundled_suites()} "
+                          f"(or give a file with --config PATH)")
+    return path
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Parse and validate one suite file; ConfigError says what is wrong."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config {path}: cannot read: {err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config {path}: not valid TOML: {err}") from None
+    where = f"config {path}"
+    _no_unknown(data, _TOP_KEYS, where)
+    if data.get("format") != FORMAT:
+        raise ConfigError(f"{where}: format = {data.get('format')!r}; this version of "
+                          f"lamport-lab reads format = {FORMAT}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"{where}: name = {name!r} must be a word (letters, digits, - and _)")
+    version = data.get("version")
+    if not _int(version):
+        raise ConfigError(f"{where}: version = {version!r} must be a positive integer")
+    selfcheck = _section(data, "selfcheck", _SELFCHECK_KEYS, where)
+    if selfcheck is not None:
+        selfcheck["cases"] = _str_list(selfcheck.get("cases", []), f"{where}: [selfcheck] cases")
+    compile_check = _section(data, "compile_check", _COMPILE_KEYS, where)
+    if compile_check is not None:
+        w = f"{where}: [compile_check]"
+        compile_check = {
+            "arch": _str_list(compile_check.get("arch", ["sm_90a"]), f"{w} arch"),
+            "hidden": _int_list(compile_check.get("hidden", [2048]), f"{w} hidden"),
+            "tp": _int_list(compile_check.get("tp", [2]), f"{w} tp"),
+            "ops": _str_list(compile_check.get("ops", []), f"{w} ops"),
+        }
+    cases: list[Case] = []
+    for job in JOBS:
+        sweeps = data.get(job, [])
+        if not isinstance(sweeps, list) or not all(isinstance(s, dict) for s in sweeps):
+            raise ConfigError(f"{where}: {job} must be an array of tables ([[{job}]])")
+        for index, sweep in enumerate(sweeps, 1):
+            cases += _expand(job, sweep, f"{where}: [[{job}]] #{index}")
+    return Suite(name=name, version=version, description=str(data.get("description", "")),
+                 path=path, selfcheck=selfcheck, compile_check=compile_check, cases=tuple(cases))
+
+
+def _no_unknown(table: Mapping, known: Iterable[str], where: str) -> None:
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+
+
+def _section(data: Mapping, key: str, known: set[str], where: str) -> dict | None:
+    if key not in data:
+        return None
+    if not isinstance(data[key], dict):
+        raise ConfigError(f"{where}: [{key}] must be a table")
+    _no_unknown(data[key], known, f"{where}: [{key}]")
+    return dict(data[key])
+
+
+def _str_list(value, where: str) -> list[str]:
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where} = {value!r} must be a string or a list of strings")
+    return value
+
+
+def _int_list(value, where: str) -> list[int]:
+    value = [value] if not isinstance(value, list) else value
+    if not value or not all(_int(v) for v in value):
+        raise ConfigError(f"{where} = {value!r} must be a positive integer or a list of them")
+    return value
+
+
+def _check(value, check, where: str) -> None:
+    if isinstance(check, tuple):
+        if value not in check:
+            raise ConfigError(f"{where} = {value!r} is not one of {list(check)}")
+    elif check is not None and not check(value):
+        raise ConfigError(f"{where} = {value!r} must be a positive number")
+
+
+def _values(sweep: Mapping, key: str, default, check, where: str, *, listable: bool) -> list:
+    value = sweep.get(key, default)
+    values = value if isinstance(value, list) and listable else [value]
+    if not values:
+        raise ConfigError(f"{where}: {key} = [] selects nothing")
+    for v in values:
+        if v is None:
+            continue
+        _check(v, check, f"{where}: {key}")
+    return values
+
+
+def _expand(job: str, sweep: Mapping, where: str) -> list[Case]:
+    scalars = _SCALAR_KEYS[job]
+    _no_unknown(sweep, [*_SWEEP_KEYS, *scalars], where)
+    for required in ("op", "tp", "hidden", "tokens"):
+        if required not in sweep:
+            raise ConfigError(f"{where}: {required} is required")
+    axes = {k: _values(sweep, k, d, c, where, listable=True) for k, (d, c) in _SWEEP_KEYS.items()}
+    params: dict[str, Any] = {}
+    for key, (default, check) in scalars.items():
+        value = sweep.get(key, default)
+        if key in ("inputs", "baselines"):
+            params[key] = _values(sweep, key, default, check, where, listable=True)
+        elif key == "kinds":
+            params[key] = _fault_kinds(value, where)
+        elif key == "rank":
+            if value != "last" and not (isinstance(value, int) and not isinstance(value, bool)
+                                        and value >= 0):
+                raise ConfigError(f"{where}: rank = {value!r} must be \"last\" or a rank id")
+            params[key] = value
+        else:
+            _check(value, check, f"{where}: {key}")
+            params[key] = value
+    repeats = params.pop("repeats")
+    cases = []
+    for combo in itertools.product(*axes.values()):
+        fields = dict(zip(axes, combo))
+        extra = {k: v for k, v in params.items() if k not in ("inputs", "kinds", "rank")}
+        frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                              for k, v in extra.items()))
+        base = dict(job=job, repeats=repeats, params=frozen, **fields)
+        if job == "correctness":
+            cases += [Case(**base, inputs=i) for i in params["inputs"]]
+        elif job == "faults":
+            rank = fields["tp"] - 1 if params["rank"] == "last" else params["rank"]
+            if rank >= fields["tp"]:
+                raise ConfigError(f"{where}: rank = {rank} is outside 0..{fields['tp'] - 1} "
+                                  f"for tp = {fields['tp']}")
+            cases += [Case(**base, fault=k, rank=rank) for k in params["kinds"]]
+        else:
+            cases.append(Case(**base))
+    return cases
+
+
+def _fault_kinds(value, where: str) -> list[str]:
+    from cluster.faults import FAULT_KINDS
+    if value == "all":
+        return sorted(FAULT_KINDS)
+    kinds = _str_list(value, f"{where}: kinds")
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown or not kinds:
+        raise ConfigError(f"{where}: kinds: unknown fault kind(s) {unknown or kinds}; "
+                          f"known: {sorted(FAULT_KINDS)} or \"all\"")
+    return kinds
+
+
+# ------------------------------------------------------------------ filters
+@dataclasses.dataclass(frozen=True)
+class Filters:
+    """Command-line narrowing of a suite's cases; None = no filter."""
+    ops: tuple[str, ...] | None = None
+    tp: tuple[int, ...] | None = None
+    hidden: tuple[int, ...] | None = None
+    tokens: tuple[int, ...] | None = None
+    top_k: tuple[int, ...] | None = None
+    hc: tuple[int, ...] | None = None
+    variant: tuple[str, ...] | None = None
+    transport: tuple[str, ...] | None = None
+    placement: tuple[str, ...] | None = None
+    inputs: tuple[str, ...] | None = None
+    faults: tuple[str, ...] | None = None
+
+    FIELDS = {"ops": "op", "tp": "tp", "hidden": "hidden", "tokens": "tokens", "top_k": "top_k",
+              "hc": "hc", "variant": "variant", "transport": "transport",
+              "placement": "placement", "inputs": "inputs", "faults": "fault"}
+
+    def validate(self) -> None:
+        choices = {"ops": OPS, "variant": VARIANTS, "transport": TRANSPORTS,
+                   "placement": PLACEMENTS, "inputs": INPUTS}
+        for name, known in choices.items():
+            bad = sorted(set(getattr(self, name) or ()) - set(known))
+            if bad:
+                raise ConfigError(f"--{name.replace('_', '-')}: unknown value(s) {bad}; "
+                                  f"known: {list(known)}")
+        if self.faults:
+            from cluster.faults import FAULT_KINDS
+            bad = sorted(set(self.faults) - set(FAULT_KINDS))
+            if bad:
+                raise ConfigError(f"--faults: unknown fault kind(s) {bad}; known: {sorted(FAULT_KINDS)}")
+
+    def keep(self, case: Case) -> bool:
+        for name, attr in self.FIELDS.items():
+            wanted = getattr(self, name)
+            value = getattr(case, attr)
+            # A filter on a field the case does not have (--inputs on a fault
+            # case, --top-k on all_reduce_norm) leaves it in; so does
+            # placement "auto" (the run picks the placement among those wanted).
+            if wanted is not None and value is not None and value not in wanted \
+                    and not (attr == "placement" and value == "auto"):
+                return False
+        return True
+
+    def active(self) -> dict[str, tuple]:
+        return {n: getattr(self, n) for n in self.FIELDS if getattr(self, n) is not None}
+
+
+def select(suite: Suite, jobs: Sequence[str], filters: Filters) -> list[Case]:
+    """The suite's cases of ``jobs`` that pass ``filters``, in suite order;
+    ConfigError when the filters leave none (a typo should not pass as an
+    empty, green run)."""
+    filters.validate()
+    chosen = [c for c in suite.cases if c.job in jobs and filters.keep(c)]
+    if not chosen and filters.active():
+        have = {n: sorted({getattr(c, a) for c in suite.cases if c.job in jobs} - {None})
+                for n, a in Filters.FIELDS.items() if n in filters.active()}
+        raise ConfigError(f"filters {filters.active()} select no {'/'.join(jobs)} case of suite "
+                          f"{suite.name!r}; the suite has {have}")
+    return chosen

@@ -1,0 +1,153 @@
+"""``python -m jobs correctness``: the numerical contract through the cluster.
+
+Cases with the same (op, tp, hidden, placement, ...) run on one TP group of
+rank actors, in suite order, so a group sees an M sequence (e.g. 1, 3, 8, 2
+tokens) on one mailbox. Each case makes ``repeats`` calls, each with new
+data (a new seed: on GPUs, the same graph replayed with new inputs), with
+its inputs kind: ``random`` normals, ``order_sensitive`` (2^24, +1, -2^24
+across ranks: any reduction order but 0..tp-1 changes the bits) or
+``sentinel_pattern`` (-0.0 and negative subnormals 0x8001..0x807F, which
+sanitize must turn into arrivals). Every rank's sum and residual must equal
+the FP32 rank-ordered reference bit for bit and its RMSNorm be within 1 BF16
+ULP (``cluster.cases.check_outputs``); the mailbox must be all sentinel
+after each call. ``#wrong`` counts the elements of the outputs that broke
+their bound, over ranks and repeats.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from jobs.config import Case, Suite
+from jobs.harness import ClusterView, Placement, Run, case_seed, now
+
+
+def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
+        timeout_s: float | None = None) -> None:
+    groups: OrderedDict[tuple, list[Case]] = OrderedDict()
+    for case in cases:
+        groups.setdefault(case.group_key, []).append(case)
+    with run.section(f"correctness: suite {suite.name} v{suite.version}, {len(cases)} case(s) "
+                     f"on {len(groups)} group(s), backend {run.backend}", len(cases)):
+        for members in groups.values():
+            _run_group(run, suite, members, view, timeout_s)
+
+
+def group_options(backend: str, case: Case) -> dict:
+    """TPGroup keyword arguments beyond the common ones: the gpu backend
+    takes the transport."""
+    return {"backend_options": {"transport": case.transport}} if backend == "gpu" else {}
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    from cluster.cases import OPS
+    if case.op not in OPS:
+        return (f"op {case.op}: the cluster runs only {list(OPS)} so far "
+                f"(its references are pinned by selfcheck's golden vectors)")
+    if case.transport == "multicast" and backend == "emulated":
+        return "multicast needs NVLS on GPUs (explicit opt-in); the emulated mailbox is unicast"
+    if case.variant == "plain" and backend == "emulated":
+        return "the emulated consumer always has its watchdog; variant plain is GPU-only"
+    return None
+
+
+def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
+               timeout_s: float | None) -> None:
+    import ray
+
+    from cluster.group import TPGroup
+    first = members[0]
+    where = view.resolve(first)
+    reason = skip_reason(first, run.backend) or (where if isinstance(where, str) else None)
+    if reason:
+        for case in members:
+            run.record(case, suite, outcome="skipped", started_at=now(), reason=reason)
+        return
+    assert isinstance(where, Placement)
+    timeout = timeout_s or first.param("timeout_s")
+    started = now()
+    try:
+        group = TPGroup(tp=first.tp, hidden=first.hidden,
+                        capacity=max(c.tokens for c in members), backend=run.backend,
+                        gpus_per_rank=where.gpus_per_rank, call_timeout_s=timeout,
+                        **group_options(run.backend, first))
+    except (TimeoutError, ValueError, ray.exceptions.RayError) as err:
+        for case in members:
+            run.record(case, suite, outcome="error", started_at=started, placement=where.name,
+                       reason=f"TP group setup failed: {type(err).__name__}: {err}")
+        return
+    with group:
+        if not group.start_diagnosis.ok:
+            print(f"   group start: {group.start_diagnosis.summary()}")
+        for case in members:
+            run_case(run, suite, group, case, where)
+
+
+def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:
+    from cluster.cases import DEFAULTS
+    started = now()
+    budget_ns = int(case.param("budget_ms") * 1e6)
+    mismatches = elements = 0
+    max_ulp = 0.0
+    outcome, reason, call = "pass", None, None
+    for repeat in range(case.repeats):
+        fields = dict(tokens=case.tokens, inputs=case.inputs, seed=case_seed(case, repeat),
+                      budget_ns=budget_ns)
+        if repeat == 0 and run.backend == "gpu" and "residual" in DEFAULTS:
+            fields["residual"] = "zeros"  # the gpu consumer's sum is observable only so
+        try:
+            call = group.run(group.case(**fields))
+        except Exception as err:  # a broken case is a result, not a crash
+            outcome, reason = "error", f"{type(err).__name__}: {err}"
+            break
+        for check in call.checks:
+            if check is None:
+                continue
+            for name in ("sum", "residual", "norm"):
+                c = check[name]
+                if not c.get("observed", True):
+                    continue
+                max_ulp = max(max_ulp, float(c["max_ulp"]))
+                elements += case.tokens * case.hidden
+                if not _within(name, c):
+                    mismatches += int(c["mismatches"])
+        if call.outcome != "pass":
+            outcome = call.outcome
+            reason = _reason(call, repeat)
+            break
+    fields = {}
+    if call is not None and outcome != "pass" and outcome != "error":
+        d = call.diagnosis
+        fields.update(diagnosis=d.summary(), missing_ranks=sorted(d.missing_ranks) or None)
+        if d.first_record is not None:
+            fields.update(fault_token=d.first_record.token, fault_fragment=d.first_record.fragment,
+                          fault_stage=d.first_record.stage)
+    return run.record(
+        case, suite, outcome=outcome, started_at=started, reason=reason, placement=where.name,
+        mismatches=mismatches, elements=elements, max_ulp=max_ulp, **fields,
+        extra={"inputs": case.inputs, "repeats": case.repeats, "budget_ns": budget_ns,
+               "collective_speed": where.collective_speed,
+               "recovered": bool(call and call.recovery is not None),
+               "rebuilt": bool(call and call.rebuilt)})
+
+
+def _within(name: str, check: dict) -> bool:
+    from cluster.cases import NORM_MAX_ULP
+    if check.get("nan"):
+        return False
+    return check["max_ulp"] <= NORM_MAX_ULP if name == "norm" else check["mismatches"] == 0
+
+
+def _reason(call, repeat: int) -> str:
+    parts = [f"repeat {repeat}: {call.outcome}"]
+    if not call.diagnosis.ok:
+        parts.append(call.diagnosis.summary())
+    bad = [r for r, c in enumerate(call.checks) if c is not None and not c["ok"]]
+    if bad:
+        parts.append(f"outputs outside the contract on ranks {bad}")
+    if not all(x["mailbox_clean"] for x in call.results if x is not None):
+        parts.append("mailbox not all sentinel after the call")
+    if call.errors:
+        parts.append(f"errors {dict(call.errors)}")
+    return "; ".join(parts)

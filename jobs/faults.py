@@ -1,0 +1,116 @@
+"""``python -m jobs faults``: DESIGN.md's fault table as a campaign.
+
+Each case injects one fault kind (``cluster.faults.FAULT_KINDS``) into one
+rank of a TP group for one call, then makes one clean call on the same group
+(``cluster.faults.run_fault``); the row records the expected outcome and
+what was seen (``fault_expected`` / ``fault_seen``), the group diagnosis
+(missing ranks, token, fragment, stage) and passes when the expectation is
+met. An injected hang that was expected is a pass; one that was not met is
+a failure like any other.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from jobs.config import Case, Suite
+from jobs.correctness import group_options, skip_reason
+from jobs.harness import ClusterView, Placement, Run, case_seed, now
+
+MIN_TP = {"token_count_differs": 3}
+"""Smallest tp at which a kind's expected outcome is decidable; every kind
+needs a peer (tp >= 2). A token-count mismatch is named by majority: at
+tp=2 neither rank is the minority, so the group names both."""
+
+
+def tp_reason(case: Case) -> str | None:
+    need = MIN_TP.get(case.fault, 2)
+    if case.tp < need:
+        return (f"fault {case.fault} needs tp >= {need} for its expected outcome to be "
+                f"decidable" + (" (the mismatching rank is named by majority; at tp=2 there is "
+                                "none)" if case.fault == "token_count_differs" else
+                                " (it needs a peer)"))
+    return None
+
+
+def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
+        timeout_s: float | None = None) -> None:
+    groups: OrderedDict[tuple, list[Case]] = OrderedDict()
+    for case in cases:
+        groups.setdefault(case.group_key, []).append(case)
+    with run.section(f"faults: suite {suite.name} v{suite.version}, {len(cases)} case(s) "
+                     f"on {len(groups)} group(s), backend {run.backend}", len(cases)):
+        for members in groups.values():
+            _run_group(run, suite, members, view, timeout_s)
+
+
+def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
+               timeout_s: float | None) -> None:
+    import ray
+
+    from cluster.group import TPGroup
+    first = members[0]
+    where = view.resolve(first)
+    reason = skip_reason(first, run.backend) or (where if isinstance(where, str) else None)
+    if reason:
+        for case in members:
+            run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
+                       fault_kind=case.fault)
+        return
+    assert isinstance(where, Placement)
+    started = now()
+    try:
+        group = TPGroup(tp=first.tp, hidden=first.hidden,
+                        capacity=max(c.tokens for c in members), backend=run.backend,
+                        gpus_per_rank=where.gpus_per_rank,
+                        call_timeout_s=timeout_s or first.param("timeout_s"),
+                        **group_options(run.backend, first))
+    except (TimeoutError, ValueError, ray.exceptions.RayError) as err:
+        for case in members:
+            run.record(case, suite, outcome="error", started_at=started, placement=where.name,
+                       fault_kind=case.fault, reason=f"TP group setup failed: {type(err).__name__}: {err}")
+        return
+    with group:
+        for case in members:
+            reason = tp_reason(case)
+            if reason:
+                run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
+                           placement=where.name, fault_kind=case.fault)
+                continue
+            run_case(run, suite, group, case, where)
+
+
+def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:
+    from cluster.faults import FAULT_KINDS, run_fault
+    started = now()
+    budget_ns = int(case.param("budget_ms") * 1e6)
+    expected = FAULT_KINDS[case.fault].expected
+    verdicts = []
+    try:
+        for repeat in range(case.repeats):
+            group.recover()  # every case starts from a recovered group
+            verdicts.append(run_fault(group, case.fault, rank=case.rank, tokens=case.tokens,
+                                      seed=case_seed(case, repeat), budget_ns=budget_ns))
+            if not verdicts[-1].met:
+                break
+    except Exception as err:  # a broken case is a result, not a crash
+        return run.record(case, suite, outcome="error", started_at=started,
+                          placement=where.name, fault_kind=case.fault, fault_expected=expected,
+                          reason=f"{type(err).__name__}: {err}",
+                          extra={"faulty_rank": case.rank, "budget_ns": budget_ns})
+    v = verdicts[-1]
+    d = v.diagnosis
+    fields = {}
+    if d.first_record is not None:
+        fields.update(fault_token=d.first_record.token, fault_fragment=d.first_record.fragment,
+                      fault_stage=d.first_record.stage)
+    met = all(x.met for x in verdicts)
+    return run.record(
+        case, suite, outcome="pass" if met else "fail", started_at=started,
+        placement=where.name, fault_kind=case.fault, fault_expected=v.expected, fault_seen=v.seen,
+        missing_ranks=sorted(d.missing_ranks), diagnosis=d.summary(), **fields,
+        reason=None if met else f"expected: {v.expected}; seen: {v.seen}",
+        note=f"rank {case.rank}: {v.outcome}, {d.kind}" if met else None,
+        extra={"faulty_rank": case.rank, "call_outcome": v.outcome, "diagnosis_kind": d.kind,
+               "budget_ns": budget_ns, "repeats": len(verdicts)})

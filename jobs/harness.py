@@ -1,0 +1,394 @@
+"""The harness every job runs in (the nccl-tests shape): a job supplies its
+cases and runs them; the harness owns the Ray session, the backend and
+placement choice, the results rows (one appended as each case ends, every
+failing one with its one-command repro), the fixed-width table, the
+progress bar and the failure count.
+
+Ray: with no ``--address`` and no ``RAY_ADDRESS`` an embedded local cluster
+is started (``num_cpus`` = this machine's cores, no dashboard) and stopped
+at the end; with either, the job joins that cluster (this is what happens
+under ``ray job submit``, which sets ``RAY_ADDRESS``). A Ray already
+initialised in this process (tests) is used as it is.
+
+Backend: ``auto`` takes ``gpu`` when the cluster has GPUs and
+``cluster.backend.BACKENDS`` has a ``gpu`` backend, else ``emulated``, and
+says which and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import os
+import sys
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from jobs.config import Case, ConfigError, Suite
+from jobs.table import Col, Table
+
+UsageError = ConfigError
+"""Bad command lines and configs: exit status 2, nothing written."""
+
+FAILING = ("fail", "hang", "error")
+
+COLUMNS = [Col("job", 11), Col("op", 15), Col("tp", 3, "d"), Col("hidden", 6, "d"),
+           Col("M", 4, "d"), Col("placement", 15), Col("inputs/fault", 22), Col("n", 3, "d"),
+           Col("#wrong", 7, "d"), Col("max_ulp", 7, ".0f"), Col("median_us", 9, ".2f"),
+           Col("p99_us", 9, ".2f"), Col("result", 7), Col("note", 48)]
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+# --------------------------------------------------------------------- Ray
+@contextlib.contextmanager
+def ray_session(address: str | None) -> Iterator[str]:
+    """Connect to (or start) Ray for the duration; yields how."""
+    import ray
+    if ray.is_initialized():
+        yield "the Ray session already open in this process"
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise UsageError(f"cannot join the Ray cluster at {address!r}: {err}") from None
+        how = f"joined the Ray cluster at {address}"
+    else:
+        cpus = max(2, os.cpu_count() or 2)
+        # address="local": a fresh cluster even where another one runs on
+        # this machine (plain ray.init() would join the latest `ray start`).
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+        how = f"started an embedded local Ray cluster (num_cpus={cpus}, no dashboard)"
+    try:
+        yield how
+    finally:
+        ray.shutdown()
+
+
+def cluster_gpus() -> tuple[int, int]:
+    """(GPUs in the cluster, most GPUs on one node)."""
+    import ray
+    per_node = [int(n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
+    return sum(per_node), max(per_node, default=0)
+
+
+def check_backend_request(requested: str) -> None:
+    """Reject a backend that cannot exist here before anything starts."""
+    from cluster.backend import BACKENDS
+    if requested not in ("auto", "gpu", "emulated"):
+        raise UsageError(f"--backend {requested!r}: choose auto, gpu or emulated")
+    if requested == "gpu" and "gpu" not in BACKENDS:
+        raise UsageError(f"--backend gpu: no 'gpu' backend is registered in "
+                         f"cluster.backend.BACKENDS (registered: {sorted(BACKENDS)})")
+
+
+def resolve_backend(requested: str) -> tuple[str, str]:
+    """(backend, why) once Ray is up."""
+    from cluster.backend import BACKENDS
+    check_backend_request(requested)
+    total, _ = cluster_gpus()
+    if requested == "gpu":
+        if not total:
+            raise UsageError("--backend gpu: the Ray cluster has no GPU resources")
+        return "gpu", f"gpu (requested; {total} GPU(s) in the cluster)"
+    if requested == "emulated":
+        return "emulated", "emulated (requested): the Lamport protocol in numpy on CPU actors"
+    if total and "gpu" in BACKENDS:
+        return "gpu", f"gpu (auto: {total} GPU(s) in the cluster)"
+    why = ("no GPU in the cluster" if not total
+           else f"{total} GPU(s) but no 'gpu' backend registered in cluster.backend")
+    return "emulated", f"emulated (auto: {why}): the Lamport protocol in numpy on CPU actors"
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    name: str
+    gpus_per_rank: float
+    collective_speed: bool
+    """False where timings cannot be a collective's speed (DESIGN.md:
+    virtual ranks and shared-GPU placements land every peer store in one
+    GPU's L2; emulated ranks are numpy)."""
+
+
+_TOPOLOGY_NAMES = {"process-per-gpu": "process_per_gpu", "shared-gpu": "shared_gpu",
+                   "virtual-ranks": "virtual_ranks"}
+
+
+class ClusterView:
+    """What the jobs need to know about the cluster: the backend, the
+    topology (``cluster.topology.discover_cluster()`` when that module
+    exists; else Ray's GPU counts) and so where a case's ranks can go."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.topology = None
+        self.topology_error = None
+        _, self.gpus_per_node = cluster_gpus()
+        try:
+            from cluster.topology import discover_cluster
+        except ImportError as err:
+            self.topology_error = f"cluster.topology unavailable: {err}"
+        else:
+            try:
+                self.topology = discover_cluster()
+            except Exception as err:  # a topology we cannot read is not a reason to stop
+                self.topology_error = f"topology discovery failed: {type(err).__name__}: {err}"
+
+    def columns(self) -> dict[str, Any]:
+        """nodes, gpu_count, topology, multicast_supported for every row."""
+        import ray
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        cols: dict[str, Any] = {"nodes": len(nodes), "gpu_count": self.gpus_per_node}
+        if self.topology is not None:
+            summary = self.topology.summary()
+            cols["topology"] = self.topology.to_json()
+            cols["multicast_supported"] = (False if self.backend == "emulated"
+                                           else summary.get("multicast_supported"))
+            if summary.get("gpu_models"):
+                cols["gpu_model"] = ",".join(summary["gpu_models"])
+        else:
+            cpus = int(sum(n.get("Resources", {}).get("CPU", 0) for n in nodes))
+            cols["topology"] = json.dumps({"backend": self.backend, "nodes": len(nodes),
+                                           "cpus": cpus, "gpus_per_node": self.gpus_per_node,
+                                           "note": self.topology_error})
+            cols["multicast_supported"] = False if self.backend == "emulated" else None
+        return cols
+
+    def describe(self) -> str:
+        if self.topology is None:
+            return f"{self.gpus_per_node} GPU(s) on the largest node ({self.topology_error})"
+        layouts = [lay.name for lay in self.topology.plan() if lay.groups]
+        return (f"{self.topology.gpu_count} GPU(s); layouts offered: "
+                f"{', '.join(layouts) or 'none'}")
+
+    def offered(self, case: Case) -> list[Placement] | str:
+        """Every placement this cluster offers ``case`` (its own, or for
+        ``auto`` each one that fits, best first), or why there is none."""
+        if self.backend == "emulated":
+            if case.placement not in ("auto", "emulated"):
+                return f"placement {case.placement} needs the gpu backend; this run is emulated"
+            return [Placement("emulated", 0.0, False)]
+        if case.placement == "emulated":
+            return "placement emulated is not run on the gpu backend"
+        if case.placement == "virtual-ranks":
+            return ("placement virtual-ranks runs in one process (kernels.VirtualRanks, "
+                    "tests/gpu), not through cluster rank actors")
+        wanted = (["process-per-gpu", "shared-gpu"] if case.placement == "auto"
+                  else [case.placement])
+        found, reasons = [], []
+        for name in wanted:
+            if name == "shared-gpu" and case.tp == 1:
+                continue
+            why = self._fits(name, case.tp)
+            if why is None:
+                found.append(Placement(name, 1.0 if name == "process-per-gpu" else 1.0 / case.tp,
+                                       name == "process-per-gpu"))
+            else:
+                reasons.append(why)
+        return found or "; ".join(reasons) or f"no placement for tp={case.tp}"
+
+    def _fits(self, name: str, tp: int) -> str | None:
+        if self.topology is not None:
+            try:
+                layout = self.topology.layout(tp, _TOPOLOGY_NAMES[name])
+            except ValueError as err:
+                return str(err)
+            return None if layout.groups else "; ".join(s.reason for s in layout.skipped)
+        if name == "process-per-gpu" and tp > self.gpus_per_node:
+            return (f"tp={tp} process-per-gpu needs {tp} GPUs on one node; the largest node "
+                    f"has {self.gpus_per_node}")
+        if not self.gpus_per_node:
+            return "no GPU to place ranks on"
+        return None
+
+    def resolve(self, case: Case) -> Placement | str:
+        """The placement ``case`` runs with (the best for ``auto``)."""
+        found = self.offered(case)
+        return found if isinstance(found, str) else found[0]
+
+    def concretize(self, cases: list[Case], *, every: bool,
+                   wanted: tuple[str, ...] | None = None) -> list[Case]:
+        """``auto`` cases as concrete placements: each offered one
+        (``every``: the nightly's "every topology") or the best, among
+        ``wanted`` when given (``--placement``); a case nothing can host
+        stays ``auto`` (its job records why). Cases whose placement is not
+        wanted are dropped."""
+        out = []
+        for case in cases:
+            if case.placement != "auto":
+                if wanted is None or case.placement in wanted:
+                    out.append(case)
+                continue
+            found = self.offered(case)
+            if isinstance(found, str):
+                out.append(case)
+                continue
+            found = [p for p in found if wanted is None or p.name in wanted]
+            for p in (found if every else found[:1]):
+                out.append(dataclasses.replace(case, placement=p.name))
+        return out
+
+
+# --------------------------------------------------------------------- rows
+def case_seed(case: Case, repeat: int = 0) -> int:
+    """A seed that depends on the case, not on its position in a sweep, so a
+    filtered re-run (the repro command) sees the same data."""
+    return zlib.crc32(f"{case.op}/{case.tp}/{case.hidden}/{case.tokens}/{case.inputs}/"
+                      f"{case.fault}/{repeat}".encode()) & 0x7FFFFFFF
+
+
+def repro_command(case: Case, suite: Suite, backend: str) -> str:
+    parts = ["python -m jobs", case.job, suite.source, "--backend", backend,
+             "--ops", case.op, "--tp", str(case.tp), "--hidden", str(case.hidden),
+             "--tokens", str(case.tokens), "--variant", case.variant,
+             "--transport", case.transport, "--placement", case.placement]
+    if case.top_k is not None:
+        parts += ["--top-k", str(case.top_k)]
+    if case.hc is not None:
+        parts += ["--hc", str(case.hc)]
+    if case.inputs:
+        parts += ["--inputs", case.inputs]
+    if case.fault:
+        parts += ["--faults", case.fault]
+    return " ".join(parts)
+
+
+class _BarOut:
+    """Table output that does not tear a progress bar on the same terminal."""
+
+    def __init__(self, bar):
+        self._bar = bar
+        self._pending = ""
+
+    def write(self, text: str) -> None:
+        self._pending += text
+        while "\n" in self._pending:
+            line, self._pending = self._pending.split("\n", 1)
+            self._bar.write(line, file=sys.stdout)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+class Run:
+    """One invocation's results: a writer per suite sharing one run id, the
+    environment columns, the table, the counts, the failing rows."""
+
+    def __init__(self, *, results: Path | None, trigger: str, run_id: str | None = None,
+                 backend: str = "emulated", environment: dict | None = None) -> None:
+        from jobs.results import new_run_id
+        self.results = results
+        self.trigger = trigger
+        self.run_id = run_id or new_run_id()
+        self.backend = backend
+        self.environment = dict(environment or {})
+        self.counts: Counter[str] = Counter()
+        self.failing: list[dict] = []
+        self.rows_written = 0
+        self._writers: dict[str, Any] = {}
+        self._table: Table | None = None
+        self._bar = None
+
+    def writer(self, suite: str):
+        from jobs.results import ResultsWriter
+        if self.results is None:
+            return None
+        if suite not in self._writers:
+            self._writers[suite] = ResultsWriter(self.results, suite=suite, run_id=self.run_id,
+                                                 trigger=self.trigger)
+        return self._writers[suite]
+
+    @contextlib.contextmanager
+    def section(self, title: str, total: int) -> Iterator[None]:
+        """A job's part of the run: a heading, a fresh table, a progress bar
+        on stderr (only when stderr is a terminal)."""
+        import time
+
+        from tqdm import tqdm
+        print(f"\n== {title} ==", flush=True)
+        t0 = time.monotonic()
+        self._bar = tqdm(total=total, file=sys.stderr, leave=False, unit="case",
+                         disable=not sys.stderr.isatty() or total < 2, dynamic_ncols=True)
+        self._table = Table(COLUMNS, out=None if self._bar.disable else _BarOut(self._bar))
+        try:
+            yield
+        finally:
+            self._bar.close()
+            self._bar = None
+            print(f"   ({time.monotonic() - t0:.1f} s)", flush=True)
+
+    def record(self, case: Case | None, suite: Suite, *, outcome: str, started_at: dt.datetime,
+               reason: str | None = None, note: str | None = None, extra: dict | None = None,
+               placement: str | None = None, **fields: Any) -> dict:
+        """Append one row (as the case ends), print its table line; returns the row."""
+        from jobs.results import make_row
+        columns: dict[str, Any] = {}
+        if case is not None:
+            columns = dict(op=case.op, variant=case.variant, transport=case.transport,
+                           placement=placement or case.placement, tp=case.tp,
+                           hidden=case.hidden, tokens=case.tokens, top_k=case.top_k, hc=case.hc,
+                           dtype=case.dtype, backend=self.backend)
+        columns.update(fields)
+        if outcome in FAILING and case is not None and not columns.get("repro_command"):
+            columns["repro_command"] = repro_command(case, suite, self.backend)
+        info = {"job": case.job if case else None, "suite_version": suite.version, **(extra or {})}
+        row = make_row(started_at=started_at, finished_at=now(), outcome=outcome, reason=reason,
+                       extra={k: v for k, v in info.items() if v is not None},
+                       **{**self.environment, **columns})
+        writer = self.writer(suite.name)
+        if writer is not None:
+            writer.append(row)
+            self.rows_written += 1
+        self.counts[outcome] += 1
+        if outcome in FAILING:
+            self.failing.append({**row, "suite": suite.name})
+        if self._table is not None:
+            what = (case.inputs or case.fault or ",".join(case.param("baselines", ()) or ())) if case else ""
+            self._table.row([case.job if case else info.get("job", "-"), columns.get("op"), columns.get("tp"),
+                             columns.get("hidden"), columns.get("tokens"), columns.get("placement"),
+                             what, columns.get("t_n") or (case.repeats if case else None),
+                             columns.get("mismatches"), columns.get("max_ulp"),
+                             columns.get("t_median_us"), columns.get("t_p99_us"), outcome,
+                             note or reason or ""])
+        if self._bar is not None:
+            self._bar.update(1)
+        return row
+
+    def count_external(self, outcome_counts: Counter[str]) -> None:
+        """Fold in the counts of parts that write their own rows (selfcheck,
+        compile-check)."""
+        self.counts.update(outcome_counts)
+
+    def summary(self) -> int:
+        """Print the failing rows with their repro commands and the closing
+        line (counts over every row of the run, self-check and compile
+        check included, when rows were written); returns the number of
+        failing cases."""
+        counts = self.counts
+        if self.results is not None and self._writers:
+            from jobs.results import read_results
+            outcomes = read_results(self.results, filters={"run_id": self.run_id},
+                                    columns=["outcome"]).column("outcome").to_pylist()
+            counts = Counter(outcomes)
+        n = max(sum(counts[o] for o in FAILING), sum(self.counts[o] for o in FAILING))
+        if self.failing:
+            print(f"\n{len(self.failing)} failing case(s), each with the command that reproduces it:")
+            for row in self.failing:
+                print(f"  [{row['outcome']}] {row['op']} tp={row['tp']} hidden={row['hidden']} "
+                      f"M={row['tokens']}: {row['reason'] or ''}")
+                print(f"      {row['repro_command']}")
+        counts = ", ".join(f"{counts[o]} {o}" for o in ("pass", "fail", "hang", "error", "skipped"))
+        where = (f"results in {self.results} (run {self.run_id})" if self.results is not None
+                 else "no results written")
+        print(f"\n{counts}; {where}", flush=True)
+        return n

@@ -1,0 +1,189 @@
+"""Regression detection against the history in the Arrow store (Conbench's rule).
+
+Per case, the history is the last ``history`` nightly runs (``trigger =
+nightly``) before the run under test that have a passing timing for it.
+The case is
+
+- ``regressed`` when its median is beyond ``sigmas`` standard deviations
+  of the history AND more than ``threshold`` worse than the history mean
+  (defaults: 10 runs, 5 sigma, 5 %);
+- ``insufficient-history`` when fewer than ``min_history`` runs (default 5)
+  have it: its own status, never read as "no regression";
+- ``ok`` otherwise (``improved`` when the same two tests hold the other way).
+
+A case is the results' case identity: suite, op, variant, transport,
+placement, backend, tp, hidden, tokens, top_k, hc, dtype and the GPU model
+(emulated and GPU figures never mix). Timed rows are those of the profile
+job (``extra.job == "profile"``) with outcome pass and a ``t_median_us``;
+baselines (``variant`` ``baseline:*``) are compared too but only reported,
+never failing the run: they measure torch, not our kernels.
+
+Correctness failures and hangs are not a statistical question: any failing
+row (fail, hang, error) fails the run on its own (the jobs count them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+KEY = ("suite", "op", "variant", "transport", "placement", "backend", "tp", "hidden", "tokens",
+       "top_k", "hc", "dtype", "gpu_model")
+METRIC = "t_median_us"
+
+DEFAULT_HISTORY = 10
+DEFAULT_MIN_HISTORY = 5
+DEFAULT_SIGMAS = 5.0
+DEFAULT_THRESHOLD = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    history: int = DEFAULT_HISTORY
+    min_history: int = DEFAULT_MIN_HISTORY
+    sigmas: float = DEFAULT_SIGMAS
+    threshold: float = DEFAULT_THRESHOLD
+
+    def validate(self) -> None:
+        from jobs.config import ConfigError
+        if self.history < 1 or not 1 <= self.min_history <= self.history:
+            raise ConfigError(f"--history {self.history} / --min-history {self.min_history}: "
+                              f"need 1 <= min-history <= history")
+        if not self.sigmas > 0 or not self.threshold >= 0:
+            raise ConfigError(f"--sigmas {self.sigmas} must be > 0 and --threshold "
+                              f"{self.threshold} >= 0")
+
+    def describe(self) -> str:
+        return (f"regressed when > {self.sigmas:g} stdev and > {self.threshold:.0%} worse than "
+                f"the mean of the last {self.history} nightly runs (at least {self.min_history})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    key: tuple
+    status: str          # regressed | improved | ok | insufficient-history
+    current_us: float
+    mean_us: float | None
+    stdev_us: float | None
+    n: int
+    change: float | None  # current / mean - 1
+    z: float | None
+    history_runs: tuple[str, ...]
+
+    @property
+    def case(self) -> dict:
+        return dict(zip(KEY, self.key))
+
+    @property
+    def is_baseline(self) -> bool:
+        return str(self.case["variant"] or "").startswith("baseline:")
+
+    def describe(self) -> str:
+        if self.status == "insufficient-history":
+            return f"insufficient history: {self.n} earlier nightly run(s) have this case"
+        return (f"{self.current_us:.2f} us vs mean {self.mean_us:.2f} us (stdev {self.stdev_us:.3f}) "
+                f"over {self.n} nightly runs: {self.change:+.1%}"
+                + ("" if self.z is None or math.isinf(self.z) else f", {self.z:+.1f} sigma"))
+
+
+def timed_rows(table) -> list[dict]:
+    """Rows of the profile job that carry a passing timing."""
+    out = []
+    for row in table.to_pylist():
+        if row.get("outcome") != "pass" or row.get(METRIC) is None:
+            continue
+        try:
+            job = json.loads(row.get("extra") or "{}").get("job")
+        except json.JSONDecodeError:
+            job = None
+        if job == "profile":
+            out.append(row)
+    return out
+
+
+def detect(results: str | Path, run_id: str, rule: Rule = Rule()) -> list[Verdict]:
+    """Verdicts for every timed case of run ``run_id`` under ``results``."""
+    from jobs.results import read_results
+    table = read_results(results)
+    rows = timed_rows(table)
+    current = [r for r in rows if r["run_id"] == run_id]
+    if not current:
+        return []
+    started = min(r["started_at"] for r in current)
+    by_case: dict[tuple, dict[str, list[tuple]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["run_id"] != run_id and r["trigger"] == "nightly" and r["started_at"] < started:
+            by_case[tuple(r[k] for k in KEY)][r["run_id"]].append((r["started_at"], r[METRIC]))
+    verdicts = []
+    for key, values in _per_case(current).items():
+        runs = sorted(by_case.get(key, {}).items(), key=lambda kv: min(t for t, _ in kv[1]))
+        runs = runs[-rule.history:]
+        history = [statistics.median(v for _, v in samples) for _, samples in runs]
+        verdicts.append(judge(key, values, history, tuple(r for r, _ in runs), rule))
+    return verdicts
+
+
+def _per_case(rows: list[dict]) -> dict[tuple, float]:
+    grouped: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        grouped[tuple(r[k] for k in KEY)].append(r[METRIC])
+    return {k: statistics.median(v) for k, v in grouped.items()}
+
+
+def judge(key: tuple, current: float, history: list[float], runs: tuple[str, ...],
+          rule: Rule) -> Verdict:
+    """The rule on one case (see the module docstring)."""
+    n = len(history)
+    if n < rule.min_history:
+        return Verdict(key, "insufficient-history", current, None, None, n, None, None, runs)
+    mean = statistics.fmean(history)
+    stdev = statistics.stdev(history) if n > 1 else 0.0
+    change = current / mean - 1 if mean else math.inf
+    diff = current - mean
+    z = diff / stdev if stdev > 0 else (math.inf if diff > 0 else -math.inf if diff < 0 else 0.0)
+    if diff > rule.sigmas * stdev and change > rule.threshold:
+        status = "regressed"
+    elif -diff > rule.sigmas * stdev and -change > rule.threshold:
+        status = "improved"
+    else:
+        status = "ok"
+    return Verdict(key, status, current, mean, stdev, n, change, z, runs)
+
+
+
+def repro(v: Verdict) -> str:
+    c = v.case
+    return (f"python -m jobs profile --suite {c['suite']} --backend {c['backend']} "
+            f"--ops {c['op']} --tp {c['tp']} --hidden {c['hidden']} --tokens {c['tokens']} "
+            f"--variant {c['variant']} --transport {c['transport']}")
+
+
+def show(verdicts: list[Verdict], rule: Rule) -> int:
+    """Print the verdicts as a table, the regressed kernel cases with the
+    command that re-measures them; returns how many kernel cases regressed.
+
+    Verdicts are printed, not written: the rows they judge are in the store
+    already, and ``dashboards`` applies the same rule to them (writing
+    verdict rows would count every timed case twice)."""
+    from jobs.table import Col, Table
+    print(f"\n== regression: {len(verdicts)} timed case(s); {rule.describe()} ==")
+    table = Table([Col("suite", 8), Col("op", 15), Col("variant", 18), Col("tp", 3, "d"),
+                   Col("hidden", 6, "d"), Col("M", 4, "d"), Col("now_us", 9, ".2f"),
+                   Col("mean_us", 9, ".2f"), Col("stdev_us", 8, ".3f"), Col("n", 3, "d"),
+                   Col("change", 7, "+.1%"), Col("status", 20)])
+    regressed = []
+    for v in sorted(verdicts, key=lambda v: tuple(str(x) for x in v.key)):
+        c = v.case
+        table.row([c["suite"], c["op"], c["variant"], c["tp"], c["hidden"], c["tokens"],
+                   v.current_us, v.mean_us, v.stdev_us, v.n, v.change,
+                   v.status + (" (baseline)" if v.is_baseline and v.status == "regressed" else "")])
+        if v.status == "regressed" and not v.is_baseline:
+            regressed.append(v)
+    for v in regressed:
+        print(f"  [regressed] {v.case['op']} tp={v.case['tp']} hidden={v.case['hidden']} "
+              f"M={v.case['tokens']} {v.case['variant']}: {v.describe()}\n      {repro(v)}")
+    return len(regressed)

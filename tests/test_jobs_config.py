@@ -1,0 +1,191 @@
+"""Suite configs, filters and bad command lines: clear messages, exit 2,
+nothing written (no Ray is started for any of these)."""
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs import __main__ as cli
+from jobs.config import (ConfigError, Filters, bundled_suites, load_suite, select,
+                         suite_path)
+from jobs.harness import repro_command
+
+REPO = Path(__file__).resolve().parents[1]
+
+GOOD = """
+format = 1
+name = "mine"
+version = 3
+[[correctness]]
+op = "all_reduce_norm"
+tp = [2, 4]
+hidden = 64
+tokens = [1, 3]
+inputs = ["random"]
+"""
+
+
+def test_bundled_suites_load_and_expand():
+    assert {"smoke", "nightly", "full"} <= set(bundled_suites())
+    for name in bundled_suites():
+        suite = load_suite(suite_path(name))
+        assert suite.name == name and suite.version >= 1 and suite.cases
+        assert suite.selfcheck is not None and suite.compile_check is not None
+    smoke = load_suite(suite_path("smoke"))
+    from cluster.faults import FAULT_KINDS
+    assert {c.fault for c in smoke.of("faults")} == set(FAULT_KINDS)
+    # A group's cases keep the suite's M sequence.
+    tp2 = [c.tokens for c in smoke.of("correctness") if c.tp == 2 and c.inputs == "random"]
+    assert tp2 == [1, 3, 8, 2]
+
+
+def test_every_repro_command_selects_exactly_its_case():
+    for name in ("smoke", "nightly"):
+        suite = load_suite(suite_path(name))
+        for case in suite.cases:
+            argv = shlex.split(repro_command(case, suite, "emulated"))[3:]
+            args = cli.build_parser().parse_args(argv)
+            assert args.jobs == (case.job,)
+            chosen = select(suite, args.jobs,
+                            Filters(**{n: getattr(args, n) for n in Filters.FIELDS}))
+            assert chosen == [case], (case, chosen)
+
+
+def test_filters_narrow_and_an_empty_selection_is_an_error():
+    suite = load_suite(suite_path("smoke"))
+    chosen = select(suite, ("correctness",), Filters(tp=(2,), tokens=(3,)))
+    assert {(c.tp, c.tokens) for c in chosen} == {(2, 3)} and len(chosen) == 3
+    with pytest.raises(ConfigError, match=r"select no correctness case.*'tp': \[1, 2, 4\]"):
+        select(suite, ("correctness",), Filters(tp=(16,)))
+    with pytest.raises(ConfigError, match="--ops: unknown value"):
+        select(suite, ("correctness",), Filters(ops=("allreduce",)))
+    with pytest.raises(ConfigError, match="--faults: unknown fault kind"):
+        select(suite, ("faults",), Filters(faults=("skip",)))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("format = 2\nname='x'\nversion=1", "format = 2"),
+    ("format = 1\nname='x'\nversion=1\nbogus=1", r"unknown key\(s\) \['bogus'\]"),
+    (GOOD.replace("tokens = [1, 3]", "tokens = [1, 3]\ntpp = 2"), r"\[\[correctness\]\] #1: unknown key\(s\) \['tpp'\]"),
+    (GOOD.replace('op = "all_reduce_norm"', 'op = "allreduce"'), "op = 'allreduce' is not one of"),
+    (GOOD.replace("hidden = 64", "hidden = -64"), "hidden = -64 must be a positive number"),
+    (GOOD.replace("hidden = 64\n", ""), "hidden is required"),
+    (GOOD.replace('inputs = ["random"]', 'inputs = ["randn"]'), "inputs = 'randn' is not one of"),
+    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=64\ntokens=4\nkinds=['nap']",
+     r"unknown fault kind\(s\) \['nap'\]"),
+    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=64\ntokens=4\nrank=5",
+     r"rank = 5 is outside 0..1"),
+    ("format = 1\nname = 'x'\nversion = 1\n[[correctness]\n", "not valid TOML"),
+])
+def test_bad_configs_are_named(tmp_path, text, message):
+    path = tmp_path / "suite.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_suite(path)
+
+
+def _main(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nightly", "--suite", "nosuch"], "unknown suite 'nosuch'"),
+    (["correctness", "--tp", "two"], "expected comma-separated integers"),
+    (["correctness", "--tp", "16"], "select no correctness case"),
+    (["correctness", "--ops", "allreduce"], "--ops: unknown value"),
+    (["faults", "--faults", "nap"], "--faults: unknown fault kind"),
+    (["correctness", "--timeout", "0.5"], "host deadline 0.5 s must exceed"),
+    (["faults", "--timeout", "0.5"], "must exceed 3 x the watchdog budget"),
+    (["correctness", "--timeout", "-1"], "must be > 0"),
+    (["correctness", "--backend", "tpu"], "invalid choice: 'tpu'"),
+    (["nightly", "--suite", "smoke", "--config", "x.toml"], "not allowed with argument"),
+    (["nightly", "--suite", "smoke", "--history", "3", "--min-history", "5"],
+     "need 1 <= min-history <= history"),
+    (["nosuch"], "invalid choice: 'nosuch'"),
+    (["report", "a", "b", "c"], "at most two run ids"),
+])
+def test_bad_command_lines_exit_2_and_write_nothing(tmp_path, capsys, argv, message):
+    results = tmp_path / "results"
+    extra = [] if argv[0] in ("nosuch",) else ["--results", str(results)]
+    code, out, err = _main(capsys, *argv, *extra)
+    assert code == 2, (out, err)
+    assert message in err
+    assert not results.exists()
+
+
+def test_bad_config_file_exit_2_nothing_written(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text(GOOD.replace("tokens = [1, 3]", "tokens = [1, 3]\ntpp = 2"))
+    results = tmp_path / "results"
+    code, _, err = _main(capsys, "correctness", "--config", str(path), "--results", str(results))
+    assert code == 2 and f"config {path}: [[correctness]] #1: unknown key(s) ['tpp']" in err
+    assert not results.exists()
+
+
+def test_gpu_backend_refused_by_name_when_not_registered(tmp_path, capsys, monkeypatch):
+    from cluster import backend
+    monkeypatch.delitem(backend.BACKENDS, "gpu", raising=False)
+    code, _, err = _main(capsys, "correctness", "--backend", "gpu", "--results", str(tmp_path / "r"))
+    assert code == 2 and "no 'gpu' backend is registered" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_results_path_that_is_a_file_is_refused(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("")
+    code, _, err = _main(capsys, "correctness", "--results", str(target))
+    assert code == 2 and "is not a directory" in err
+
+
+def test_the_command_line_itself_exits_2_with_a_message(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "jobs", "nightly", "--suite", "smoke", "--tp", "3",
+                           "--results", str(tmp_path / "r")], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "python -m jobs nightly: error: filters {'tp': (3,)} select no" in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def _view(gpus: int, backend: str = "gpu"):
+    """A ClusterView over a fake one-node topology of ``gpus`` NVLinked GPUs."""
+    from cluster.topology import GpuInfo, NodeInfo, Topology
+    from jobs.harness import ClusterView
+    node = NodeInfo(node_id="n0", hostname="h", gpus=tuple(
+        GpuInfo(index=i, name="NVIDIA H200", uuid=f"GPU-{i}", memory_bytes=141 << 30,
+                sm_count=132, compute_capability=(9, 0)) for i in range(gpus)),
+        p2p=tuple(tuple("self" if i == j else "nvlink" for j in range(gpus))
+                  for i in range(gpus)))
+    view = ClusterView.__new__(ClusterView)
+    view.backend, view.topology, view.topology_error = backend, Topology((node,)), None
+    view.gpus_per_node = gpus
+    return view
+
+
+def test_placements_follow_the_topology():
+    import dataclasses
+    suite = load_suite(suite_path("nightly"))
+    tp = {c.tp: c for c in suite.of("correctness") if c.op == "all_reduce_norm"}
+    one, eight = _view(1), _view(8)
+    assert [p.name for p in one.offered(tp[1])] == ["process-per-gpu"]
+    assert [p.name for p in one.offered(tp[4])] == ["shared-gpu"]
+    assert one.resolve(tp[4]).gpus_per_rank == 0.25 and not one.resolve(tp[4]).collective_speed
+    assert [p.name for p in eight.offered(tp[4])] == ["process-per-gpu", "shared-gpu"]
+    assert "needs 4 GPUs in one NVLink domain" in one.offered(
+        dataclasses.replace(tp[4], placement="process-per-gpu"))
+    # The nightly runs every placement offered, a single job the best, --placement narrows.
+    cases = [tp[1], tp[4]]
+    assert [c.placement for c in eight.concretize(cases, every=True)] == \
+        ["process-per-gpu", "process-per-gpu", "shared-gpu"]
+    assert [c.placement for c in eight.concretize(cases, every=False)] == \
+        ["process-per-gpu", "process-per-gpu"]
+    assert [c.placement for c in eight.concretize(cases, every=False, wanted=("shared-gpu",))] == \
+        ["shared-gpu"]
+    emulated = _view(0, backend="emulated")
+    assert [c.placement for c in emulated.concretize(cases, every=True)] == ["emulated"] * 2
+    assert "needs the gpu backend" in emulated.offered(
+        dataclasses.replace(tp[4], placement="shared-gpu"))

@@ -1,0 +1,141 @@
+"""``python -m jobs nightly --suite smoke --backend emulated`` end to end on an
+embedded Ray cluster (one run for the module): the dataset it writes, the
+fault campaign's verdicts, the report of the run."""
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.faults import FAULT_KINDS
+from jobs import __main__ as cli
+from jobs.config import load_suite, suite_path
+from jobs.harness import Run
+from jobs.results import COLUMNS, read_results
+
+REPO = Path(__file__).resolve().parents[1]
+
+IDENTITY = {"run_id", "started_at", "finished_at", "trigger", "git_commit", "suite", "op",
+            "outcome", "hostname", "python", "torch", "pyarrow", "ray", "cute_dsl", "extra"}
+CLUSTER = IDENTITY | {"variant", "transport", "placement", "backend", "tp", "hidden", "tokens",
+                      "dtype", "nodes", "gpu_count", "topology", "multicast_supported"}
+APPLIES = {
+    "correctness": CLUSTER | {"max_ulp", "mismatches", "elements"},
+    "faults": CLUSTER | {"fault_kind", "fault_expected", "fault_seen", "missing_ranks",
+                         "diagnosis"},
+    "profile": CLUSTER | {"reason"},
+    "selfcheck": IDENTITY | {"variant", "backend", "placement", "elements", "mismatches",
+                             "max_ulp", "repro_command"},
+    "compile": IDENTITY | {"variant", "backend"},
+}
+NOT_ON_CPU = {
+    # Timings and GPU state: the profile job records `skipped` off GPUs.
+    "t_n", "t_min_us", "t_median_us", "t_mean_us", "t_p90_us", "t_p99_us", "t_stdev_us",
+    "t_max_over_ranks_median_us", "baseline", "baseline_median_us", "ratio",
+    "sm_clock_mhz_before", "sm_clock_mhz_after", "mem_clock_mhz", "temp_c_before",
+    "temp_c_after", "gpu_model", "driver", "cuda",
+    # Finalize / mHC ops only, and failing cases only.
+    "top_k", "hc", "max_abs_err",
+    # Watchdog position: faults with a timeout record (checked below).
+    "fault_token", "fault_fragment", "fault_stage",
+}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nightly")
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs", "nightly", "--suite", "smoke", "--backend", "emulated",
+         "--results", str(root / "results"), "--site", str(root / "site"), "--trigger", "ci"],
+        cwd=REPO, capture_output=True, text=True, timeout=400,
+        env={**__import__("os").environ, "RAY_ADDRESS": ""})
+    rows = read_results(root / "results").to_pylist() if (root / "results").is_dir() else []
+    for r in rows:
+        r["x"] = json.loads(r["extra"] or "{}")
+        r["job"] = r["x"].get("job") or {"compile": "compile", "cpu-reference": "selfcheck"}[r["backend"]]
+    return done, rows, root
+
+
+def test_nightly_smoke_passes_on_an_embedded_cluster(smoke):
+    done, rows, root = smoke
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    out = done.stdout
+    assert "ray: started an embedded local Ray cluster" in out
+    assert "backend: emulated (requested)" in out
+    assert "regression: no timed case in this run" in out
+    assert "dashboard: built" in out or "dashboard: not built" in out
+    assert "0 fail, 0 hang, 0 error" in out
+    suite = load_suite(suite_path("smoke"))
+    jobs = {r["job"] for r in rows}
+    assert jobs == {"selfcheck", "compile", "correctness", "faults", "profile"}
+    assert len({r["run_id"] for r in rows}) == 1
+    assert sum(r["job"] in ("correctness", "faults", "profile") for r in rows) == len(suite.cases)
+
+
+def test_rows_carry_every_schema_field_that_applies(smoke):
+    _, rows, _ = smoke
+    names = {c.name for c in COLUMNS}
+    assert set().union(*APPLIES.values()) | NOT_ON_CPU | {"reason", "repro_command"} == names, \
+        "a new column needs a decision here"
+    for r in rows:
+        missing = sorted(c for c in APPLIES[r["job"]] if r[c] is None)
+        assert not missing, (r["job"], r["op"], r.get("fault_kind"), missing)
+        assert r["trigger"] == "ci" and r["suite"] == "smoke"
+        if r["job"] in ("correctness", "faults", "profile"):
+            assert r["backend"] == "emulated" and r["placement"] == "emulated"
+            assert r["multicast_supported"] is False and r["x"]["suite_version"] == 1
+    for r in rows:
+        if r["job"] == "profile":
+            assert r["outcome"] == "skipped" and "emulated backend" in r["reason"]
+            assert r["t_median_us"] is None  # never a fake timing
+        if r["job"] == "correctness":
+            assert r["outcome"] == "pass" and r["mismatches"] == 0 and r["max_ulp"] == 0
+            assert r["elements"] == 2 * r["tp"] * 3 * r["tokens"] * r["hidden"]
+
+
+def test_the_fault_campaign_meets_every_expected_outcome(smoke):
+    _, rows, _ = smoke
+    faults = {r["fault_kind"]: r for r in rows if r["job"] == "faults"}
+    assert set(faults) == set(FAULT_KINDS)
+    for kind, r in faults.items():
+        assert r["outcome"] == "pass", (kind, r["reason"])
+        assert r["fault_expected"] and r["fault_seen"] and r["repro_command"] is None
+    skip = faults["skip_publish"]
+    assert skip["missing_ranks"] == [skip["tp"] - 1] and skip["x"]["call_outcome"] == "hang"
+    assert "missing ranks: {3}" in skip["diagnosis"]
+    assert skip["fault_token"] is not None and skip["fault_fragment"] is not None \
+        and skip["fault_stage"] is not None
+    assert faults["stuck_rank"]["x"]["call_outcome"] == "hang"
+    assert faults["late_within_budget"]["x"]["call_outcome"] == "pass"
+
+
+def test_report_prints_the_run_and_compares(smoke, capsys):
+    _, rows, root = smoke
+    run_id = rows[0]["run_id"]
+    assert cli.main(["report", "--results", str(root / "results")]) == 0
+    out = capsys.readouterr().out
+    assert f"run {run_id}" in out and "trigger=ci" in out
+    assert "smoke       faults            10       0" in out
+    assert cli.main(["report", "--results", str(root / "results"), run_id[:20], run_id]) == 0
+    assert "0 case(s) changed outcome" in capsys.readouterr().out
+    assert cli.main(["report", "--results", str(root / "results"), "nosuch"]) == 2
+    assert "run 'nosuch': unknown" in capsys.readouterr().err
+
+
+def test_failing_rows_carry_their_repro_command(tmp_path, capsys):
+    suite = load_suite(suite_path("smoke"))
+    case = suite.of("correctness")[5]
+    run = Run(results=tmp_path, trigger="ci", backend="emulated")
+    with run.section("unit", 1):
+        run.record(case, suite, outcome="fail", started_at=dt.datetime.now(dt.timezone.utc),
+                   reason="synthetic", mismatches=3)
+    assert run.summary() == 1
+    (row,) = read_results(tmp_path).to_pylist()
+    assert row["repro_command"] == (
+        "python -m jobs correctness --suite smoke --backend emulated --ops all_reduce_norm "
+        f"--tp {case.tp} --hidden {case.hidden} --tokens {case.tokens} --variant watchdog "
+        f"--transport unicast --placement auto --inputs {case.inputs}")
+    assert row["repro_command"] in capsys.readouterr().out

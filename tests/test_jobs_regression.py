@@ -1,0 +1,106 @@
+"""Regression detection: the rule on its own, and against a synthetic
+history in a results store through ``python -m jobs regress`` (no Ray)."""
+
+import datetime as dt
+import json
+import random
+
+import pytest
+
+from jobs import __main__ as cli
+from jobs import regression as rg
+from jobs.results import ResultsWriter, make_row
+
+CASE = dict(op="all_reduce_norm", variant="watchdog", transport="unicast",
+            placement="process-per-gpu", backend="gpu", tp=1, hidden=7168, dtype="bfloat16",
+            gpu_model="NVIDIA H200")
+HISTORY = 10
+
+
+def _run(root, median_by_tokens, *, when, trigger="nightly", baseline=None):
+    writer = ResultsWriter(root, suite="nightly", trigger=trigger)
+    for tokens, median in median_by_tokens.items():
+        rows = [make_row(started_at=when, finished_at=when, outcome="pass", tokens=tokens,
+                         t_n=200, t_median_us=median, t_p99_us=median * 1.1,
+                         extra={"job": "profile"}, **CASE)]
+        if baseline is not None:
+            rows.append(make_row(started_at=when, finished_at=when, outcome="pass", tokens=tokens,
+                                 t_n=200, t_median_us=baseline, extra={"job": "profile"},
+                                 **{**CASE, "variant": "baseline:unfused"}))
+        writer.append(rows)
+    return writer.run_id
+
+
+def _history(root, *, runs=HISTORY, mean=10.0, noise=0.01, seed=0):
+    rnd = random.Random(seed)
+    start = dt.datetime(2026, 11, 1, 2, 0, tzinfo=dt.timezone.utc)
+    for i in range(runs):
+        _run(root, {1: mean * (1 + rnd.gauss(0, noise)), 8: 2 * mean * (1 + rnd.gauss(0, noise))},
+             when=start + dt.timedelta(days=i), baseline=20.0)
+    return start + dt.timedelta(days=runs)
+
+
+def test_rule_needs_both_sigmas_and_percent():
+    rule = rg.Rule()
+    history = [10.0, 10.1, 9.9, 10.05, 9.95, 10.0]
+    assert rg.judge(("k",), 12.0, history, (), rule).status == "regressed"   # +20 %
+    assert rg.judge(("k",), 10.2, history, (), rule).status == "ok"          # +2 %
+    assert rg.judge(("k",), 8.0, history, (), rule).status == "improved"
+    noisy = [8.0, 12.0, 9.0, 11.0, 10.0, 10.0]                                # stdev ~1.4
+    assert rg.judge(("k",), 12.0, noisy, (), rule).status == "ok"            # 20 % but < 5 sigma
+    flat = [10.0] * 6                                                         # stdev 0
+    assert rg.judge(("k",), 10.4, flat, (), rule).status == "ok"             # 4 % < 5 %
+    assert rg.judge(("k",), 10.6, flat, (), rule).status == "regressed"
+    short = rg.judge(("k",), 50.0, history[:4], (), rule)
+    assert short.status == "insufficient-history" and short.n == 4
+    loose = rg.Rule(sigmas=1.0, threshold=0.01, min_history=3)
+    assert rg.judge(("k",), 10.2, history, (), loose).status == "regressed"
+
+
+@pytest.mark.parametrize("slowdown, code", [(1.20, 1), (1.02, 0)])
+def test_synthetic_history_flags_a_20_percent_slowdown_not_2(tmp_path, capsys, slowdown, code):
+    after = _history(tmp_path)
+    run_id = _run(tmp_path, {1: 10.0 * slowdown, 8: 20.0}, when=after, baseline=20.0)
+    assert cli.main(["regress", "--results", str(tmp_path), "--run", run_id]) == code
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("nightly ")]
+    status = {int(ln.split()[5]): ln.split()[-1] for ln in lines if "baseline" not in ln}
+    assert status == {1: "regressed" if code else "ok", 8: "ok"}, out
+    if code:
+        assert "python -m jobs profile --suite nightly --backend gpu --ops all_reduce_norm " \
+               "--tp 1 --hidden 7168 --tokens 1 --variant watchdog" in out
+
+
+def test_options_change_the_rule_and_short_history_is_its_own_status(tmp_path, capsys):
+    after = _history(tmp_path, runs=3)
+    run_id = _run(tmp_path, {1: 12.0, 8: 20.0}, when=after)
+    assert cli.main(["regress", "--results", str(tmp_path), "--run", run_id]) == 0
+    verdicts = rg.detect(tmp_path, run_id)
+    assert {v.status for v in verdicts} == {"insufficient-history"}
+    assert cli.main(["regress", "--results", str(tmp_path), "--run", run_id,
+                     "--min-history", "3"]) == 1
+    assert cli.main(["regress", "--results", str(tmp_path), "--run", run_id, "--min-history", "3",
+                     "--threshold", "0.5"]) == 0
+    capsys.readouterr()
+
+
+def test_history_is_nightly_only_last_n_and_baselines_never_fail(tmp_path):
+    after = _history(tmp_path, runs=12)
+    # Ad-hoc runs do not count as history, however slow.
+    _run(tmp_path, {1: 100.0}, when=after, trigger="adhoc")
+    run_id = _run(tmp_path, {1: 10.0, 8: 20.0}, when=after + dt.timedelta(hours=1), baseline=40.0)
+    verdicts = {(v.case["variant"], v.case["tokens"]): v for v in rg.detect(tmp_path, run_id)}
+    assert verdicts[("watchdog", 1)].status == "ok" and verdicts[("watchdog", 1)].n == HISTORY
+    base = verdicts[("baseline:unfused", 1)]
+    assert base.status == "regressed" and base.is_baseline
+    assert rg.show(list(verdicts.values()), rg.Rule()) == 0
+
+
+def test_rows_without_profile_timing_are_not_history(tmp_path):
+    when = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
+    writer = ResultsWriter(tmp_path, suite="smoke", trigger="nightly")
+    writer.append(make_row(started_at=when, outcome="skipped", reason="emulated",
+                           extra=json.dumps({"job": "profile"}), **CASE, tokens=1))
+    writer.append(make_row(started_at=when, outcome="pass", extra={"job": "correctness"},
+                           t_median_us=5.0, **CASE, tokens=1))
+    assert rg.detect(tmp_path, writer.run_id) == []
