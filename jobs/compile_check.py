@@ -177,6 +177,15 @@ def _finalize_publish_variants(hiddens, tps) -> list[Variant]:
     return out
 
 
+# ---------------------------------------------------------------- all_reduce_mhc
+@register_op("all_reduce_mhc")
+def _all_reduce_mhc_variants(hiddens, tps) -> list[Variant]:
+    """The mHC consumer and AllReduceMHC's publishes (kernels.lamport.mhc_checks)."""
+    from kernels.lamport.mhc_checks import mhc_variants
+    return mhc_variants(Variant, hiddens, tps, watchdog_ns=WATCHDOG_CHECK_NS,
+                        check_finalize_publish=check_finalize_publish)
+
+
 # ---------------------------------------------------------------- indexer
 @register_op("indexer")
 def _indexer_variants(hiddens, tps) -> list[Variant]:

@@ -370,3 +370,45 @@ def f32x2_to_bf16x2_rn(lo, hi, *, loc=None, ip=None) -> Uint32:
                           "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
                           side_effects=False, clobber_memory=False, loc=loc, ip=ip)
     return Uint32(word)
+
+
+# ---------------------------------------------------------------- shared memory / DSMEM
+# The mHC consumer reduces one sum of squares over a cluster of CTAs through
+# distributed shared memory. Ordering: a remote store is made visible to the
+# peer CTA by the cluster barrier that follows it (``barrier.cluster.arrive``
+# has release, ``barrier.cluster.wait`` acquire semantics by default); a CTA
+# may only touch a peer's shared memory after a cluster barrier proved the
+# peer started, and before a cluster barrier that the peer waits on before
+# it exits.
+@dsl_user_op
+def shared_address_u32(pointer, *, loc=None, ip=None) -> Uint32:
+    """The 32-bit ``shared::cta`` address of a shared-memory cute Pointer."""
+    return Uint32(llvm.ptrtoint(T.i32(), pointer.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def store_shared_cluster_f32(address, rank, value, *, loc=None, ip=None) -> None:
+    """Store FP32 ``value`` at this CTA's shared ``address`` (32-bit) in
+    cluster CTA ``rank`` (``mapa.shared::cluster.u32`` +
+    ``st.shared::cluster.f32``); weak, published by the next cluster barrier."""
+    _inline_asm([], [_u32(address, loc, ip), _u32(rank, loc, ip), _f32(value, loc, ip)],
+                "{\n\t.reg .b32 r;\n\tmapa.shared::cluster.u32 r, $0, $1;\n\t"
+                "st.shared::cluster.f32 [r], $2;\n\t}",
+                "r,r,f", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def load_shared_f32(address, *, loc=None, ip=None) -> Float32:
+    """``ld.shared.f32`` at a 32-bit ``shared::cta`` address (volatile with
+    respect to the compiler: side-effecting, memory clobber)."""
+    (value,) = _inline_asm([T.f32()], [_u32(address, loc, ip)],
+                           "ld.shared.f32 $0, [$1];", "=f,r", loc=loc, ip=ip)
+    return Float32(value)
+
+
+@dsl_user_op
+def store_shared_f32(address, value, *, loc=None, ip=None) -> None:
+    """``st.shared.f32`` at a 32-bit ``shared::cta`` address."""
+    _inline_asm([], [_u32(address, loc, ip), _f32(value, loc, ip)],
+                "st.shared.f32 [$0], $1;", "r,f", loc=loc, ip=ip)
+

@@ -1,0 +1,258 @@
+"""Benchmark: AllReduceMHC (fused Lamport publish + mHC consumer) at tp=1 vs
+the unfused torch path, and the tuning sweep that justifies
+:mod:`kernels.lamport.mhc_tuning`.
+
+    python -m benchmarks.all_reduce_mhc [--tokens 1,8,16,64] [--hidden 5120,7168]
+        [--hc 4] [--calls 50] [--replays 200] [--watchdog-ns 1000000000]
+        [--markdown PATH]
+    python -m benchmarks.all_reduce_mhc --sweep [--hidden 5120,7168] [--tokens 1,16,64]
+        [--sweep-tp 1,8] [--markdown PATH]
+
+Default mode (tp=1): the fused op with the table's tuning, its watchdog
+build, and the unfused torch path (post-mix + comb-weighted streams, BF16
+streams, collapse with pre, BF16, ``torch.nn.functional.rms_norm``; at tp=1
+the all-reduce is the identity). Each side is one CUDA graph holding
+max(``--calls``, R) back-to-back calls, timed with CUDA events per replay
+(per-call time = replay time / calls); call i reads input set i % R, the R
+sets spanning at least ``--rotate-mb`` (default 120 MB, twice the H200's L2)
+so nothing is timed on L2-resident inputs. Reported: medians and p10/p90 in
+microseconds, fused/torch ratio, watchdog overhead. Outputs are checked
+against the reference once before timing (residual streams bit-exact,
+layer input within 1 BF16 ULP).
+
+Sweep mode: every valid (cluster_size, threads, rank_lanes) at each hidden
+(cluster 1..8, threads 64..1024, rank lanes dividing tp, at most
+``MAX_TRIPS`` trips), timed the same way; the table's choice is marked
+``*`` and the fastest ``<``. At tp=1 the timings are real; at tp > 1 they
+are virtual ranks on one GPU (every rank's publish and consumer in the
+graph, peer stores landing in local L2): NOT a collective's speed, only a
+comparison of consumer tunings with one another (rank lanes need tp > 1).
+
+Not yet run: written without GPU time; the 7168 / 8192 table entries are
+marked "to be measured on the H200" until this sweep has run there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+
+import torch
+
+from benchmarks.all_reduce_norm import MAX_SETS, _ints, _stats, _time_graph
+
+
+def _inputs(sets, m, hc, hidden, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    bf16 = torch.bfloat16
+    return dict(
+        x=torch.randn(sets, m, hidden, generator=g, device="cuda").to(bf16),
+        residual=torch.randn(sets, m, hc, hidden, generator=g, device="cuda").to(bf16),
+        post=2 * torch.rand(sets, m, hc, generator=g, device="cuda"),
+        comb=torch.rand(sets, m, hc, hc, generator=g, device="cuda") / hc,
+        pre=torch.rand(sets, m, hc, generator=g, device="cuda"),
+        weight=(1 + 0.1 * torch.randn(hidden, generator=g, device="cuda")).to(bf16),
+        res_out=torch.empty(sets, m, hc, hidden, dtype=bf16, device="cuda"),
+        layer=torch.empty(sets, m, hidden, dtype=bf16, device="cuda"))
+
+
+def _sets(rotate_mb, m, hc, hidden, tp=1):
+    set_bytes = tp * m * hidden * 2 + 2 * m * hc * hidden * 2 + m * hidden * 2
+    return max(2, min(MAX_SETS, -(-int(rotate_mb * 2**20) // set_bytes))), set_bytes
+
+
+def torch_mhc(x, residual, post, comb, pre, weight, eps):
+    """The unfused path: post-mix + comb-weighted streams, collapse, RMSNorm."""
+    m, hc, hidden = residual.shape
+    mixed = x.float().unsqueeze(1) * post.view(m, hc, 1) + torch.bmm(
+        comb.transpose(1, 2), residual.float())
+    res_out = mixed.to(torch.bfloat16)
+    collapse = torch.bmm(pre.view(m, 1, hc), res_out.float()).view(m, hidden)
+    return res_out, torch.nn.functional.rms_norm(collapse.to(torch.bfloat16), (hidden,),
+                                                 weight, eps)
+
+
+def _rotating(call, data, sets):
+    state = {"i": 0}
+
+    def step():
+        i = state["i"] % sets
+        state["i"] += 1
+        call(i)
+    return step
+
+
+def _check(res_out, layer, xs, data, i, eps, rank_lanes=1):
+    from kernels.reference.mhc import all_reduce_mhc
+    from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
+
+    ref_res, ref_layer = all_reduce_mhc(xs, data["residual"][i], data["post"][i],
+                                        data["comb"][i], data["pre"][i], data["weight"], eps,
+                                        rank_lanes=rank_lanes)
+    assert_bit_exact(res_out, ref_res, "residual_out")
+    assert_within_ulp(layer, ref_layer, 1, "layer_input")
+
+
+def compare(args) -> list[str]:
+    from kernels.all_reduce_mhc import AllReduceMHC
+
+    header = (f"{'hidden':>6} {'hc':>2} {'M':>4} {'tuning':>12} {'fused_us':>9} {'p10':>7} "
+              f"{'p90':>7} {'torch_us':>9} {'ratio':>6} {'watchdog_us':>11} {'wd_overhead':>11} "
+              f"{'rotated_mb':>10}")
+    lines = [header, "-" * len(header)]
+    print(header, lines[1], sep="\n")
+    cap = max(args.tokens)
+    for hidden in args.hidden:
+        plain = AllReduceMHC(hidden_size=hidden, hc_mult=args.hc, max_num_tokens=cap)
+        wd = AllReduceMHC(hidden_size=hidden, hc_mult=args.hc, max_num_tokens=cap,
+                          watchdog_ns=args.watchdog_ns)
+        t = plain.tuning
+        for m in args.tokens:
+            sets, set_bytes = _sets(args.rotate_mb, m, args.hc, hidden)
+            calls = max(args.calls, sets)
+            d = _inputs(sets, m, args.hc, hidden, seed=m)
+
+            def fused(op):
+                return lambda i: op(d["x"][i], d["residual"][i], d["post"][i], d["comb"][i],
+                                    d["pre"][i], d["weight"], args.eps,
+                                    out=(d["res_out"][i], d["layer"][i]))
+
+            fused(plain)(0)
+            torch.cuda.synchronize()
+            _check(d["res_out"][0], d["layer"][0], [d["x"][0]], d, 0, args.eps)
+
+            def unfused(i):
+                torch_mhc(d["x"][i], d["residual"][i], d["post"][i], d["comb"][i],
+                          d["pre"][i], d["weight"], args.eps)
+
+            f = _stats(_time_graph(_rotating(fused(plain), d, sets), calls, args.replays))
+            w = _stats(_time_graph(_rotating(fused(wd), d, sets), calls, args.replays))
+            r = _stats(_time_graph(_rotating(unfused, d, sets), calls, args.replays))
+            assert plain.mailbox.is_all_sentinel() and wd.mailbox.is_all_sentinel()
+            row = (f"{hidden:>6} {args.hc:>2} {m:>4} "
+                   f"{f'{t.cluster_size}x{t.threads}R{t.rank_lanes}':>12} {f[0]:>9.2f} "
+                   f"{f[1]:>7.2f} {f[2]:>7.2f} {r[0]:>9.2f} {f[0] / r[0]:>6.2f} {w[0]:>11.2f} "
+                   f"{(w[0] / f[0] - 1) * 100:>10.1f}% {sets * set_bytes / 2**20:>10.0f}")
+            print(row, flush=True)
+            lines.append(row)
+    return lines
+
+
+def candidates(hidden, tp):
+    from kernels.lamport.mhc_tuning import MHCTuning, RANK_LANES, check_geometry
+
+    out = []
+    for cluster in range(1, 9):
+        for threads in (64, 128, 256, 512, 1024):
+            for lanes in RANK_LANES:
+                try:
+                    check_geometry(hidden=hidden, tp=tp, cluster_size=cluster, threads=threads,
+                                   rank_lanes=lanes)
+                except ValueError:
+                    continue
+                t = MHCTuning(cluster, threads, lanes)
+                # drop geometries whose last trip leaves a whole CTA idle
+                if cluster > 1 and t.trips(hidden) == 1 and \
+                        (cluster - 1) * (threads // lanes) >= hidden // 8:
+                    continue
+                out.append(t)
+    return out
+
+
+def sweep(args) -> list[str]:
+    from kernels.all_reduce_mhc import AllReduceMHC
+    from kernels.lamport.mhc_tuning import tuning_for
+
+    header = (f"{'hidden':>6} {'tp':>2} {'M':>4} {'cluster':>7} {'threads':>7} {'R':>2} "
+              f"{'trips':>5} {'us':>8} {'p10':>7} {'p90':>7}  mark")
+    lines = [header, "-" * len(header)]
+    print(header, lines[1], sep="\n")
+    cap = max(args.tokens)
+    for hidden in args.hidden:
+        for tp in args.sweep_tp:
+            chosen = tuning_for(hidden, tp)
+            rows = []
+            for tuning in candidates(hidden, tp):
+                if tp == 1:
+                    op = AllReduceMHC(hidden_size=hidden, hc_mult=args.hc, max_num_tokens=cap,
+                                      tuning=tuning)
+                else:
+                    op = AllReduceMHC.virtual_ranks(tp=tp, hidden_size=hidden,
+                                                    hc_mult=args.hc, max_num_tokens=cap,
+                                                    tuning=tuning)
+                for m in args.tokens:
+                    sets, _ = _sets(args.rotate_mb, m, args.hc, hidden, tp)
+                    calls = max(args.calls, sets)
+                    d = _inputs(sets, m, args.hc, hidden, seed=m)
+                    xs = [torch.randn(sets, m, hidden, device="cuda").to(torch.bfloat16)
+                          for _ in range(tp)]
+
+                    def call(i, op=op, d=d, xs=xs):
+                        out = (d["res_out"][i], d["layer"][i])
+                        if tp == 1:
+                            op(xs[0][i], d["residual"][i], d["post"][i], d["comb"][i],
+                               d["pre"][i], d["weight"], args.eps, out=out)
+                        else:
+                            op([x[i] for x in xs], d["residual"][i], d["post"][i],
+                               d["comb"][i], d["pre"][i], d["weight"], args.eps,
+                               outs=[out] * tp)
+                    call(0)
+                    torch.cuda.synchronize()
+                    _check(d["res_out"][0], d["layer"][0], [x[0] for x in xs], d, 0, args.eps,
+                           tuning.rank_lanes)
+                    s = _stats(_time_graph(_rotating(call, d, sets), calls, args.replays))
+                    rows.append((m, tuning, s))
+            for m in args.tokens:
+                best = min((r for r in rows if r[0] == m), key=lambda r: r[2][0])
+                for _, tuning, s in (r for r in rows if r[0] == m):
+                    mark = ("*" if tuning == chosen else "") + ("<" if tuning == best[1] else "")
+                    row = (f"{hidden:>6} {tp:>2} {m:>4} {tuning.cluster_size:>7} "
+                           f"{tuning.threads:>7} {tuning.rank_lanes:>2} "
+                           f"{tuning.trips(hidden):>5} {s[0]:>8.2f} {s[1]:>7.2f} {s[2]:>7.2f}"
+                           f"  {mark}")
+                    print(row, flush=True)
+                    lines.append(row)
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.all_reduce_mhc")
+    p.add_argument("--tokens", type=_ints, default=None,
+                   help="default 1,8,16,64 (compare) / 1,16,64 (sweep)")
+    p.add_argument("--hidden", type=_ints, default=[5120, 7168])
+    p.add_argument("--hc", type=int, default=4)
+    p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--replays", type=int, default=None,
+                   help="default 200 (compare) / 50 (sweep)")
+    p.add_argument("--watchdog-ns", type=int, default=1_000_000_000)
+    p.add_argument("--eps", type=float, default=1e-6)
+    p.add_argument("--rotate-mb", type=float, default=120.0,
+                   help="rotate through input sets spanning at least this many MB")
+    p.add_argument("--sweep", action="store_true", help="the tuning sweep instead")
+    p.add_argument("--sweep-tp", type=_ints, default=[1],
+                   help="tp values of the sweep (tp > 1: virtual ranks, relative only)")
+    p.add_argument("--markdown", default=None, help="also write the table here")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    args.tokens = args.tokens or ([1, 16, 64] if args.sweep else [1, 8, 16, 64])
+    args.replays = args.replays or (50 if args.sweep else 200)
+    lines = sweep(args) if args.sweep else compare(args)
+    meta = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
+            f"{torch.cuda.get_device_name()}, torch {torch.__version__}, hc={args.hc}, "
+            f"calls/graph=max({args.calls}, input sets), replays={args.replays}, "
+            f"inputs rotated over >= {args.rotate_mb:g} MB"
+            + ("" if args.sweep else f", watchdog_ns={args.watchdog_ns}")
+            + (", tp > 1 rows: virtual ranks on one GPU (relative only)"
+               if args.sweep and max(args.sweep_tp) > 1 else ""))
+    print(meta)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("```\n" + "\n".join(lines) + "\n" + meta + "\n```\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
