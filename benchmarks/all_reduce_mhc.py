@@ -40,7 +40,7 @@ import sys
 
 import torch
 
-from benchmarks.all_reduce_norm import MAX_SETS, _ints, _stats, _time_graph
+from benchmarks.timing import int_list, median_p10_p90, rotation_sets, time_graph
 
 
 def _inputs(sets, m, hc, hidden, seed):
@@ -59,7 +59,7 @@ def _inputs(sets, m, hc, hidden, seed):
 
 def _sets(rotate_mb, m, hc, hidden, tp=1):
     set_bytes = tp * m * hidden * 2 + 2 * m * hc * hidden * 2 + m * hidden * 2
-    return max(2, min(MAX_SETS, -(-int(rotate_mb * 2**20) // set_bytes))), set_bytes
+    return rotation_sets(rotate_mb, set_bytes), set_bytes
 
 
 def torch_mhc(x, residual, post, comb, pre, weight, eps):
@@ -126,9 +126,9 @@ def compare(args) -> list[str]:
                 torch_mhc(d["x"][i], d["residual"][i], d["post"][i], d["comb"][i],
                           d["pre"][i], d["weight"], args.eps)
 
-            f = _stats(_time_graph(_rotating(fused(plain), d, sets), calls, args.replays))
-            w = _stats(_time_graph(_rotating(fused(wd), d, sets), calls, args.replays))
-            r = _stats(_time_graph(_rotating(unfused, d, sets), calls, args.replays))
+            f = median_p10_p90(time_graph(_rotating(fused(plain), d, sets), calls, args.replays))
+            w = median_p10_p90(time_graph(_rotating(fused(wd), d, sets), calls, args.replays))
+            r = median_p10_p90(time_graph(_rotating(unfused, d, sets), calls, args.replays))
             assert plain.mailbox.is_all_sentinel() and wd.mailbox.is_all_sentinel()
             row = (f"{hidden:>6} {args.hc:>2} {m:>4} "
                    f"{f'{t.cluster_size}x{t.threads}R{t.rank_lanes}':>12} {f[0]:>9.2f} "
@@ -201,7 +201,7 @@ def sweep(args) -> list[str]:
                     torch.cuda.synchronize()
                     _check(d["res_out"][0], d["layer"][0], [x[0] for x in xs], d, 0, args.eps,
                            tuning.rank_lanes)
-                    s = _stats(_time_graph(_rotating(call, d, sets), calls, args.replays))
+                    s = median_p10_p90(time_graph(_rotating(call, d, sets), calls, args.replays))
                     rows.append((m, tuning, s))
             for m in args.tokens:
                 best = min((r for r in rows if r[0] == m), key=lambda r: r[2][0])
@@ -218,9 +218,9 @@ def sweep(args) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.all_reduce_mhc")
-    p.add_argument("--tokens", type=_ints, default=None,
+    p.add_argument("--tokens", type=int_list, default=None,
                    help="default 1,8,16,64 (compare) / 1,16,64 (sweep)")
-    p.add_argument("--hidden", type=_ints, default=[5120, 7168])
+    p.add_argument("--hidden", type=int_list, default=[5120, 7168])
     p.add_argument("--hc", type=int, default=4)
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--replays", type=int, default=None,
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     p.add_argument("--rotate-mb", type=float, default=120.0,
                    help="rotate through input sets spanning at least this many MB")
     p.add_argument("--sweep", action="store_true", help="the tuning sweep instead")
-    p.add_argument("--sweep-tp", type=_ints, default=[1],
+    p.add_argument("--sweep-tp", type=int_list, default=[1],
                    help="tp values of the sweep (tp > 1: virtual ranks, relative only)")
     p.add_argument("--markdown", default=None, help="also write the table here")
     args = p.parse_args(argv)

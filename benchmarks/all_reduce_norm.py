@@ -17,49 +17,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import sys
 
 import torch
 
-
-MAX_SETS = 4096  # caps the graph at 4096 calls a side
-
-
-def _ints(text):
-    return [int(t) for t in text.split(",") if t]
-
-
-def _time_graph(fn, calls: int, replays: int, warmup: int = 3) -> list[float]:
-    fn()  # load modules, allocate
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    return times
-
-
-def _stats(ts):
-    q = statistics.quantiles(ts, n=10)
-    return statistics.median(ts), q[0], q[-1]
+from benchmarks.timing import int_list, median_p10_p90, rotation_sets, time_graph
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.all_reduce_norm")
-    p.add_argument("--tokens", type=_ints, default=[1, 8, 16, 64])
-    p.add_argument("--hidden", type=_ints, default=[5120, 7168])
+    p.add_argument("--tokens", type=int_list, default=[1, 8, 16, 64])
+    p.add_argument("--hidden", type=int_list, default=[5120, 7168])
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--watchdog-ns", type=int, default=1_000_000_000)
@@ -89,7 +57,7 @@ def main(argv=None) -> int:
         for m in args.tokens:
             g = torch.Generator(device="cpu").manual_seed(m)
             set_bytes = 4 * m * hidden * 2  # x, residual, and the two outputs
-            sets = max(2, min(MAX_SETS, -(-int(args.rotate_mb * 2**20) // set_bytes)))
+            sets = rotation_sets(args.rotate_mb, set_bytes)
             calls = max(args.calls, sets)  # every set is read once per replay
             xs = torch.randn(sets, m, hidden, generator=g).to(torch.bfloat16).cuda()
             residuals = torch.randn(sets, m, hidden, generator=g).to(torch.bfloat16).cuda()
@@ -115,11 +83,11 @@ def main(argv=None) -> int:
                 s = x + residual
                 return torch.nn.functional.rms_norm(s, (hidden,), weight, args.eps), s
 
-            fused = _stats(_time_graph(rotating(lambda x, r, o: plain(x, r, weight, out=o)),
+            fused = median_p10_p90(time_graph(rotating(lambda x, r, o: plain(x, r, weight, out=o)),
                                        calls, args.replays))
-            watchdog = _stats(_time_graph(rotating(lambda x, r, o: wd(x, r, weight, out=o)),
+            watchdog = median_p10_p90(time_graph(rotating(lambda x, r, o: wd(x, r, weight, out=o)),
                                           calls, args.replays))
-            ref = _stats(_time_graph(rotating(torch_pair), calls, args.replays))
+            ref = median_p10_p90(time_graph(rotating(torch_pair), calls, args.replays))
             assert plain.mailbox.is_all_sentinel() and wd.mailbox.is_all_sentinel()
             row = (f"{hidden:>6} {m:>4} {fused[0]:>9.2f} {fused[1]:>7.2f} {fused[2]:>7.2f} "
                    f"{ref[0]:>9.2f} {fused[0] / ref[0]:>6.2f} {watchdog[0]:>11.2f} "

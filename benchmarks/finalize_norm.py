@@ -26,13 +26,13 @@ import sys
 
 import torch
 
-from benchmarks.all_reduce_norm import _ints, _stats, _time_graph
+from benchmarks.timing import int_list, median_p10_p90, time_graph
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.finalize_norm")
-    p.add_argument("--tokens", type=_ints, default=[1, 8, 16, 64])
-    p.add_argument("--hidden", type=_ints, default=[5120, 7168])
+    p.add_argument("--tokens", type=int_list, default=[1, 8, 16, 64])
+    p.add_argument("--hidden", type=int_list, default=[5120, 7168])
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--replays", type=int, default=200)
@@ -111,13 +111,13 @@ def main(argv=None) -> int:
                     s = moe_out + residual[i]
                     return torch.nn.functional.rms_norm(s, (hidden,), nw, args.eps), s
 
-                t_fused = _stats(_time_graph(rotating(fused(ops[4])), calls, args.replays))
-                t_torch = _stats(_time_graph(rotating(torch_path), calls, args.replays))
+                t_fused = median_p10_p90(time_graph(rotating(fused(ops[4])), calls, args.replays))
+                t_torch = median_p10_p90(time_graph(rotating(torch_path), calls, args.replays))
                 row = (f"{hidden:>6} {m:>4} {str(wdtype).split('.')[-1]:>7} {t_fused[0]:>9.2f} "
                        f"{t_fused[1]:>7.2f} {t_fused[2]:>7.2f} {t_torch[0]:>9.2f} "
                        f"{t_fused[0] / t_torch[0]:>6.2f}")
                 if args.e8:
-                    t8 = _stats(_time_graph(rotating(fused(ops[8])), calls, args.replays))
+                    t8 = median_p10_p90(time_graph(rotating(fused(ops[8])), calls, args.replays))
                     row += f" {t8[0]:>11.2f} {t8[0] / t_torch[0]:>8.2f}"
                 for op in ops.values():
                     assert op.mailbox.is_all_sentinel()

@@ -36,11 +36,9 @@ import sys
 
 import torch
 
+from benchmarks.timing import int_list
+
 SWEEP_TACTICS = ((16, 1), (8, 1), (16, 2), (8, 2), (4, 4), (8, 4), (4, 8))
-
-
-def _ints(text):
-    return [int(t) for t in text.split(",") if t]
 
 
 def _time_graph(step, calls: int, replays: int, warmup: int = 3) -> float:
@@ -97,13 +95,13 @@ def kernel_count(fn) -> tuple[int, int]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.indexer")
-    p.add_argument("--k", type=_ints, default=[7168])
-    p.add_argument("--heads", type=_ints, default=[64, 32])
-    p.add_argument("--tokens", type=_ints, default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--k", type=int_list, default=[7168])
+    p.add_argument("--heads", type=int_list, default=[64, 32])
+    p.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--rotate-mb", type=float, default=120.0)
     p.add_argument("--sweep", action="store_true", help="time every tactic of the projection")
-    p.add_argument("--sweep-tokens", type=_ints, default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--sweep-tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--markdown", default=None, help="also write the tables here")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

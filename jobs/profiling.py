@@ -73,7 +73,7 @@ def measure_tp1(spec: dict[str, Any]) -> dict[str, Any]:
     "before": gpu_state, "after": gpu_state, "device": name}``."""
     import torch
 
-    from benchmarks.all_reduce_norm import MAX_SETS, _time_graph
+    from benchmarks.timing import rotation_sets, time_graph
     from kernels.all_reduce_norm import AllReduceNorm
     from kernels.reference.allreduce import all_reduce_norm
     from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
@@ -83,7 +83,7 @@ def measure_tp1(spec: dict[str, Any]) -> dict[str, Any]:
     label = f"tp=1 hidden={hidden} M={m}"
     g = torch.Generator(device="cpu").manual_seed(m)
     set_bytes = 4 * m * hidden * 2
-    sets = max(2, min(MAX_SETS, -(-int(spec["rotate_mb"] * 2**20) // set_bytes)))
+    sets = rotation_sets(spec["rotate_mb"], set_bytes)
     calls = max(calls, sets)
     xs = torch.randn(sets, m, hidden, generator=g).to(torch.bfloat16).cuda()
     residuals = torch.randn(sets, m, hidden, generator=g).to(torch.bfloat16).cuda()
@@ -111,7 +111,7 @@ def measure_tp1(spec: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
         with _range(f"{spec['op']}/{name} {label}", m):
-            times = _time_graph(rotating(fn), calls, replays)
+            times = time_graph(rotating(fn), calls, replays)
         impls[name] = {"times_us": times, "compile_s": compile_s}
 
     wd = spec["watchdog_ns"] if spec["variant"] == "watchdog" else 0

@@ -27,11 +27,9 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from kernels.lamport.primitives import _i64, _inline_asm, _u32
-
-
-def _f32(x, loc, ip):
-    return Float32(x).ir_value(loc=loc, ip=ip)
+from kernels.lamport.primitives import (  # noqa: F401  (shared ops, re-exported)
+    _f32, _i64, _inline_asm, _u32, add_rn_f32, load_f32, load_shared_f32, load_u32x2,
+    mul_rn_f32, store_shared_f32)
 
 
 def _pure(results, operands, asm, constraints, *, loc=None, ip=None):
@@ -52,28 +50,11 @@ def load_weight_u32x4(address: Int64, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def load_u32x2(address: Int64, *, loc=None, ip=None):
-    """Plain 8-byte load (``ld.global.v2.u32``); weak, after the PDL wait."""
-    words = _inline_asm([T.i32()] * 2, [_i64(address, loc, ip)],
-                        "ld.global.v2.u32 {$0, $1}, [$2];", "=r,=r,l",
-                        clobber_memory=False, loc=loc, ip=ip)
-    return [Uint32(w) for w in words]
-
-
-@dsl_user_op
 def load_u32(address: Int64, *, loc=None, ip=None) -> Uint32:
     """Plain 4-byte load (``ld.global.u32``)."""
     (w,) = _inline_asm([T.i32()], [_i64(address, loc, ip)], "ld.global.u32 $0, [$1];",
                        "=r,l", clobber_memory=False, loc=loc, ip=ip)
     return Uint32(w)
-
-
-@dsl_user_op
-def load_f32(address: Int64, *, loc=None, ip=None) -> Float32:
-    """Plain 4-byte FP32 load (``ld.global.f32``)."""
-    (v,) = _inline_asm([T.f32()], [_i64(address, loc, ip)], "ld.global.f32 $0, [$1];",
-                       "=f,l", clobber_memory=False, loc=loc, ip=ip)
-    return Float32(v)
 
 
 # ---------------------------------------------------------------- global stores
@@ -134,22 +115,6 @@ def bf16x2_to_f32(word, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def mul_rn_f32(a, b, *, loc=None, ip=None) -> Float32:
-    """``mul.rn.f32`` (IEEE, no FTZ, never contracted into an FMA)."""
-    (v,) = _pure([T.f32()], [_f32(a, loc, ip), _f32(b, loc, ip)],
-                 "mul.rn.f32 $0, $1, $2;", "=f,f,f", loc=loc, ip=ip)
-    return Float32(v)
-
-
-@dsl_user_op
-def add_rn_f32(a, b, *, loc=None, ip=None) -> Float32:
-    """``add.rn.f32`` (IEEE, no FTZ, never contracted into an FMA)."""
-    (v,) = _pure([T.f32()], [_f32(a, loc, ip), _f32(b, loc, ip)],
-                 "add.rn.f32 $0, $1, $2;", "=f,f,f", loc=loc, ip=ip)
-    return Float32(v)
-
-
-@dsl_user_op
 def sub_rn_f32(a, b, *, loc=None, ip=None) -> Float32:
     """``sub.rn.f32`` (IEEE, no FTZ, never contracted into an FMA)."""
     (v,) = _pure([T.f32()], [_f32(a, loc, ip), _f32(b, loc, ip)],
@@ -205,21 +170,6 @@ def e4m3x4(v0, v1, v2, v3, *, loc=None, ip=None) -> Uint32:
 def shared_address(pointer, *, loc=None, ip=None) -> Int32:
     """The 32-bit ``shared::cta`` address of a shared-memory cute Pointer."""
     return Int32(llvm.ptrtoint(T.i32(), pointer.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-@dsl_user_op
-def load_shared_f32(address, *, loc=None, ip=None) -> Float32:
-    """``ld.shared.f32`` at a 32-bit shared address."""
-    (v,) = _inline_asm([T.f32()], [_u32(address, loc, ip)], "ld.shared.f32 $0, [$1];",
-                       "=f,r", loc=loc, ip=ip)
-    return Float32(v)
-
-
-@dsl_user_op
-def store_shared_f32(address, value, *, loc=None, ip=None) -> None:
-    """``st.shared.f32`` at a 32-bit shared address."""
-    _inline_asm([], [_u32(address, loc, ip), _f32(value, loc, ip)],
-                "st.shared.f32 [$0], $1;", "r,f", loc=loc, ip=ip)
 
 
 @dsl_user_op

@@ -48,11 +48,11 @@ import torch
 from kernels.moe import MoEOutput, RoutedExperts
 from kernels.validation import require_choice, require_range, require_tensor
 
-from .all_reduce_norm import LamportTimeout, VirtualRanks, _stream_handle
+from .all_reduce_norm import LamportGroupMember, LamportTimeout, VirtualRanks, _stream_handle
 from .compile import FinalizePublishConfig, PublishConfig, cached
 from .finalize_publish import (FINALIZE_THREADS, FinalizeTuning, check_finalize_options,
                                finalize_ctas_per_token)
-from .mailbox import Diagnosis, Mailbox, RankErrors, diagnose, require_multicast
+from .mailbox import Mailbox, require_multicast
 from .mhc import MHCConfig, cached_mhc, check_hc
 from .mhc_tuning import MHCTuning, check_geometry, tuning_for
 from .protocol import ERR_DEFAULT_RECORDS, VEC_BF16
@@ -168,7 +168,7 @@ def _tp_of(group, mailbox) -> int:
 
 
 # ---------------------------------------------------------------- one rank
-class AllReduceMHC:
+class AllReduceMHC(LamportGroupMember):
     """One rank of a Lamport all-reduce + mHC + RMSNorm group (module doc).
 
     ``tuning``: the consumer's launch (:class:`MHCTuning`); None picks
@@ -365,40 +365,6 @@ class AllReduceMHC:
                               shared_output)
         self.consume(residual, post, comb, pre, norm_weight, norm_eps, out)
         return out
-
-    # -- faults (as AllReduceNorm)
-    def errors(self) -> RankErrors:
-        return self._mailbox.read_errors()
-
-    def diagnose(self) -> Diagnosis:
-        """Group diagnosis (collective over the group when there is one)."""
-        mine = self.errors()
-        if self._group is None:
-            return diagnose([mine])
-        import torch.distributed as dist
-
-        reports: list = [None] * self.tp
-        dist.all_gather_object(reports, mine, group=self._group)
-        return diagnose(reports)
-
-    def check(self) -> None:
-        """Raise :class:`LamportTimeout` if any rank of the group recorded an error."""
-        d = self.diagnose()
-        if not d.ok:
-            raise LamportTimeout(d)
-
-    def recover(self) -> None:
-        """Group-level recovery (collective): quiesce, barrier, refill every
-        mailbox with the sentinel, reset stage state and errors, barrier."""
-        torch.cuda.synchronize(self.device)
-        if self._group is not None:
-            import torch.distributed as dist
-
-            dist.barrier(group=self._group)
-        self._mailbox.scrub()
-        torch.cuda.synchronize(self.device)
-        if self._group is not None:
-            dist.barrier(group=self._group)
 
 
 # ---------------------------------------------------------------- virtual ranks

@@ -183,7 +183,46 @@ def _stream_handle(stream: torch.cuda.Stream | None):
     return cuda.CUstream(stream.cuda_stream)
 
 
-class AllReduceNorm:
+class LamportGroupMember:
+    """Fault handling shared by the host classes of one rank of a Lamport
+    group (``AllReduceNorm``, ``AllReduceMHC``): they provide ``_mailbox``,
+    ``_group`` (a torch process group or None), ``tp`` and ``device``."""
+
+    def errors(self) -> RankErrors:
+        return self._mailbox.read_errors()
+
+    def diagnose(self) -> Diagnosis:
+        """Group diagnosis (collective over the group when there is one)."""
+        mine = self.errors()
+        if self._group is None:
+            return diagnose([mine])
+        import torch.distributed as dist
+
+        reports: list = [None] * self.tp
+        dist.all_gather_object(reports, mine, group=self._group)
+        return diagnose(reports)
+
+    def check(self) -> None:
+        """Raise :class:`LamportTimeout` if any rank of the group recorded an error."""
+        d = self.diagnose()
+        if not d.ok:
+            raise LamportTimeout(d)
+
+    def recover(self) -> None:
+        """Group-level recovery (collective): quiesce, barrier, refill every
+        mailbox with the sentinel, reset stage state and errors, barrier."""
+        torch.cuda.synchronize(self.device)
+        if self._group is not None:
+            import torch.distributed as dist
+
+            dist.barrier(group=self._group)
+        self._mailbox.scrub()
+        torch.cuda.synchronize(self.device)
+        if self._group is not None:
+            dist.barrier(group=self._group)
+
+
+class AllReduceNorm(LamportGroupMember):
     """One rank of a Lamport all-reduce + norm group."""
 
     def __init__(self, *, hidden_size: int, max_num_tokens: int, eps: float,
@@ -406,40 +445,6 @@ class AllReduceNorm:
         self.publish_embedding(ids, weight)
         self.consume_embedding(positions, previous, weight, enorm, hnorm, out)
         return out
-
-    # -- faults
-    def errors(self) -> RankErrors:
-        return self._mailbox.read_errors()
-
-    def diagnose(self) -> Diagnosis:
-        """Group diagnosis (collective over the group when there is one)."""
-        mine = self.errors()
-        if self._group is None:
-            return diagnose([mine])
-        import torch.distributed as dist
-
-        reports: list = [None] * self.tp
-        dist.all_gather_object(reports, mine, group=self._group)
-        return diagnose(reports)
-
-    def check(self) -> None:
-        """Raise :class:`LamportTimeout` if any rank of the group recorded an error."""
-        d = self.diagnose()
-        if not d.ok:
-            raise LamportTimeout(d)
-
-    def recover(self) -> None:
-        """Group-level recovery (collective): quiesce, barrier, refill every
-        mailbox with the sentinel, reset stage state and errors, barrier."""
-        torch.cuda.synchronize(self.device)
-        if self._group is not None:
-            import torch.distributed as dist
-
-            dist.barrier(group=self._group)
-        self._mailbox.scrub()
-        torch.cuda.synchronize(self.device)
-        if self._group is not None:
-            dist.barrier(group=self._group)
 
 
 class VirtualRanks:
