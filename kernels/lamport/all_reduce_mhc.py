@@ -53,7 +53,7 @@ from .compile import FinalizePublishConfig, PublishConfig, cached
 from .finalize_publish import (FINALIZE_THREADS, FinalizeTuning, check_finalize_options,
                                finalize_ctas_per_token)
 from .mailbox import Mailbox, require_multicast
-from .mhc import MHCConfig, cached_mhc, check_hc
+from .mhc import MHCConfig, check_hc
 from .mhc_tuning import MHCTuning, check_geometry, tuning_for
 from .protocol import ERR_DEFAULT_RECORDS, VEC_BF16
 from .publish import TRANSPORTS, publish_ctas_per_token
@@ -224,7 +224,7 @@ class AllReduceMHC(LamportGroupMember):
             self._destination = mailbox.peer_table_ptr
         self._publish = cached(PublishConfig(tp=self.tp, transport=transport))
         self._ctas = publish_ctas_per_token(hidden_size)
-        self._consumer = cached_mhc(MHCConfig.from_tuning(
+        self._consumer = cached(MHCConfig.from_tuning(
             hidden=hidden_size, tp=self.tp, hc=hc_mult, tuning=tuning,
             watchdog_ns=self.watchdog_ns))
         self._finalize = None

@@ -75,14 +75,11 @@ def cached(config):
         hit = _cache.get(config)
     if hit is not None:
         return hit
-    if isinstance(config, PublishConfig):
-        compiled = compile_publish(config)
-    elif isinstance(config, NormConfig):
-        compiled = compile_norm(config)
-    elif type(config) in _COMPILERS:
-        compiled = _COMPILERS[type(config)](config)
-    else:
-        raise TypeError(f"unknown kernel config {config!r}")
+    compiler = _COMPILERS.get(type(config))
+    if compiler is None:
+        raise TypeError(f"unknown kernel config {config!r}; registered: "
+                        f"{sorted(t.__name__ for t in _COMPILERS)}")
+    compiled = compiler(config)
     with _lock:
         return _cache.setdefault(config, compiled)
 
@@ -159,7 +156,16 @@ def compile_embed_norm(config: EmbedNormConfig, *, dump_dir: str | None = None):
 
 
 _COMPILERS = {
+    PublishConfig: compile_publish,
+    NormConfig: compile_norm,
     FinalizePublishConfig: compile_finalize_publish,
     EmbedPublishConfig: compile_embed_publish,
     EmbedNormConfig: compile_embed_norm,
 }
+
+
+def register_compiler(config_type: type, compiler) -> None:
+    """Let :func:`cached` compile configs of ``config_type`` (a frozen,
+    hashable dataclass) with ``compiler(config)``; used by kernels defined
+    outside this module."""
+    _COMPILERS[config_type] = compiler

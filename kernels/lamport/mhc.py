@@ -71,8 +71,6 @@ barriers and DSMEM ops, exact FMA / multiply / convert counts).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import threading
 
 import cutlass
 import cutlass.cute as cute
@@ -80,6 +78,7 @@ from cutlass import Boolean, Float32, Int32, Int64, Uint32
 import cuda.bindings.driver as cuda
 
 from . import primitives as prim
+from .compile import _options, register_compiler
 from .norm import NormKernel
 from .mhc_tuning import check_geometry
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS, NEXT_STAGE,
@@ -383,22 +382,9 @@ class MHCConfig:
 def compile_mhc(config: MHCConfig, *, dump_dir: str | None = None):
     from cutlass.cute.runtime import make_fake_stream
 
-    from .compile import _options
-
     return cute.compile(config.kernel(), *([Int64(0)] * 10), Int32(1), Int32(1),
                         Float32(1e-6), Int32(1), make_fake_stream(),
                         options=_options(config.arch, dump_dir))
 
 
-_lock = threading.Lock()
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled(config: MHCConfig):
-    return compile_mhc(config)
-
-
-def cached_mhc(config: MHCConfig):
-    """The compiled consumer for ``config``, compiled once per process."""
-    with _lock:
-        return _compiled(config)
+register_compiler(MHCConfig, compile_mhc)
