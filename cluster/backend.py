@@ -7,8 +7,10 @@ protocol in numpy over host shared memory (:mod:`cluster.emulated`);
 symmetric-memory or CUDA IPC mailbox (:mod:`cluster.gpu`). Any other name
 is a ValueError naming the registered ones.
 
-A backend module exports ``Backend``, ``release_rank(group_id, rank)`` and
-optionally ``NEEDS_RENDEZVOUS = True``: then the TP group asks rank 0's
+A backend module exports ``Backend``, ``release_rank(group_id, rank)``,
+optionally ``UNSUPPORTED_FAULTS`` (fault kind -> why its expected outcome
+cannot happen there; the fault campaign skips those with the reason) and optionally
+``NEEDS_RENDEZVOUS = True``: then the TP group asks rank 0's
 actor for an address and a free port (as Ray Train does) and passes
 ``master_addr`` / ``master_port`` with the placement in ``setup``'s
 ``options``.
@@ -92,6 +94,13 @@ def require_backend(name: str) -> str:
 def make_backend(name: str) -> RankBackend:
     """A new, not yet set up backend instance of the named kind."""
     return importlib.import_module(BACKENDS[require_backend(name)]).Backend()
+
+
+def unsupported_faults(name: str) -> dict[str, str]:
+    """Fault kinds (cluster.faults) whose expected outcome the backend cannot
+    produce, each with why (its module's ``UNSUPPORTED_FAULTS``, default none)."""
+    module = importlib.import_module(BACKENDS[require_backend(name)])
+    return dict(getattr(module, "UNSUPPORTED_FAULTS", {}))
 
 
 def needs_rendezvous(name: str) -> bool:

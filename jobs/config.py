@@ -63,6 +63,8 @@ OPS = ("all_reduce_norm", "finalize_publish", "all_reduce_mhc", "embed_norm", "i
 VARIANTS = ("watchdog", "plain")
 TRANSPORTS = ("unicast", "multicast")
 PLACEMENTS = ("auto", "process-per-gpu", "shared-gpu", "virtual-ranks", "emulated")
+AUTO_RESOLVES_TO = ("process-per-gpu", "shared-gpu", "emulated")
+"""What ``placement = "auto"`` can become (virtual ranks are only ever asked for)."""
 DTYPES = ("bfloat16",)
 INPUTS = ("random", "order_sensitive", "sentinel_pattern")
 BASELINES = ("unfused", "symm_mem", "flashinfer")
@@ -369,9 +371,11 @@ class Filters:
             value = getattr(case, attr)
             # A filter on a field the case does not have (--inputs on a fault
             # case, --top-k on all_reduce_norm) leaves it in; so does
-            # placement "auto" (the run picks the placement among those wanted).
+            # placement "auto" where a wanted placement is one auto can become
+            # (the run picks the placement among those wanted).
             if wanted is not None and value is not None and value not in wanted \
-                    and not (attr == "placement" and value == "auto"):
+                    and not (attr == "placement" and value == "auto"
+                             and set(wanted) & set(AUTO_RESOLVES_TO)):
                 return False
         return True
 

@@ -2,8 +2,10 @@
 
 Cases with the same (op, tp, hidden, placement, ...) run on one TP group of
 rank actors, in suite order, so a group sees an M sequence (e.g. 1, 3, 8, 2
-tokens) on one mailbox. Each case makes ``repeats`` calls, each with new
-data (a new seed: on GPUs, the same graph replayed with new inputs), with
+tokens) on one mailbox. The ``virtual-ranks`` placement runs the group in
+one Ray task holding one GPU instead (:mod:`cluster.gpu.virtual`: every
+rank in one process; its later repeats replay one CUDA graph with new data).
+Each case makes ``repeats`` calls, each with new data (a new seed), with
 its inputs kind: ``random`` normals, ``order_sensitive`` (2^24, +1, -2^24
 across ranks: any reduction order but 0..tp-1 changes the bits) or
 ``sentinel_pattern`` (-0.0 and negative subnormals 0x8001..0x807F, which
@@ -66,6 +68,9 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
         return
     assert isinstance(where, Placement)
     timeout = timeout_s or first.param("timeout_s")
+    if where.name == "virtual-ranks":
+        _run_virtual(run, suite, members, where, timeout)
+        return
     started = now()
     try:
         group = TPGroup(tp=first.tp, hidden=first.hidden,
@@ -88,8 +93,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
     from cluster.cases import DEFAULTS
     started = now()
     budget_ns = int(case.param("budget_ms") * 1e6)
-    mismatches = elements = 0
-    max_ulp = 0.0
+    tally = Tally(case)
     outcome, reason, call = "pass", None, None
     for repeat in range(case.repeats):
         fields = dict(tokens=case.tokens, inputs=case.inputs, seed=case_seed(case, repeat),
@@ -101,17 +105,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
         except Exception as err:  # a broken case is a result, not a crash
             outcome, reason = "error", f"{type(err).__name__}: {err}"
             break
-        for check in call.checks:
-            if check is None:
-                continue
-            for name in ("sum", "residual", "norm"):
-                c = check[name]
-                if not c.get("observed", True):
-                    continue
-                max_ulp = max(max_ulp, float(c["max_ulp"]))
-                elements += case.tokens * case.hidden
-                if not _within(name, c):
-                    mismatches += int(c["mismatches"])
+        tally.add(call.checks)
         if call.outcome != "pass":
             outcome = call.outcome
             reason = _reason(call, repeat)
@@ -125,11 +119,120 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
                           fault_stage=d.first_record.stage)
     return run.record(
         case, suite, outcome=outcome, started_at=started, reason=reason, placement=where.name,
-        mismatches=mismatches, elements=elements, max_ulp=max_ulp, **fields,
+        **tally.fields(), **fields,
         extra={"inputs": case.inputs, "repeats": case.repeats, "budget_ns": budget_ns,
                "collective_speed": where.collective_speed,
                "recovered": bool(call and call.recovery is not None),
                "rebuilt": bool(call and call.rebuilt)})
+
+
+class Tally:
+    """``#wrong`` (elements outside their bound), elements checked and the
+    largest ULP distance over every rank and repeat of one case."""
+
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        self.mismatches = self.elements = 0
+        self.max_ulp = 0.0
+
+    def add(self, checks) -> None:
+        """One call's ``check_outputs`` dicts, one per rank (None: not checked)."""
+        for check in checks:
+            if check is None:
+                continue
+            for name in ("sum", "residual", "norm"):
+                c = check[name]
+                if not c.get("observed", True):
+                    continue
+                self.max_ulp = max(self.max_ulp, float(c["max_ulp"]))
+                self.elements += self.case.tokens * self.case.hidden
+                if not _within(name, c):
+                    self.mismatches += int(c["mismatches"])
+
+    def fields(self) -> dict:
+        return {"mismatches": self.mismatches, "elements": self.elements,
+                "max_ulp": self.max_ulp}
+
+
+def virtual_spec(members: Sequence[Case]) -> dict:
+    """The :func:`cluster.gpu.virtual.run_group` spec of one group's cases."""
+    from cluster.cases import DEFAULTS
+    first = members[0]
+    watchdog_ns = int(first.param("budget_ms") * 1e6) if first.variant == "watchdog" else 0
+    return {"tp": first.tp, "hidden": first.hidden,
+            "capacity": max(c.tokens for c in members), "eps": DEFAULTS["eps"],
+            "watchdog_ns": watchdog_ns,
+            "cases": [{"tokens": c.tokens, "inputs": c.inputs,
+                       "seeds": [case_seed(c, r) for r in range(c.repeats)]} for c in members]}
+
+
+def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,
+                 timeout_s: float) -> None:
+    """The group as one Ray task on one GPU; a task past ``timeout_s`` (the
+    per-call deadline times the calls) is killed and every case not yet
+    reported is a hang."""
+    import ray
+
+    from cluster.gpu import virtual
+    started = now()
+    spec = virtual_spec(members)
+    calls = sum(len(c["seeds"]) for c in spec["cases"])
+    deadline = timeout_s * calls + VIRTUAL_COMPILE_S
+    task = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(virtual.run_group)
+    ref = task.remote(spec)
+    try:
+        out = ray.get(ref, timeout=deadline)
+    except Exception as err:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:
+            pass
+        kind = "hang" if isinstance(err, ray.exceptions.GetTimeoutError) else "error"
+        for case in members:
+            run.record(case, suite, outcome=kind, started_at=started, placement=where.name,
+                       reason=f"virtual-ranks group ({calls} calls, deadline {deadline:.0f} s): "
+                              f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
+        return
+    record_virtual(run, suite, members, where, spec, out, started)
+
+
+def record_virtual(run: Run, suite: Suite, members: Sequence[Case], where: Placement,
+                   spec: dict, out: dict, started) -> None:
+    """One row per case from :func:`cluster.gpu.virtual.run_group`'s result:
+    a call with a watchdog diagnosis is a hang, outputs outside the contract
+    or a mailbox not all sentinel a fail; the first bad call decides."""
+    for case, result in zip(members, out["cases"]):
+        tally, outcome, reason, fields = Tally(case), "pass", None, {}
+        for repeat, call in enumerate(result["calls"]):
+            tally.add(call["checks"])
+            problems = []
+            if call["diagnosis"] is not None:
+                problems.append(call["diagnosis"])
+                fields.update(diagnosis=call["diagnosis"],
+                              missing_ranks=call["missing_ranks"] or None)
+            bad = [r for r, c in enumerate(call["checks"]) if not c["ok"]]
+            if bad:
+                problems.append(f"outputs outside the contract on ranks {bad}")
+            if not call["mailbox_clean"]:
+                problems.append("mailbox not all sentinel after the call")
+            if problems:
+                outcome = "hang" if call["diagnosis"] is not None else "fail"
+                how = "graph replay" if call["graph"] else "eager"
+                reason = f"repeat {repeat} ({how}): {outcome}; " + "; ".join(problems)
+                break
+        run.record(case, suite, outcome=outcome, started_at=started, reason=reason,
+                   placement=where.name, **tally.fields(), **fields,
+                   extra={"inputs": case.inputs, "repeats": case.repeats,
+                          "calls_made": len(result["calls"]),
+                          "graph_replays": sum(c["graph"] for c in result["calls"]),
+                          "watchdog_ns": spec["watchdog_ns"], "collective_speed": False,
+                          "device": out["device"]})
+        started = now()
+
+
+VIRTUAL_COMPILE_S = 120.0
+"""Added to a virtual-ranks group's deadline: the task compiles the publish
+and norm kernels for its (hidden, tp) first."""
 
 
 def _within(name: str, check: dict) -> bool:

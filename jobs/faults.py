@@ -34,6 +34,13 @@ def tp_reason(case: Case) -> str | None:
     return None
 
 
+def backend_reason(case: Case, backend: str) -> str | None:
+    """Why ``backend`` cannot show ``case.fault``'s expected outcome, or None."""
+    from cluster.backend import unsupported_faults
+    why = unsupported_faults(backend).get(case.fault)
+    return f"fault {case.fault} on the {backend} backend: {why}" if why else None
+
+
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
         timeout_s: float | None = None) -> None:
     groups: OrderedDict[tuple, list[Case]] = OrderedDict()
@@ -73,7 +80,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
         return
     with group:
         for case in members:
-            reason = tp_reason(case)
+            reason = tp_reason(case) or backend_reason(case, run.backend)
             if reason:
                 run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
                            placement=where.name, fault_kind=case.fault)

@@ -181,8 +181,12 @@ class ClusterView:
         if case.placement == "emulated":
             return "placement emulated is not run on the gpu backend"
         if case.placement == "virtual-ranks":
-            return ("placement virtual-ranks runs in one process (kernels.VirtualRanks, "
-                    "tests/gpu), not through cluster rank actors")
+            if case.job != "correctness":
+                return (f"placement virtual-ranks runs the correctness job only (one process, "
+                        f"kernels VirtualRanks); {case.job} needs rank actors")
+            if not self.gpus_per_node:
+                return "no GPU to place the virtual ranks on"
+            return [Placement("virtual-ranks", 1.0, False)]
         wanted = (["process-per-gpu", "shared-gpu"] if case.placement == "auto"
                   else [case.placement])
         found, reasons = [], []

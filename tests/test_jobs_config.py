@@ -38,7 +38,8 @@ def test_bundled_suites_load_and_expand():
     from cluster.faults import FAULT_KINDS
     assert {c.fault for c in smoke.of("faults")} == set(FAULT_KINDS)
     # A group's cases keep the suite's M sequence.
-    tp2 = [c.tokens for c in smoke.of("correctness") if c.tp == 2 and c.inputs == "random"]
+    tp2 = [c.tokens for c in smoke.of("correctness")
+           if c.tp == 2 and c.inputs == "random" and c.placement == "auto"]
     assert tp2 == [1, 3, 8, 2]
 
 
@@ -57,8 +58,13 @@ def test_every_repro_command_selects_exactly_its_case():
 def test_filters_narrow_and_an_empty_selection_is_an_error():
     suite = load_suite(suite_path("smoke"))
     chosen = select(suite, ("correctness",), Filters(tp=(2,), tokens=(3,)))
-    assert {(c.tp, c.tokens) for c in chosen} == {(2, 3)} and len(chosen) == 3
-    with pytest.raises(ConfigError, match=r"select no correctness case.*'tp': \[1, 2, 4\]"):
+    assert {(c.tp, c.tokens) for c in chosen} == {(2, 3)} and len(chosen) == 6
+    virtual = select(suite, ("correctness",), Filters(tp=(2,), tokens=(3,),
+                                                      placement=("virtual-ranks",)))
+    assert {c.placement for c in virtual} == {"virtual-ranks"} and len(virtual) == 3
+    actors = select(suite, ("correctness",), Filters(tp=(2,), placement=("shared-gpu",)))
+    assert {c.placement for c in actors} == {"auto"}  # auto may become shared-gpu
+    with pytest.raises(ConfigError, match=r"select no correctness case.*'tp': \[1, 2, 4, 8\]"):
         select(suite, ("correctness",), Filters(tp=(16,)))
     with pytest.raises(ConfigError, match="--ops: unknown value"):
         select(suite, ("correctness",), Filters(ops=("allreduce",)))
@@ -169,7 +175,8 @@ def _view(gpus: int, backend: str = "gpu"):
 def test_placements_follow_the_topology():
     import dataclasses
     suite = load_suite(suite_path("nightly"))
-    tp = {c.tp: c for c in suite.of("correctness") if c.op == "all_reduce_norm"}
+    tp = {c.tp: c for c in suite.of("correctness")
+          if c.op == "all_reduce_norm" and c.placement == "auto"}
     one, eight = _view(1), _view(8)
     assert [p.name for p in one.offered(tp[1])] == ["process-per-gpu"]
     assert [p.name for p in one.offered(tp[4])] == ["shared-gpu"]
@@ -189,3 +196,10 @@ def test_placements_follow_the_topology():
     assert [c.placement for c in emulated.concretize(cases, every=True)] == ["emulated"] * 2
     assert "needs the gpu backend" in emulated.offered(
         dataclasses.replace(tp[4], placement="shared-gpu"))
+    # Virtual ranks: asked for, never chosen by auto; correctness only; GPU only.
+    virtual = dataclasses.replace(tp[4], placement="virtual-ranks")
+    assert [(p.name, p.gpus_per_rank, p.collective_speed) for p in one.offered(virtual)] == \
+        [("virtual-ranks", 1.0, False)]
+    assert "correctness job only" in one.offered(dataclasses.replace(virtual, job="faults"))
+    assert "needs the gpu backend" in emulated.offered(virtual)
+    assert "no GPU" in _view(0).offered(virtual)

@@ -80,13 +80,17 @@ def test_rows_carry_every_schema_field_that_applies(smoke):
     names = {c.name for c in COLUMNS}
     assert set().union(*APPLIES.values()) | NOT_ON_CPU | {"reason", "repro_command"} == names, \
         "a new column needs a decision here"
+    virtual = [r for r in rows if r["placement"] == "virtual-ranks"]
+    assert virtual and all(r["job"] == "correctness" and r["outcome"] == "skipped"
+                           and "needs the gpu backend" in r["reason"] for r in virtual)
+    rows = [r for r in rows if r["placement"] != "virtual-ranks"]
     for r in rows:
         missing = sorted(c for c in APPLIES[r["job"]] if r[c] is None)
         assert not missing, (r["job"], r["op"], r.get("fault_kind"), missing)
         assert r["trigger"] == "ci" and r["suite"] == "smoke"
         if r["job"] in ("correctness", "faults", "profile"):
             assert r["backend"] == "emulated" and r["placement"] == "emulated"
-            assert r["multicast_supported"] is False and r["x"]["suite_version"] == 1
+            assert r["multicast_supported"] is False and r["x"]["suite_version"] == 2
     for r in rows:
         if r["job"] == "profile":
             assert r["outcome"] == "skipped" and "emulated backend" in r["reason"]

@@ -7,7 +7,7 @@
   diagnosis fields (cluster.diagnosis makes the group view).
 """
 
-from cluster.gpu.rank import GpuRank
+from cluster.gpu.rank import UNSUPPORTED_INJECTIONS, GpuRank
 
 Backend = GpuRank
 NEEDS_RENDEZVOUS = True
@@ -15,9 +15,19 @@ NEEDS_RENDEZVOUS = True
 the placement in the setup options."""
 
 
+UNSUPPORTED_FAULTS = {
+    "unsanitized_lane": UNSUPPORTED_INJECTIONS["unsanitized_lane"],
+    "dirty_mailbox": "a killed rank's mailbox is device memory freed with its process, so a "
+                     "rebuilt group starts on fresh mailboxes and there is no dirty one to "
+                     "detect; killing a rank and rebuilding the group is the stuck_rank case",
+}
+"""Fault kinds (cluster.faults) whose expected outcome cannot happen on GPUs,
+each with why: the fault campaign records them as skipped with the reason."""
+
+
 def release_rank(group_id: str, rank: int) -> None:
     """Nothing to free: a dead process's device memory, CUDA IPC exports and
     sockets go with it (the driver and the kernel reclaim them)."""
 
 
-__all__ = ["Backend", "GpuRank", "NEEDS_RENDEZVOUS", "release_rank"]
+__all__ = ["Backend", "GpuRank", "NEEDS_RENDEZVOUS", "UNSUPPORTED_FAULTS", "release_rank"]

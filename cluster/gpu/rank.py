@@ -46,7 +46,10 @@ from cluster.injection import validate_injection
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_INT16, mailbox_shape
 
 PLACEMENTS = ("process_per_gpu", "shared_gpu")
-UNSUPPORTED_INJECTIONS = ("unsanitized_lane",)
+UNSUPPORTED_INJECTIONS = {
+    "unsanitized_lane": "the GPU publish always sanitizes; the consumer's unsanitized-lane "
+                        "report is covered at kernel level by tests/gpu/test_all_reduce_norm_gpu.py",
+}
 OPTIONS = ("master_addr", "master_port", "placement", "transport")
 
 
@@ -193,7 +196,7 @@ class GpuRank:
         kind = fault["kind"]
         if kind in UNSUPPORTED_INJECTIONS:
             raise ValueError(f"fault injection {kind!r} is not supported by the gpu backend "
-                             f"(the GPU publish always sanitizes)")
+                             f"({UNSUPPORTED_INJECTIONS[kind]})")
         tokens = int(case["tokens"]) + (fault["delta"] if kind == "tokens_delta" else 0)
         if not 1 <= tokens <= self._capacity:
             raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")

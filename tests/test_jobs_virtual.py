@@ -1,0 +1,88 @@
+"""The correctness job's ``virtual-ranks`` placement, host side: the spec a
+group sends to its GPU task, the spec's validation, and the rows made from
+the task's result (pass, hang and wrong-answer calls). The task itself
+(cluster.gpu.virtual.run_group) runs in tests/gpu/test_cluster_virtual_gpu.py."""
+
+import dataclasses
+import json
+
+import pytest
+
+from cluster.gpu.virtual import validate_spec
+from jobs.config import load_suite, suite_path
+from jobs.correctness import record_virtual, virtual_spec
+from jobs.harness import Placement, Run, case_seed, now
+from jobs.results import read_results
+
+SUITE = load_suite(suite_path("smoke"))
+GROUP = [c for c in SUITE.of("correctness") if c.placement == "virtual-ranks" and c.tp == 4
+         and c.inputs == "random"]
+
+
+def _check(ok=True, mismatches=0, ulp=0.0):
+    part = {"mismatches": mismatches, "max_ulp": ulp, "nan": False}
+    return {"ok": ok, "sum": {"observed": False}, "residual": part, "norm": dict(part)}
+
+
+def _call(graph, *, tp=4, ok=True, clean=True, diagnosis=None, missing=()):
+    checks = [_check() for _ in range(tp)]
+    if not ok:
+        checks[2] = _check(ok=False, mismatches=5, ulp=3.0)
+    return {"graph": graph, "checks": checks, "mailbox_clean": clean, "diagnosis": diagnosis,
+            "missing_ranks": list(missing)}
+
+
+def test_spec_carries_the_m_sequence_and_one_seed_per_repeat():
+    spec = virtual_spec(GROUP)
+    validate_spec(spec)
+    assert (spec["tp"], spec["hidden"], spec["capacity"]) == (4, 1024, 8)
+    assert [c["tokens"] for c in spec["cases"]] == [1, 3, 8, 2]
+    assert spec["watchdog_ns"] == 1_000_000_000  # budget_ms 1000, variant watchdog
+    for case, c in zip(GROUP, spec["cases"]):
+        assert c["seeds"] == [case_seed(case, r) for r in range(case.repeats)]
+        assert len(set(c["seeds"])) == case.repeats == 3  # new data every call
+    plain = virtual_spec([dataclasses.replace(c, variant="plain") for c in GROUP])
+    assert plain["watchdog_ns"] == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.pop("hidden"), "lacks"),
+    (lambda s: s.update(tp=3), "tp must be one of"),
+    (lambda s: s["cases"][0].update(tokens=9), "tokens must be in 1..capacity=8"),
+    (lambda s: s["cases"][0].update(seeds=[]), "at least one seed"),
+    (lambda s: s["cases"][0].pop("inputs"), "lacks"),
+])
+def test_bad_specs_are_refused_before_any_cuda_work(change, message):
+    spec = virtual_spec(GROUP)
+    change(spec)
+    with pytest.raises(ValueError, match=message):
+        validate_spec(spec)
+
+
+def test_rows_from_a_result_with_a_pass_a_hang_and_a_wrong_answer(tmp_path):
+    run = Run(results=tmp_path, trigger="ci", backend="gpu")
+    where = Placement("virtual-ranks", 1.0, False)
+    spec = virtual_spec(GROUP)
+    out = {"device": "NVIDIA H200", "cases": [
+        {"tokens": 1, "calls": [_call(False), _call(True), _call(True)]},
+        {"tokens": 3, "calls": [_call(False), _call(True, diagnosis="missing ranks: {2}",
+                                                    missing=[2])]},
+        {"tokens": 8, "calls": [_call(False, ok=False)]},
+        {"tokens": 2, "calls": [_call(False), _call(True, clean=False)]},
+    ]}
+    record_virtual(run, SUITE, GROUP, where, spec, out, now())
+    rows = {r["tokens"]: r for r in read_results(tmp_path).to_pylist()}
+    assert [rows[m]["outcome"] for m in (1, 3, 8, 2)] == ["pass", "hang", "fail", "fail"]
+    ok = rows[1]
+    extra = json.loads(ok["extra"])
+    assert ok["placement"] == "virtual-ranks" and ok["mismatches"] == 0
+    assert ok["elements"] == 3 * 4 * 2 * 1 * 1024  # calls x ranks x (residual, norm) x M x H
+    assert extra["graph_replays"] == 2 and extra["collective_speed"] is False
+    hang = rows[3]
+    assert hang["missing_ranks"] == [2] and "repeat 1 (graph replay): hang" in hang["reason"]
+    assert hang["repro_command"].endswith("--placement virtual-ranks --inputs random")
+    wrong = rows[8]
+    assert wrong["mismatches"] == 10 and wrong["max_ulp"] == 3.0  # residual 5 + norm 5
+    assert "repeat 0 (eager): fail; outputs outside the contract on ranks [2]" in wrong["reason"]
+    assert "mailbox not all sentinel" in rows[2]["reason"]
+    assert run.counts == {"pass": 1, "hang": 1, "fail": 2}
