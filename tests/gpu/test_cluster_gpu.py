@@ -105,16 +105,36 @@ def test_one_actor_on_the_gpu_runs_tp1(cluster):
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_shared_gpu_runs_tp_and_recovers_from_faults(cluster, tp):
+    group_sweep_and_faults(tp, shared=True)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_process_per_gpu_runs_tp_and_recovers_from_faults(cluster, tp):
+    """One rank actor per GPU: NCCL group, torch symmetric memory mailboxes
+    (unicast; multicast stays off), peer stores over NVLink."""
+    import torch
+    if torch.cuda.device_count() < tp:
+        pytest.skip(f"tp={tp} process per GPU needs {tp} GPUs, this machine has "
+                    f"{torch.cuda.device_count()}")
+    group_sweep_and_faults(tp, shared=False)
+
+
+def group_sweep_and_faults(tp: int, *, shared: bool) -> None:
     t0 = time.monotonic()
-    with TPGroup(tp=tp, hidden=HIDDEN, capacity=CAPACITY, backend="gpu", gpus_per_rank=1 / tp,
+    with TPGroup(tp=tp, hidden=HIDDEN, capacity=CAPACITY, backend="gpu",
+                 gpus_per_rank=1 / tp if shared else 1,
                  call_timeout_s=CALL_TIMEOUT_S, setup_timeout_s=120) as g:
         built = time.monotonic() - t0
-        assert g.placement == "shared_gpu" and g.start_diagnosis.ok
+        assert g.placement == ("shared_gpu" if shared else "process_per_gpu")
+        assert g.start_diagnosis.ok
         assert len({m["pid"] for m in g.metadata}) == tp
-        assert len({tuple(m["gpu_ids"]) for m in g.metadata}) == 1
-        print(f"\ntp={tp} shared GPU: group built in {built:.1f} s; gpu ids "
-              f"{g.metadata[0]['gpu_ids']}, pids {[m['pid'] for m in g.metadata]}")
-        sweep(g, f"tp={tp} shared GPU (gloo, CUDA IPC)")
+        assert len({tuple(m["gpu_ids"]) for m in g.metadata}) == (1 if shared else tp)
+        label = "shared GPU (gloo, CUDA IPC)" if shared else \
+            "process per GPU (NCCL, symmetric memory, unicast)"
+        print(f"\ntp={tp} {label}: group built in {built:.1f} s; gpu ids "
+              f"{[m['gpu_ids'] for m in g.metadata]}, pids {[m['pid'] for m in g.metadata]}")
+        sweep(g, f"tp={tp} {label}")
 
         # A skipped publish: diagnosed at group level as exactly that rank.
         k = tp - 1
