@@ -8,7 +8,8 @@ symmetric-memory or CUDA IPC mailbox (:mod:`cluster.gpu`). Any other name
 is a ValueError naming the registered ones.
 
 A backend module exports ``Backend``, ``release_rank(group_id, rank)``,
-optionally ``UNSUPPORTED_FAULTS`` (fault kind -> why its expected outcome
+optionally ``actor_env(placement=, tp=)`` (environment variables its rank
+actors need), optionally ``UNSUPPORTED_FAULTS`` (fault kind -> why its expected outcome
 cannot happen there; the fault campaign skips those with the reason) and optionally
 ``NEEDS_RENDEZVOUS = True``: then the TP group asks rank 0's
 actor for an address and a free port (as Ray Train does) and passes
@@ -101,6 +102,14 @@ def unsupported_faults(name: str) -> dict[str, str]:
     produce, each with why (its module's ``UNSUPPORTED_FAULTS``, default none)."""
     module = importlib.import_module(BACKENDS[require_backend(name)])
     return dict(getattr(module, "UNSUPPORTED_FAULTS", {}))
+
+
+def actor_env(name: str, *, placement: str, tp: int) -> dict[str, str]:
+    """Environment variables a rank actor of this backend needs for
+    ``placement`` at ``tp`` (its module's ``actor_env``, default none)."""
+    module = importlib.import_module(BACKENDS[require_backend(name)])
+    hook = getattr(module, "actor_env", None)
+    return dict(hook(placement=placement, tp=tp)) if hook else {}
 
 
 def needs_rendezvous(name: str) -> bool:

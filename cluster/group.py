@@ -32,7 +32,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.actors import RankActor, release_rank
-from cluster.backend import needs_rendezvous, require_backend
+from cluster.backend import actor_env, needs_rendezvous, require_backend
 from cluster.cases import check_outputs, make_case
 from cluster.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
@@ -172,11 +172,14 @@ class TPGroup:
 
     def _build(self) -> None:
         """Start tp fresh actors in the bundles and set them up concurrently."""
+        env = actor_env(self.backend, placement=self.placement, tp=self.tp)
+        extra = {"runtime_env": {"env_vars": env}} if env else {}
         self._actors = [
             RankActor.options(
                 num_gpus=self.gpus_per_rank,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=self._bundle_index(r))
+                    self._pg, placement_group_bundle_index=self._bundle_index(r)),
+                **extra,
             ).remote(self.backend)
             for r in range(self.tp)]
         self._prepared = set()

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from jobs.config import Case, Suite
-from jobs.harness import ClusterView, Placement, Run, case_seed, now
+from jobs.harness import ClusterView, Placement, Run, case_seed, error_text, now
 
 
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
@@ -80,7 +80,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
     except (TimeoutError, ValueError, ray.exceptions.RayError) as err:
         for case in members:
             run.record(case, suite, outcome="error", started_at=started, placement=where.name,
-                       reason=f"TP group setup failed: {type(err).__name__}: {err}")
+                       reason=f"TP group setup failed: {error_text(err)}")
         return
     with group:
         if not group.start_diagnosis.ok:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from jobs.config import Case, Suite
 from jobs.correctness import group_options, skip_reason
-from jobs.harness import ClusterView, Placement, Run, case_seed, now
+from jobs.harness import ClusterView, Placement, Run, case_seed, error_text, now
 
 MIN_TP = {"token_count_differs": 3}
 """Smallest tp at which a kind's expected outcome is decidable; every kind
@@ -76,7 +76,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
     except (TimeoutError, ValueError, ray.exceptions.RayError) as err:
         for case in members:
             run.record(case, suite, outcome="error", started_at=started, placement=where.name,
-                       fault_kind=case.fault, reason=f"TP group setup failed: {type(err).__name__}: {err}")
+                       fault_kind=case.fault, reason=f"TP group setup failed: {error_text(err)}")
         return
     with group:
         for case in members:

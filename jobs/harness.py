@@ -43,6 +43,15 @@ COLUMNS = [Col("job", 11), Col("op", 15), Col("tp", 3, "d"), Col("hidden", 6, "d
            Col("p99_us", 9, ".2f"), Col("result", 7), Col("note", 48)]
 
 
+def error_text(err: BaseException, limit: int = 400) -> str:
+    """``Type: message`` of the root cause (a RayTaskError's ``cause``, not
+    Ray's wrapper with its traceback header), on one line, at most ``limit``
+    characters."""
+    cause = getattr(err, "cause", None) or err
+    text = " ".join(f"{type(cause).__name__}: {cause}".split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 

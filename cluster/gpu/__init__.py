@@ -7,7 +7,7 @@
   diagnosis fields (cluster.diagnosis makes the group view).
 """
 
-from cluster.gpu.rank import UNSUPPORTED_INJECTIONS, GpuRank
+from cluster.gpu.rank import ALL_GPUS_VISIBLE, UNSUPPORTED_INJECTIONS, GpuRank
 
 Backend = GpuRank
 NEEDS_RENDEZVOUS = True
@@ -25,9 +25,15 @@ UNSUPPORTED_FAULTS = {
 each with why: the fault campaign records them as skipped with the reason."""
 
 
+def actor_env(*, placement: str, tp: int) -> dict[str, str]:
+    """Process per GPU with peers: keep every GPU visible (see
+    :data:`cluster.gpu.rank.ALL_GPUS_VISIBLE`)."""
+    return {ALL_GPUS_VISIBLE: "1"} if placement == "process_per_gpu" and tp > 1 else {}
+
+
 def release_rank(group_id: str, rank: int) -> None:
     """Nothing to free: a dead process's device memory, CUDA IPC exports and
     sockets go with it (the driver and the kernel reclaim them)."""
 
 
-__all__ = ["Backend", "GpuRank", "NEEDS_RENDEZVOUS", "UNSUPPORTED_FAULTS", "release_rank"]
+__all__ = ["Backend", "GpuRank", "actor_env", "NEEDS_RENDEZVOUS", "UNSUPPORTED_FAULTS", "release_rank"]

@@ -92,7 +92,7 @@ class GpuRank:
         if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
             raise RuntimeError(f"rank {rank}: no CUDA device visible "
                                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
-        self._device = torch.device("cuda", 0)  # Ray's CUDA_VISIBLE_DEVICES: ours is 0
+        self._device = torch.device("cuda", local_device_index())
         torch.cuda.set_device(self._device)
         self._rank, self._tp, self._hidden, self._capacity = rank, tp, hidden, capacity
         self._group_id, self._placement = group_id, placement
@@ -307,6 +307,35 @@ class GpuRank:
         if self._mailbox is None:
             raise RuntimeError("this rank is not set up: call setup() first")
         return self._mailbox
+
+
+ALL_GPUS_VISIBLE = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+"""Set (to "1") in a process-per-GPU rank actor's environment (cluster.group):
+Ray then leaves every GPU of the node visible instead of narrowing
+CUDA_VISIBLE_DEVICES to the actor's, because torch symmetric memory's
+rendezvous tells peers apart by device index and opens their allocations
+by it (with each rank seeing only "its" cuda:0 it refuses: "allocations
+from overlapping devices from different ranks")."""
+
+
+def local_device_index() -> int:
+    """The CUDA device index, in this process, of the GPU Ray assigned to it:
+    0 where Ray narrowed CUDA_VISIBLE_DEVICES to it (shared GPU, tp=1), else
+    (:data:`ALL_GPUS_VISIBLE`) the position of Ray's GPU id among the
+    visible devices."""
+    if os.environ.get(ALL_GPUS_VISIBLE) != "1":
+        return 0
+    import ray
+
+    ids = [str(i) for i in ray.get_gpu_ids()]
+    if len(ids) != 1:
+        raise RuntimeError(f"a process-per-GPU rank needs exactly one GPU from Ray, got {ids}")
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return int(ids[0])
+    if ids[0] not in visible:
+        raise RuntimeError(f"Ray's GPU id {ids[0]} is not among CUDA_VISIBLE_DEVICES={visible}")
+    return visible.index(ids[0])
 
 
 def _device_uuid(device) -> str:
