@@ -6,7 +6,8 @@ the unfused torch path, and the tuning sweep that justifies
         [--hc 4] [--calls 50] [--replays 200] [--watchdog-ns 1000000000]
         [--markdown PATH]
     python -m benchmarks.all_reduce_mhc --sweep [--hidden 5120,7168] [--tokens 1,16,64]
-        [--sweep-tp 1,8] [--markdown PATH]
+        [--sweep-tp 1,8] [--clusters 5,7] [--threads 128,256] [--rank-lanes 1,2]
+        [--markdown PATH]
 
 Default mode (tp=1): the fused op with the table's tuning, its watchdog
 build, and the unfused torch path (post-mix + comb-weighted streams, BF16
@@ -139,13 +140,15 @@ def compare(args) -> list[str]:
     return lines
 
 
-def candidates(hidden, tp):
+def candidates(hidden, tp, clusters=None, threads_=None, rank_lanes=None):
+    """Every valid geometry, optionally only those with the given cluster
+    sizes / threads / rank lanes."""
     from kernels.lamport.mhc_tuning import MHCTuning, RANK_LANES, check_geometry
 
     out = []
-    for cluster in range(1, 9):
-        for threads in (64, 128, 256, 512, 1024):
-            for lanes in RANK_LANES:
+    for cluster in clusters or range(1, 9):
+        for threads in threads_ or (64, 128, 256, 512, 1024):
+            for lanes in rank_lanes or RANK_LANES:
                 try:
                     check_geometry(hidden=hidden, tp=tp, cluster_size=cluster, threads=threads,
                                    rank_lanes=lanes)
@@ -173,7 +176,7 @@ def sweep(args) -> list[str]:
         for tp in args.sweep_tp:
             chosen = tuning_for(hidden, tp)
             rows = []
-            for tuning in candidates(hidden, tp):
+            for tuning in candidates(hidden, tp, args.clusters, args.threads, args.rank_lanes):
                 if tp == 1:
                     op = AllReduceMHC(hidden_size=hidden, hc_mult=args.hc, max_num_tokens=cap,
                                       tuning=tuning)
@@ -232,6 +235,12 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="the tuning sweep instead")
     p.add_argument("--sweep-tp", type=int_list, default=[1],
                    help="tp values of the sweep (tp > 1: virtual ranks, relative only)")
+    p.add_argument("--clusters", type=int_list, default=None,
+                   help="sweep: only these cluster sizes (default 1..8)")
+    p.add_argument("--threads", type=int_list, default=None,
+                   help="sweep: only these threads a CTA (default 64..1024)")
+    p.add_argument("--rank-lanes", type=int_list, default=None,
+                   help="sweep: only these rank lanes (default every one dividing tp)")
     p.add_argument("--markdown", default=None, help="also write the table here")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -307,6 +307,18 @@ def _regress(args) -> int:
     return 1 if regressed else 0
 
 
+def _compact(args) -> int:
+    from jobs.results import compact, read_results
+    try:
+        written = compact(args.results, args.out)
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(str(err)) from None
+    before, after = read_results(args.results).num_rows, read_results(args.out).num_rows
+    print(f"compacted {before} rows of {args.results} into {len(written)} file(s) "
+          f"({after} rows) under {args.out}")
+    return 0 if before == after else 1
+
+
 def _submit(args) -> int:
     """``ray job submit --working-dir <repo>`` with LAMPORT_GIT_COMMIT set."""
     from jobs.results import git_commit
@@ -358,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", default=None, help="run id (default: the latest run)")
     _add_rule_arguments(p)
     p.set_defaults(func=_regress)
+    p = sub.add_parser("compact", help="copy a results dataset as one file per run")
+    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    p.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
+    p.set_defaults(func=_compact)
     p = sub.add_parser("selfcheck", help="recompute the golden vectors")
     add_results_arguments(p, suite="selfcheck")
     from jobs import selfcheck

@@ -115,6 +115,27 @@ def test_round_trip(tmp_path):
     assert sorted(r["outcome"] for r in rows.values()) == ["hang", "pass", "skipped"]
 
 
+def test_compact_keeps_every_row_in_one_file_per_run(tmp_path):
+    from jobs.results import compact
+    runs = []
+    for suite, n in (("smoke", 3), ("smoke", 2), ("nightly", 4)):
+        writer = ResultsWriter(tmp_path / "src", suite=suite, trigger="ci", date=DAY)
+        for i in range(n):  # one file per case, as the jobs write
+            writer.append(case(10 * len(runs) + i, t_median_us=1.5 + i))
+        runs.append(writer.run_id)
+    written = compact(tmp_path / "src", tmp_path / "dst")
+    assert len(written) == 3 and len(visible_files(tmp_path / "src")) == 9
+    assert sorted(p.parent.name for p in written) == ["suite=nightly", "suite=smoke", "suite=smoke"]
+    key = ["run_id", "extra"]
+    before, after = (read_results(tmp_path / d).sort_by([(k, "ascending") for k in key])
+                     for d in ("src", "dst"))
+    assert after.equals(before)
+    for path in written:
+        assert int(pq.read_schema(path).metadata[SCHEMA_VERSION_KEY]) == SCHEMA_VERSION
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        compact(tmp_path / "src", tmp_path / "dst")
+
+
 def test_partitions_and_file_names(tmp_path):
     first = ResultsWriter(tmp_path, suite="faults", date=DAY)
     second = ResultsWriter(tmp_path, suite="profile", date=dt.date(2025, 3, 5),

@@ -151,6 +151,28 @@ def read_results(root: str | os.PathLike[str], filters: Filters = None,
     return dataset.replace_schema(schema).to_table(columns=columns, filter=expression)
 
 
+def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list[Path]:
+    """Copy the dataset under ``src`` to the new directory ``dst`` as one file
+    per (date, suite, run) instead of one per case; returns the files
+    written. ``src`` is left as it is (swap the directories once ``dst`` reads
+    back the same). Each file is written atomically, in the current schema
+    version (older files read with nulls for what they lack). A ``dst`` that
+    exists and is not empty is a ValueError: compaction never mixes into a
+    dataset."""
+    dst = Path(dst)
+    if dst.exists() and any(dst.iterdir()):
+        raise ValueError(f"compact: {str(dst)!r} exists and is not empty")
+    table = read_results(src)
+    keys = sorted(set(zip(*(table.column(c).to_pylist() for c in ("date", "suite", "run_id")))))
+    written = []
+    for date, suite, run_id in keys:
+        mask = pc.and_(pc.and_(pc.equal(table["date"], date), pc.equal(table["suite"], suite)),
+                       pc.equal(table["run_id"], run_id))
+        part = table.filter(mask).select(SCHEMA.names).cast(SCHEMA)
+        written.append(_write_atomically(part, dst / f"date={date}" / f"suite={suite}"))
+    return written
+
+
 def _file_schema(fragment: ds.ParquetFileFragment) -> pa.Schema:
     """The fragment's schema, after checking its version is readable."""
     schema = fragment.physical_schema
