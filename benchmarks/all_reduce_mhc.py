@@ -29,8 +29,11 @@ are virtual ranks on one GPU (every rank's publish and consumer in the
 graph, peer stores landing in local L2): NOT a collective's speed, only a
 comparison of consumer tunings with one another (rank lanes need tp > 1).
 
-Not yet run: written without GPU time; the 7168 / 8192 table entries are
-marked "to be measured on the H200" until this sweep has run there.
+Each sweep row is printed as it is measured ("measured ..."), then the
+marked table per hidden. The tp=1 sweep at hidden 5120 / 7168 / 8192 and the
+default comparison ran on the H200 (docs/results/all_reduce_mhc_h200_2026-11-29.md);
+a tp=8 rank-lanes sweep (virtual ranks) did not finish in its 75 s limit
+there and has no numbers yet.
 """
 
 from __future__ import annotations
@@ -163,6 +166,12 @@ def candidates(hidden, tp, clusters=None, threads_=None, rank_lanes=None):
     return out
 
 
+def _sweep_row(hidden, tp, m, tuning, s, mark) -> str:
+    return (f"{hidden:>6} {tp:>2} {m:>4} {tuning.cluster_size:>7} {tuning.threads:>7} "
+            f"{tuning.rank_lanes:>2} {tuning.trips(hidden):>5} {s[0]:>8.2f} {s[1]:>7.2f} "
+            f"{s[2]:>7.2f}  {mark}")
+
+
 def sweep(args) -> list[str]:
     from kernels.all_reduce_mhc import AllReduceMHC
     from kernels.lamport.mhc_tuning import tuning_for
@@ -206,14 +215,13 @@ def sweep(args) -> list[str]:
                            tuning.rank_lanes)
                     s = median_p10_p90(time_graph(_rotating(call, d, sets), calls, args.replays))
                     rows.append((m, tuning, s))
+                    # as measured (a run cut short by a timeout keeps these)
+                    print("measured " + _sweep_row(hidden, tp, m, tuning, s, ""), flush=True)
             for m in args.tokens:
                 best = min((r for r in rows if r[0] == m), key=lambda r: r[2][0])
                 for _, tuning, s in (r for r in rows if r[0] == m):
                     mark = ("*" if tuning == chosen else "") + ("<" if tuning == best[1] else "")
-                    row = (f"{hidden:>6} {tp:>2} {m:>4} {tuning.cluster_size:>7} "
-                           f"{tuning.threads:>7} {tuning.rank_lanes:>2} "
-                           f"{tuning.trips(hidden):>5} {s[0]:>8.2f} {s[1]:>7.2f} {s[2]:>7.2f}"
-                           f"  {mark}")
+                    row = _sweep_row(hidden, tp, m, tuning, s, mark)
                     print(row, flush=True)
                     lines.append(row)
     return lines

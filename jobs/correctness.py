@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from jobs.config import Case, Suite
-from jobs.harness import ClusterView, Placement, Run, case_seed, error_text, now
+from jobs.harness import ClusterView, Placement, Run, case_seed, error_text, gpu_task, now
 
 
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
@@ -171,27 +171,18 @@ def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,
     """The group as one Ray task on one GPU; a task past ``timeout_s`` (the
     per-call deadline times the calls) is killed and every case not yet
     reported is a hang."""
-    import ray
-
     from cluster.gpu import virtual
     started = now()
     spec = virtual_spec(members)
     calls = sum(len(c["seeds"]) for c in spec["cases"])
     deadline = timeout_s * calls + VIRTUAL_COMPILE_S
-    task = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(virtual.run_group)
-    ref = task.remote(spec)
-    try:
-        out = ray.get(ref, timeout=deadline)
-    except Exception as err:
-        try:
-            ray.cancel(ref, force=True)
-        except Exception:
-            pass
-        kind = "hang" if isinstance(err, ray.exceptions.GetTimeoutError) else "error"
+    out, failed = gpu_task(virtual.run_group, spec, deadline)
+    if failed:
+        kind, why = failed
         for case in members:
             run.record(case, suite, outcome=kind, started_at=started, placement=where.name,
                        reason=f"virtual-ranks group ({calls} calls, deadline {deadline:.0f} s): "
-                              f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
+                              f"{why}")
         return
     record_virtual(run, suite, members, where, spec, out, started)
 

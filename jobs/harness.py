@@ -52,6 +52,26 @@ def error_text(err: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def gpu_task(fn, spec: dict, timeout_s: float) -> tuple[Any, tuple[str, str] | None]:
+    """Run ``fn(spec)`` as a Ray task holding one whole GPU and wait at most
+    ``timeout_s``. Returns ``(result, None)``, or ``(None, (outcome, reason))``:
+    past the deadline the task is cancelled with force (its process ends, and
+    a spinning kernel with it) and the outcome is ``hang``; an AssertionError
+    raised in the task (a wrong answer) is ``fail``; anything else ``error``."""
+    import ray
+    ref = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(fn).remote(spec)
+    try:
+        return ray.get(ref, timeout=timeout_s), None
+    except Exception as err:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:
+            pass
+        kind = ("hang" if isinstance(err, ray.exceptions.GetTimeoutError) else
+                "fail" if isinstance(getattr(err, "cause", None), AssertionError) else "error")
+        return None, (kind, error_text(err, limit=300))
+
+
 def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 

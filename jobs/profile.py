@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jobs.config import Case, Suite
-from jobs.harness import ClusterView, Placement, Run, now
+from jobs.harness import ClusterView, Placement, Run, gpu_task, now
 
 EMULATED_REASON = ("profile needs GPUs: on the emulated backend (numpy on CPU actors) there "
                    "is no kernel timing to record")
@@ -60,29 +60,16 @@ def run_case(run: Run, suite: Suite, case: Case, view: ClusterView,
 
 def _measure(run: Run, suite: Suite, case: Case, where: Placement, timeout_s: float,
              started) -> None:
-    import ray
-
     from jobs import profiling
     spec = {"op": case.op, "variant": case.variant, "hidden": case.hidden, "tokens": case.tokens,
             "calls": case.param("calls"), "replays": case.param("replays"),
             "watchdog_ns": case.param("watchdog_ns"), "rotate_mb": case.param("rotate_mb"),
             "baselines": list(case.param("baselines"))}
-    task = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(profiling.measure_tp1)
-    ref = task.remote(spec)
-    try:
-        out = ray.get(ref, timeout=timeout_s)
-    except Exception as err:
-        try:
-            ray.cancel(ref, force=True)
-        except Exception:
-            pass
-        cause = getattr(err, "cause", None)
-        # A timeout is a hang; the fused op's pre-timing check failing is a
-        # wrong answer; anything else an error.
-        kind = ("hang" if isinstance(err, ray.exceptions.GetTimeoutError) else
-                "fail" if isinstance(cause, AssertionError) else "error")
-        run.record(case, suite, outcome=kind, started_at=started, placement=where.name,
-                   reason=f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
+    # A timeout is a hang; the fused op's pre-timing check failing a wrong answer.
+    out, failed = gpu_task(profiling.measure_tp1, spec, timeout_s)
+    if failed:
+        kind, why = failed
+        run.record(case, suite, outcome=kind, started_at=started, placement=where.name, reason=why)
         return
     impls = out["impls"]
     before, after = out["before"], out["after"]

@@ -20,10 +20,16 @@ Provenance (``source``, not part of the key):
 - ``seed``: the seed's launch (FlashInfer's ``LL_ALL_REDUCE_GB300_TP{4,8}_H5120``
   presets): hidden 5120, a cluster of 5 x 128 threads, rank_lanes 1, 640
   fragments in one fully used trip;
-- ``to be measured on the H200``: hidden 7168 / 8192 at tp=1, chosen by the
-  same one-full-trip rule (7 x 128 = 896 fragments, 8 x 128 = 1024) but NOT
-  yet measured: ``python -m benchmarks.all_reduce_mhc --sweep`` on the H200
-  decides them (no GPU time was available when they were written);
+- ``measured``: hidden 7168 / 8192 at tp=1 on the H200 (sm_90a), the
+  one-full-trip rule (7 x 128 = 896 fragments, 8 x 128 = 1024) confirmed by
+  ``python -m benchmarks.all_reduce_mhc --sweep --hidden 7168`` / ``8192``
+  over every valid cluster size x threads (2026-11-29,
+  docs/results/all_reduce_mhc_h200_2026-11-29.md): fastest at M 1, 16 and 64
+  for 7168 and at M 1 and 16 for 8192; at 8192 and M=64 a 2 x 512 cluster
+  was 1.7% faster (5.96 vs 6.06 us), too little to trade the decode sizes
+  for. The same sweep confirmed the seed's 5 x 128 at 5120, tp=1. The sm_100a
+  entries copy the H200 choice unmeasured. rank_lanes at tp > 1 is the
+  seed's 1, not yet measured (it needs tp > 1: real NVLink, issue 10);
 - ``default``: :func:`default_tuning` for any other shape.
 """
 
@@ -112,7 +118,7 @@ def default_tuning(hidden: int, tp: int) -> MHCTuning:
 
 
 _SEED = "seed"
-_TO_MEASURE = "to be measured on the H200"
+_MEASURED = "measured"
 
 TABLE: dict[tuple[int, int, str], MHCTuning] = {}
 """``(hidden, tp, arch) -> MHCTuning``; see the module docstring."""
@@ -121,9 +127,9 @@ for _arch in ARCHS:
         TABLE[5120, _tp, _arch] = MHCTuning(cluster_size=5, threads=128, rank_lanes=1,
                                             source=_SEED)
     TABLE[7168, 1, _arch] = MHCTuning(cluster_size=7, threads=128, rank_lanes=1,
-                                      source=_TO_MEASURE)
+                                      source=_MEASURED)
     TABLE[8192, 1, _arch] = MHCTuning(cluster_size=8, threads=128, rank_lanes=1,
-                                      source=_TO_MEASURE)
+                                      source=_MEASURED)
 del _arch, _tp
 
 
