@@ -361,6 +361,8 @@ def discover_node(node_id: str | None = None) -> NodeInfo:
         nvml = _discover_nvml(gpus, notes, vers)
         if nvml is not None:
             gpus, p2p, source = nvml
+    if source == "cuda_driver" and len(gpus) > 1:
+        notes.append("p2p from the CUDA driver: NVLink inferred from native peer atomics")
     return NodeInfo(node_id=node_id, hostname=socket.gethostname(), gpus=tuple(gpus),
                     p2p=tuple(tuple(r) for r in p2p), p2p_source=source,
                     versions=tuple(sorted(vers.items())), notes=tuple(notes))
@@ -475,8 +477,6 @@ def _discover_cuda(notes: list[str], vers: dict[str, str]):
                 p2p[i][j] = "nvlink" if atomics else "pcie"
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"p2p {i}->{j} unreadable: {exc}"[:200])
-    if count > 1:
-        notes.append("p2p from the CUDA driver: NVLink inferred from native peer atomics")
     return gpus, p2p, "cuda_driver" if count else "none"
 
 
