@@ -44,7 +44,7 @@ import sys
 
 import torch
 
-from benchmarks.timing import int_list, median_p10_p90, rotation_sets, time_graph
+from benchmarks.timing import int_list, median_p10_p90, rotating, rotation_sets, time_graph
 
 
 def _inputs(sets, m, hc, hidden, seed):
@@ -75,16 +75,6 @@ def torch_mhc(x, residual, post, comb, pre, weight, eps):
     collapse = torch.bmm(pre.view(m, 1, hc), res_out.float()).view(m, hidden)
     return res_out, torch.nn.functional.rms_norm(collapse.to(torch.bfloat16), (hidden,),
                                                  weight, eps)
-
-
-def _rotating(call, data, sets):
-    state = {"i": 0}
-
-    def step():
-        i = state["i"] % sets
-        state["i"] += 1
-        call(i)
-    return step
 
 
 def _check(res_out, layer, xs, data, i, eps, rank_lanes=1):
@@ -130,9 +120,9 @@ def compare(args) -> list[str]:
                 torch_mhc(d["x"][i], d["residual"][i], d["post"][i], d["comb"][i],
                           d["pre"][i], d["weight"], args.eps)
 
-            f = median_p10_p90(time_graph(_rotating(fused(plain), d, sets), calls, args.replays))
-            w = median_p10_p90(time_graph(_rotating(fused(wd), d, sets), calls, args.replays))
-            r = median_p10_p90(time_graph(_rotating(unfused, d, sets), calls, args.replays))
+            f = median_p10_p90(time_graph(rotating(fused(plain), sets), calls, args.replays))
+            w = median_p10_p90(time_graph(rotating(fused(wd), sets), calls, args.replays))
+            r = median_p10_p90(time_graph(rotating(unfused, sets), calls, args.replays))
             assert plain.mailbox.is_all_sentinel() and wd.mailbox.is_all_sentinel()
             row = (f"{hidden:>6} {args.hc:>2} {m:>4} "
                    f"{f'{t.cluster_size}x{t.threads}R{t.rank_lanes}':>12} {f[0]:>9.2f} "
@@ -213,7 +203,7 @@ def sweep(args) -> list[str]:
                     torch.cuda.synchronize()
                     _check(d["res_out"][0], d["layer"][0], [x[0] for x in xs], d, 0, args.eps,
                            tuning.rank_lanes)
-                    s = median_p10_p90(time_graph(_rotating(call, d, sets), calls, args.replays))
+                    s = median_p10_p90(time_graph(rotating(call, sets), calls, args.replays))
                     rows.append((m, tuning, s))
                     # as measured (a run cut short by a timeout keeps these)
                     print("measured " + _sweep_row(hidden, tp, m, tuning, s, ""), flush=True)

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from benchmarks.timing import int_list, median_p10_p90, rotation_sets, time_graph
+from benchmarks.timing import int_list, median_p10_p90, rotating, rotation_sets, time_graph
 
 
 def main(argv=None) -> int:
@@ -70,24 +70,19 @@ def main(argv=None) -> int:
             assert_bit_exact(outs[1, 0], ref_res, "residual_out")
             assert_within_ulp(outs[0, 0], ref_norm, 1, "norm_out")
 
-            def rotating(call):
-                state = {"i": 0}
-
-                def step():
-                    i = state["i"] % sets
-                    state["i"] += 1
-                    call(xs[i], residuals[i], (outs[0, i], outs[1, i]))
-                return step
+            def rotate(call):  # call(x, residual, out) over the input sets
+                return rotating(lambda i: call(xs[i], residuals[i], (outs[0, i], outs[1, i])),
+                                sets)
 
             def torch_pair(x, residual, out):  # outputs come from the graph's pool
                 s = x + residual
                 return torch.nn.functional.rms_norm(s, (hidden,), weight, args.eps), s
 
-            fused = median_p10_p90(time_graph(rotating(lambda x, r, o: plain(x, r, weight, out=o)),
+            fused = median_p10_p90(time_graph(rotate(lambda x, r, o: plain(x, r, weight, out=o)),
                                        calls, args.replays))
-            watchdog = median_p10_p90(time_graph(rotating(lambda x, r, o: wd(x, r, weight, out=o)),
+            watchdog = median_p10_p90(time_graph(rotate(lambda x, r, o: wd(x, r, weight, out=o)),
                                           calls, args.replays))
-            ref = median_p10_p90(time_graph(rotating(torch_pair), calls, args.replays))
+            ref = median_p10_p90(time_graph(rotate(torch_pair), calls, args.replays))
             assert plain.mailbox.is_all_sentinel() and wd.mailbox.is_all_sentinel()
             row = (f"{hidden:>6} {m:>4} {fused[0]:>9.2f} {fused[1]:>7.2f} {fused[2]:>7.2f} "
                    f"{ref[0]:>9.2f} {fused[0] / ref[0]:>6.2f} {watchdog[0]:>11.2f} "

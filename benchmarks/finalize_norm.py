@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from benchmarks.timing import int_list, median_p10_p90, time_graph
+from benchmarks.timing import int_list, median_p10_p90, rotating, rotation_sets, time_graph
 
 
 def main(argv=None) -> int:
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
             for wdtype in (torch.float32, torch.bfloat16):
                 g = torch.Generator(device="cuda").manual_seed(m)
                 set_bytes = (m * k + 4) * hidden * 2  # routed rows, shared, residual, 2 outs
-                sets = max(2, int(args.rotate_mb * 2**20 // set_bytes) + 1)
+                sets = rotation_sets(args.rotate_mb, set_bytes)
                 calls = max(args.calls, sets)  # a graph walks every set once at least
                 gemm2 = torch.randn(sets, m * k, hidden, generator=g, device="cuda").to(
                     torch.bfloat16)
@@ -91,15 +91,6 @@ def main(argv=None) -> int:
                     assert_bit_exact(outs[1, 0], ref_res, "residual_out")
                     assert_within_ulp(outs[0, 0], ref_norm, 1, "norm_out")
 
-                def rotating(call):
-                    state = {"i": 0}
-
-                    def step():
-                        i = state["i"] % sets
-                        state["i"] += 1
-                        call(i)
-                    return step
-
                 def fused(op):
                     return lambda i: op(moes[i], residual[i], nw, out=(outs[0, i], outs[1, i]))
 
@@ -111,19 +102,18 @@ def main(argv=None) -> int:
                     s = moe_out + residual[i]
                     return torch.nn.functional.rms_norm(s, (hidden,), nw, args.eps), s
 
-                t_fused = median_p10_p90(time_graph(rotating(fused(ops[4])), calls, args.replays))
-                t_torch = median_p10_p90(time_graph(rotating(torch_path), calls, args.replays))
+                t_fused = median_p10_p90(time_graph(rotating(fused(ops[4]), sets), calls, args.replays))
+                t_torch = median_p10_p90(time_graph(rotating(torch_path, sets), calls, args.replays))
                 row = (f"{hidden:>6} {m:>4} {str(wdtype).split('.')[-1]:>7} {t_fused[0]:>9.2f} "
                        f"{t_fused[1]:>7.2f} {t_fused[2]:>7.2f} {t_torch[0]:>9.2f} "
                        f"{t_fused[0] / t_torch[0]:>6.2f}")
                 if args.e8:
-                    t8 = median_p10_p90(time_graph(rotating(fused(ops[8])), calls, args.replays))
+                    t8 = median_p10_p90(time_graph(rotating(fused(ops[8]), sets), calls, args.replays))
                     row += f" {t8[0]:>11.2f} {t8[0] / t_torch[0]:>8.2f}"
                 for op in ops.values():
                     assert op.mailbox.is_all_sentinel()
                 print(row, flush=True)
                 lines.append(row)
-                del gemm2, weights, idx, shared, residual, outs, moes
     meta = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
             f"{torch.cuda.get_device_name()}, torch {torch.__version__}, top_k={k}, "
             f"calls/graph=max({args.calls}, input sets), replays={args.replays}, "

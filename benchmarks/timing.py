@@ -27,6 +27,19 @@ def rotation_sets(rotate_mb: float, set_bytes: int) -> int:
     return max(2, min(MAX_SETS, -(-int(rotate_mb * 2**20) // set_bytes)))
 
 
+def rotating(call: Callable[[int], object], sets: int) -> Callable[[], None]:
+    """A no-argument fn for :func:`time_graph`: each call runs ``call(i)`` with
+    the next input set's index (0, 1, ..., sets - 1, 0, ...), so the k-th call
+    captured in a graph reads set k % sets."""
+    state = {"i": 0}
+
+    def step() -> None:
+        i = state["i"] % sets
+        state["i"] += 1
+        call(i)
+    return step
+
+
 def time_graph(fn: Callable[[], object], calls: int, replays: int, warmup: int = 3) -> list[float]:
     """Microseconds per call of ``fn`` for each of ``replays`` replays of one
     CUDA graph holding ``calls`` calls (after one eager call and ``warmup``

@@ -56,37 +56,59 @@ def skip_reason(case: Case, backend: str) -> str | None:
 
 def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
                timeout_s: float | None) -> None:
-    import ray
-
-    from cluster.group import TPGroup
-    first = members[0]
-    where = view.resolve(first)
-    reason = skip_reason(first, run.backend) or (where if isinstance(where, str) else None)
-    if reason:
-        for case in members:
-            run.record(case, suite, outcome="skipped", started_at=now(), reason=reason)
+    where = group_placement(run, suite, members, view)
+    if where is None:
         return
-    assert isinstance(where, Placement)
-    timeout = timeout_s or first.param("timeout_s")
+    timeout = timeout_s or members[0].param("timeout_s")
     if where.name == "virtual-ranks":
         _run_virtual(run, suite, members, where, timeout)
         return
-    started = now()
-    try:
-        group = TPGroup(tp=first.tp, hidden=first.hidden,
-                        capacity=max(c.tokens for c in members), backend=run.backend,
-                        gpus_per_rank=where.gpus_per_rank, call_timeout_s=timeout,
-                        **group_options(run.backend, first))
-    except (TimeoutError, ValueError, ray.exceptions.RayError) as err:
-        for case in members:
-            run.record(case, suite, outcome="error", started_at=started, placement=where.name,
-                       reason=f"TP group setup failed: {error_text(err)}")
+    group = open_group(run, suite, members, where, timeout)
+    if group is None:
         return
     with group:
         if not group.start_diagnosis.ok:
             print(f"   group start: {group.start_diagnosis.summary()}")
         for case in members:
             run_case(run, suite, group, case, where)
+
+
+def group_placement(run: Run, suite: Suite, members: Sequence[Case], view: ClusterView,
+                    case_fields=lambda case: {}) -> Placement | None:
+    """Where a group's cases run, or None once each is recorded as skipped
+    with why (an op or transport the backend does not run, no placement).
+    ``case_fields(case)``: extra columns of each row."""
+    first = members[0]
+    where = view.resolve(first)
+    reason = skip_reason(first, run.backend) or (where if isinstance(where, str) else None)
+    if reason:
+        for case in members:
+            run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
+                       **case_fields(case))
+        return None
+    assert isinstance(where, Placement)
+    return where
+
+
+def open_group(run: Run, suite: Suite, members: Sequence[Case], where: Placement,
+               timeout_s: float, case_fields=lambda case: {}):
+    """A TPGroup for the cases (capacity: their largest M), or None once each
+    is recorded as an error with the setup failure's root cause."""
+    import ray
+
+    from cluster.group import TPGroup
+    first = members[0]
+    started = now()
+    try:
+        return TPGroup(tp=first.tp, hidden=first.hidden,
+                       capacity=max(c.tokens for c in members), backend=run.backend,
+                       gpus_per_rank=where.gpus_per_rank, call_timeout_s=timeout_s,
+                       **group_options(run.backend, first))
+    except (TimeoutError, ValueError, ray.exceptions.RayError) as err:
+        for case in members:
+            run.record(case, suite, outcome="error", started_at=started, placement=where.name,
+                       reason=f"TP group setup failed: {error_text(err)}", **case_fields(case))
+        return None
 
 
 def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:

@@ -15,8 +15,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from jobs.config import Case, Suite
-from jobs.correctness import group_options, skip_reason
-from jobs.harness import ClusterView, Placement, Run, case_seed, error_text, now
+from jobs.correctness import group_placement, open_group
+from jobs.harness import ClusterView, Placement, Run, case_seed, now
 
 MIN_TP: dict[str, int] = {}
 """Smallest tp at which a kind's expected outcome is decidable, where above
@@ -53,29 +53,15 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
 
 def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
                timeout_s: float | None) -> None:
-    import ray
+    def fields(case):
+        return {"fault_kind": case.fault}
 
-    from cluster.group import TPGroup
-    first = members[0]
-    where = view.resolve(first)
-    reason = skip_reason(first, run.backend) or (where if isinstance(where, str) else None)
-    if reason:
-        for case in members:
-            run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
-                       fault_kind=case.fault)
+    where = group_placement(run, suite, members, view, fields)
+    if where is None:
         return
-    assert isinstance(where, Placement)
-    started = now()
-    try:
-        group = TPGroup(tp=first.tp, hidden=first.hidden,
-                        capacity=max(c.tokens for c in members), backend=run.backend,
-                        gpus_per_rank=where.gpus_per_rank,
-                        call_timeout_s=timeout_s or first.param("timeout_s"),
-                        **group_options(run.backend, first))
-    except (TimeoutError, ValueError, ray.exceptions.RayError) as err:
-        for case in members:
-            run.record(case, suite, outcome="error", started_at=started, placement=where.name,
-                       fault_kind=case.fault, reason=f"TP group setup failed: {error_text(err)}")
+    group = open_group(run, suite, members, where, timeout_s or members[0].param("timeout_s"),
+                       fields)
+    if group is None:
         return
     with group:
         for case in members:

@@ -73,7 +73,7 @@ def measure_tp1(spec: dict[str, Any]) -> dict[str, Any]:
     "before": gpu_state, "after": gpu_state, "device": name}``."""
     import torch
 
-    from benchmarks.timing import rotation_sets, time_graph
+    from benchmarks.timing import rotating, rotation_sets, time_graph
     from kernels.all_reduce_norm import AllReduceNorm
     from kernels.reference.allreduce import all_reduce_norm
     from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
@@ -90,14 +90,8 @@ def measure_tp1(spec: dict[str, Any]) -> dict[str, Any]:
     weight = (1 + 0.1 * torch.randn(hidden, generator=g)).to(torch.bfloat16).cuda()
     outs = torch.empty(2, sets, m, hidden, dtype=torch.bfloat16, device="cuda")
 
-    def rotating(call):
-        state = {"i": 0}
-
-        def step():
-            i = state["i"] % sets
-            state["i"] += 1
-            call(xs[i], residuals[i], (outs[0, i], outs[1, i]))
-        return step
+    def rotate(call):  # call(x, residual, out) over the input sets
+        return rotating(lambda i: call(xs[i], residuals[i], (outs[0, i], outs[1, i])), sets)
 
     impls: dict[str, dict] = {}
     before = gpu_state()
@@ -107,11 +101,11 @@ def measure_tp1(spec: dict[str, Any]) -> dict[str, Any]:
         with _range(f"{spec['op']}/{name} {label} compile", m):
             t0 = time.perf_counter()
             fn = make()
-            rotating(fn)()
+            rotate(fn)()
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
         with _range(f"{spec['op']}/{name} {label}", m):
-            times = time_graph(rotating(fn), calls, replays)
+            times = time_graph(rotate(fn), calls, replays)
         impls[name] = {"times_us": times, "compile_s": compile_s}
 
     wd = spec["watchdog_ns"] if spec["variant"] == "watchdog" else 0
