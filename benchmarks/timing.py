@@ -40,10 +40,13 @@ def rotating(call: Callable[[int], object], sets: int) -> Callable[[], None]:
     return step
 
 
-def time_graph(fn: Callable[[], object], calls: int, replays: int, warmup: int = 3) -> list[float]:
+def time_graph(fn: Callable[[], object], calls: int, replays: int, warmup: int = 3,
+               before_replay: Callable[[], object] | None = None) -> list[float]:
     """Microseconds per call of ``fn`` for each of ``replays`` replays of one
     CUDA graph holding ``calls`` calls (after one eager call and ``warmup``
-    untimed replays)."""
+    untimed replays). ``before_replay``, when given, runs (untimed) before
+    every replay: the ranks of a group meet there so that their replays
+    start together (cluster.gpu.timing)."""
     fn()  # load modules, allocate
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -51,11 +54,15 @@ def time_graph(fn: Callable[[], object], calls: int, replays: int, warmup: int =
         for _ in range(calls):
             fn()
     for _ in range(warmup):
+        if before_replay is not None:
+            before_replay()
         graph.replay()
     torch.cuda.synchronize()
     times = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(replays):
+        if before_replay is not None:
+            before_replay()
         start.record()
         graph.replay()
         end.record()

@@ -66,6 +66,12 @@ class RankActor:
     def run_case(self, case: dict) -> dict:
         return self._joined().run_case(case)
 
+    def time_case(self, spec: dict) -> dict:
+        backend = self._joined()
+        if not hasattr(backend, "time_case"):
+            raise ValueError(f"the {self._backend_name} backend has no timed call")
+        return backend.time_case(spec)
+
     def recover(self) -> dict:
         return self._joined().recover()
 

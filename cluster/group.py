@@ -278,6 +278,20 @@ class TPGroup:
         self._prepared.add((case["budget_ns"], case["eps"]))
         return out
 
+    def time(self, spec: Mapping, timeout_s: float) -> list[dict]:
+        """Every rank times the fused op and its baselines at once
+        (cluster.gpu.timing, DRAFT); returns the per-rank results, rank
+        order. A rank past ``timeout_s`` is a TimeoutError naming it (the
+        caller then closes the group: a timed graph cannot be recovered
+        mid-replay)."""
+        self._require_open()
+        refs = [a.time_case.remote(dict(spec)) for a in self._actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            raise TimeoutError(f"time: ranks {[r for r, x in enumerate(refs) if x not in ready]} "
+                               f"did not finish within {timeout_s} s")
+        return ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+
     def run(self, case: Mapping, faults: Mapping[int, Mapping] | None = None) -> GroupCall:
         """One collective call: the same case (same seq, same M) on every rank,
         ``faults[rank]`` injected into that rank's call (cluster.injection).

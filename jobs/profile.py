@@ -12,9 +12,13 @@ row with the reason. Per-rank medians and p99 go to ``extra``
 ``t_max_over_ranks_median_us``; ``extra.collective_speed`` is false for any
 timing that is not a collective's speed (virtual ranks, shared GPU).
 
+At tp > 1 with one rank actor per GPU, every rank times the same graphs at
+once (:mod:`cluster.gpu.timing`: an NCCL barrier before each replay) and
+the rows take per iteration the max over ranks (DRAFT: never run on GPUs).
+
 Not measured (``skipped`` with the reason, never a fake timing): every case
-on the emulated backend (numpy on CPUs is no kernel timing), and tp > 1
-(the gpu backend's rank actors have no timed call yet).
+on the emulated backend (numpy on CPUs is no kernel timing), and tp > 1 on
+shared-GPU or virtual-rank placements (not a collective's speed).
 """
 
 from __future__ import annotations
@@ -22,13 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jobs.config import Case, Suite
-from jobs.harness import ClusterView, Placement, Run, gpu_task, now
+from jobs.harness import ClusterView, Placement, Run, error_text, gpu_task, now
 
 EMULATED_REASON = ("profile needs GPUs: on the emulated backend (numpy on CPU actors) there "
                    "is no kernel timing to record")
-MULTI_RANK_REASON = ("tp > 1 timing needs a timed call in the gpu backend's rank actors "
-                     "(not built yet); virtual-rank or shared-GPU timings would not be a "
-                     "collective's speed anyway")
+MULTI_RANK_REASON = ("tp > 1 timing needs one rank actor per GPU (process per GPU): "
+                     "virtual-rank or shared-GPU timings would not be a collective's speed")
 
 
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
@@ -46,8 +49,8 @@ def run_case(run: Run, suite: Suite, case: Case, view: ClusterView,
         run.record(case, suite, outcome="skipped", started_at=started, reason=EMULATED_REASON)
         return
     where = view.resolve(case)
-    if isinstance(where, str) or case.op != "all_reduce_norm" or case.tp != 1 \
-            or case.transport != "unicast":
+    if isinstance(where, str) or case.op != "all_reduce_norm" or case.transport != "unicast" \
+            or (case.tp > 1 and where.name != "process-per-gpu"):
         reason = (where if isinstance(where, str) else
                   f"op {case.op}: only all_reduce_norm is profiled so far"
                   if case.op != "all_reduce_norm" else
@@ -55,7 +58,11 @@ def run_case(run: Run, suite: Suite, case: Case, view: ClusterView,
                   else MULTI_RANK_REASON)
         run.record(case, suite, outcome="skipped", started_at=started, reason=reason)
         return
-    _measure(run, suite, case, where, timeout_s or case.param("timeout_s"), started)
+    timeout = timeout_s or case.param("timeout_s")
+    if case.tp == 1:
+        _measure(run, suite, case, where, timeout, started)
+    else:
+        _measure_group(run, suite, case, where, timeout, started)
 
 
 def _measure(run: Run, suite: Suite, case: Case, where: Placement, timeout_s: float,
@@ -71,25 +78,72 @@ def _measure(run: Run, suite: Suite, case: Case, where: Placement, timeout_s: fl
         kind, why = failed
         run.record(case, suite, outcome=kind, started_at=started, placement=where.name, reason=why)
         return
-    impls = out["impls"]
     before, after = out["before"], out["after"]
     gpu = {"sm_clock_mhz_before": before["sm_clock_mhz"], "sm_clock_mhz_after": after["sm_clock_mhz"],
            "mem_clock_mhz": before["mem_clock_mhz"], "temp_c_before": before["temp_c"],
            "temp_c_after": after["temp_c"], "gpu_model": out["device"]}
-    timing = {name: profiling.stats(v["times_us"]) for name, v in impls.items() if "times_us" in v}
+    record_impls(run, suite, case, where, [out["impls"]], gpu, started)
+
+
+def _measure_group(run: Run, suite: Suite, case: Case, where: Placement, timeout_s: float,
+                   started) -> None:
+    """tp > 1, one rank actor per GPU (DRAFT, never run on GPUs): every rank
+    times the same graphs at once (cluster.gpu.timing), the row takes per
+    iteration the max over ranks."""
+    from cluster.cases import DEFAULTS
+    from jobs.correctness import open_group
+    spec = {"hidden": case.hidden, "tokens": case.tokens, "calls": case.param("calls"),
+            "replays": case.param("replays"), "rotate_mb": case.param("rotate_mb"),
+            "watchdog_ns": case.param("watchdog_ns") if case.variant == "watchdog" else 0,
+            "eps": DEFAULTS["eps"], "baselines": list(case.param("baselines")),
+            "seed": case.tokens}
+    group = open_group(run, suite, [case], where, timeout_s)
+    if group is None:
+        return
+    with group:
+        try:
+            per_rank = group.time(spec, timeout_s)
+        except Exception as err:  # a broken case is a result, not a crash
+            kind = "hang" if isinstance(err, TimeoutError) else (
+                "fail" if isinstance(getattr(err, "cause", None), AssertionError) else "error")
+            run.record(case, suite, outcome=kind, started_at=started, placement=where.name,
+                       reason=error_text(err, limit=300))
+            return
+    record_impls(run, suite, case, where, [r["impls"] for r in per_rank], {}, started)
+
+
+def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank: list[dict],
+                 gpu: dict, started) -> None:
+    """One row per implementation from every rank's ``{name: {"times_us",
+    "compile_s"} | {"skipped": why}}``: the timing columns are those of the
+    per-iteration max over ranks; per-rank medians and p99 go to ``extra``;
+    the fused row carries the first baseline's median and the ratio."""
+    from cluster.gpu.timing import max_over_ranks
+    from jobs import profiling
+    names = list(per_rank[0])
+    timing, ranks = {}, {}
+    for name in names:
+        impls = [r[name] for r in per_rank]
+        if all("times_us" in i for i in impls):
+            timing[name] = profiling.stats(max_over_ranks([i["times_us"] for i in impls]))
+            ranks[name] = [profiling.stats(i["times_us"]) for i in impls]
     base = next((b for b in case.param("baselines") if b in timing), None)
-    for name, impl in impls.items():
+    for name in names:
+        impl = per_rank[0][name]
         variant = case.variant if name == "fused" else f"baseline:{name}"
         extra = {"impl": name, "collective_speed": where.collective_speed,
                  "nvtx_domain": profiling.NVTX_DOMAIN, "calls_per_graph": case.param("calls"),
                  "replays": case.param("replays")}
-        if "skipped" in impl:
+        if name not in timing:
+            why = next((r[name]["skipped"] for r in per_rank if "skipped" in r[name]),
+                       impl.get("skipped"))
             run.record(_as(case, variant), suite, outcome="skipped", started_at=started,
-                       placement=where.name, reason=impl["skipped"], extra=extra, **gpu)
+                       placement=where.name, reason=why, extra=extra, **gpu)
             continue
         t = timing[name]
-        extra.update(compile_s=round(impl["compile_s"], 4), rank_median_us=[t["t_median_us"]],
-                     rank_p99_us=[t["t_p99_us"]])
+        extra.update(compile_s=round(max(r[name]["compile_s"] for r in per_rank), 4),
+                     rank_median_us=[s["t_median_us"] for s in ranks[name]],
+                     rank_p99_us=[s["t_p99_us"] for s in ranks[name]])
         cmp = {}
         if name == "fused" and base is not None:
             cmp = {"baseline": base, "baseline_median_us": timing[base]["t_median_us"],

@@ -54,3 +54,37 @@ def test_profile_job_records_timings_with_baselines(tmp_path, capsys):
         extra = json.loads(r["extra"])
         assert extra["collective_speed"] is True and extra["compile_s"] > 0
     assert any(r["variant"] == "baseline:unfused" and r["t_median_us"] for r in rows)
+
+
+def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
+    """tp > 1 (cluster.gpu.timing's per-rank results): the timing columns are
+    the per-iteration max over ranks, per-rank medians go to extra, a
+    baseline one rank could not run is a skipped row."""
+    from cluster.gpu.timing import max_over_ranks
+    from jobs.config import load_suite, suite_path
+    from jobs.harness import Placement, Run, now
+    from jobs.profile import record_impls
+    from jobs.results import read_results
+    suite = load_suite(suite_path("nightly"))
+    case = next(c for c in suite.of("profile") if c.tp == 2 and c.tokens == 8)
+    r0 = {"fused": {"times_us": [3.0, 5.0, 3.0], "compile_s": 1.0},
+          "unfused": {"times_us": [9.0, 9.0, 12.0], "compile_s": 0.1},
+          "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"}}
+    r1 = {"fused": {"times_us": [4.0, 3.0, 3.5], "compile_s": 2.0},
+          "unfused": {"times_us": [10.0, 8.0, 8.0], "compile_s": 0.1},
+          "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"}}
+    assert max_over_ranks([r0["fused"]["times_us"], r1["fused"]["times_us"]]) == [4.0, 5.0, 3.5]
+    with pytest.raises(ValueError, match="different replay counts"):
+        max_over_ranks([[1.0], [1.0, 2.0]])
+    run = Run(results=tmp_path, trigger="ci", backend="gpu")
+    record_impls(run, suite, case, Placement("process-per-gpu", 1.0, True), [r0, r1], {}, now())
+    rows = {r["variant"]: r for r in read_results(tmp_path).to_pylist()}
+    fused = rows["watchdog"]
+    assert fused["t_median_us"] == fused["t_max_over_ranks_median_us"] == 4.0
+    assert fused["t_n"] == 3 and fused["baseline"] == "unfused"
+    assert fused["ratio"] == pytest.approx(4.0 / 10.0)  # unfused max over ranks: 10, 9, 12
+    extra = json.loads(fused["extra"])
+    assert extra["rank_median_us"] == [3.0, 3.5] and extra["compile_s"] == 2.0
+    assert extra["collective_speed"] is True
+    assert rows["baseline:symm_mem"]["outcome"] == "skipped"
+    assert "unavailable" in rows["baseline:symm_mem"]["reason"]

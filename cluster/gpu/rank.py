@@ -249,6 +249,20 @@ class GpuRank:
         })
         return result
 
+    # -- timing (DRAFT, never run: cluster.gpu.timing)
+    def time_case(self, spec: dict) -> dict:
+        """Time the fused op and its baselines on this rank (every rank of
+        the group at once); process per GPU only (the baselines need NCCL)."""
+        from cluster.gpu.timing import time_rank
+
+        if self._placement != "process_per_gpu":
+            raise ValueError(f"timing needs the process_per_gpu placement (NCCL baselines); this "
+                             f"group is {self._placement}, whose timings would not be a "
+                             f"collective's speed")
+        arn = self._kernel(int(spec.get("watchdog_ns") or 0), float(spec["eps"]))
+        return time_rank(rank=self._rank, tp=self._tp, device=self._device, fused_op=arn,
+                         spec=spec)
+
     # -- recovery
     def recover(self) -> dict:
         """Quiesce (this rank's stream drained: no kernel of it in flight),
