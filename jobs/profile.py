@@ -12,24 +12,32 @@ row with the reason. Per-rank medians and p99 go to ``extra``
 ``t_max_over_ranks_median_us``; ``extra.collective_speed`` is false for any
 timing that is not a collective's speed (virtual ranks, shared GPU).
 
-At tp > 1 with one rank actor per GPU, every rank times the same graphs at
-once (:mod:`cluster.gpu.timing`: an NCCL barrier before each replay) and
-the rows take per iteration the max over ranks (DRAFT: never run on GPUs).
+At tp > 1 with one rank actor per GPU (all_reduce_norm and all_reduce_mhc),
+the cases of one (op, tp, hidden, ...) share a TP group; every rank times
+the same graphs at once (:mod:`cluster.gpu.timing`: an NCCL barrier before
+each replay, the fused op checked against the reference first) and the rows
+take per iteration the max over ranks. A case that hangs, fails or errors
+is recorded and the group is rebuilt for the cases after it.
 
 Not measured (``skipped`` with the reason, never a fake timing): every case
-on the emulated backend (numpy on CPUs is no kernel timing), and tp > 1 on
-shared-GPU or virtual-rank placements (not a collective's speed).
+on the emulated backend (numpy on CPUs is no kernel timing), tp > 1 on
+shared-GPU or virtual-rank placements (not a collective's speed), and
+all_reduce_mhc at tp=1 (``python -m benchmarks.all_reduce_mhc`` compares
+it with the torch path).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
+from cluster.gpu.timing import TIMED_OPS as GROUP_OPS
 from jobs.config import Case, Suite
 from jobs.harness import ClusterView, Placement, Run, error_text, gpu_task, now
 
 EMULATED_REASON = ("profile needs GPUs: on the emulated backend (numpy on CPU actors) there "
                    "is no kernel timing to record")
+TP1_OPS = ("all_reduce_norm",)
 MULTI_RANK_REASON = ("tp > 1 timing needs one rank actor per GPU (process per GPU): "
                      "virtual-rank or shared-GPU timings would not be a collective's speed")
 
@@ -38,31 +46,41 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
         timeout_s: float | None = None) -> None:
     with run.section(f"profile: suite {suite.name} v{suite.version}, {len(cases)} case(s), "
                      f"backend {run.backend}", len(cases)):
+        groups: OrderedDict[tuple, list[Case]] = OrderedDict()
         for case in cases:
-            run_case(run, suite, case, view, timeout_s)
+            where = _placement(run, suite, case, view)
+            if where is None:
+                continue
+            timeout = timeout_s or case.param("timeout_s")
+            if case.tp == 1:
+                _measure(run, suite, case, where, timeout, now())
+            else:
+                groups.setdefault(case.group_key, []).append(case)
+        for members in groups.values():
+            where = view.resolve(members[0])
+            assert isinstance(where, Placement)
+            _measure_group(run, suite, members, where, timeout_s or members[0].param("timeout_s"))
 
 
-def run_case(run: Run, suite: Suite, case: Case, view: ClusterView,
-             timeout_s: float | None) -> None:
-    started = now()
+def _placement(run: Run, suite: Suite, case: Case, view: ClusterView) -> Placement | None:
+    """Where ``case`` is timed, or None once it is recorded as skipped with why."""
     if run.backend == "emulated":
-        run.record(case, suite, outcome="skipped", started_at=started, reason=EMULATED_REASON)
-        return
-    where = view.resolve(case)
-    if isinstance(where, str) or case.op != "all_reduce_norm" or case.transport != "unicast" \
-            or (case.tp > 1 and where.name != "process-per-gpu"):
-        reason = (where if isinstance(where, str) else
-                  f"op {case.op}: only all_reduce_norm is profiled so far"
-                  if case.op != "all_reduce_norm" else
-                  "multicast needs tp >= 2 with NVLS" if case.transport != "unicast"
-                  else MULTI_RANK_REASON)
-        run.record(case, suite, outcome="skipped", started_at=started, reason=reason)
-        return
-    timeout = timeout_s or case.param("timeout_s")
-    if case.tp == 1:
-        _measure(run, suite, case, where, timeout, started)
+        reason = EMULATED_REASON
     else:
-        _measure_group(run, suite, case, where, timeout, started)
+        where = view.resolve(case)
+        timed_ops = TP1_OPS if case.tp == 1 else GROUP_OPS
+        reason = (where if isinstance(where, str) else
+                  f"op {case.op} at tp={case.tp}: profiled ops there are {list(timed_ops)}"
+                  + (" (benchmarks.all_reduce_mhc times mHC at tp=1)"
+                     if case.op == "all_reduce_mhc" else "")
+                  if case.op not in timed_ops else
+                  "multicast needs tp >= 2 with NVLS" if case.transport != "unicast"
+                  else MULTI_RANK_REASON if case.tp > 1 and where.name != "process-per-gpu"
+                  else None)
+        if reason is None:
+            return where
+    run.record(case, suite, outcome="skipped", started_at=now(), reason=reason)
+    return None
 
 
 def _measure(run: Run, suite: Suite, case: Case, where: Placement, timeout_s: float,
@@ -85,31 +103,43 @@ def _measure(run: Run, suite: Suite, case: Case, where: Placement, timeout_s: fl
     record_impls(run, suite, case, where, [out["impls"]], gpu, started)
 
 
-def _measure_group(run: Run, suite: Suite, case: Case, where: Placement, timeout_s: float,
-                   started) -> None:
-    """tp > 1, one rank actor per GPU (DRAFT, never run on GPUs): every rank
-    times the same graphs at once (cluster.gpu.timing), the row takes per
-    iteration the max over ranks."""
+def group_spec(case: Case) -> dict:
+    """The :func:`cluster.gpu.timing.time_rank` spec of a tp > 1 case."""
     from cluster.cases import DEFAULTS
-    from jobs.correctness import open_group
-    spec = {"hidden": case.hidden, "tokens": case.tokens, "calls": case.param("calls"),
-            "replays": case.param("replays"), "rotate_mb": case.param("rotate_mb"),
+    return {"op": case.op, "hidden": case.hidden, "tokens": case.tokens, "hc": case.hc,
+            "calls": case.param("calls"), "replays": case.param("replays"),
+            "rotate_mb": case.param("rotate_mb"),
             "watchdog_ns": case.param("watchdog_ns") if case.variant == "watchdog" else 0,
             "eps": DEFAULTS["eps"], "baselines": list(case.param("baselines")),
             "seed": case.tokens}
-    group = open_group(run, suite, [case], where, timeout_s)
-    if group is None:
-        return
-    with group:
-        try:
-            per_rank = group.time(spec, timeout_s)
-        except Exception as err:  # a broken case is a result, not a crash
-            kind = "hang" if isinstance(err, TimeoutError) else (
-                "fail" if isinstance(getattr(err, "cause", None), AssertionError) else "error")
-            run.record(case, suite, outcome=kind, started_at=started, placement=where.name,
-                       reason=error_text(err, limit=300))
+
+
+def _measure_group(run: Run, suite: Suite, members: list[Case], where: Placement,
+                   timeout_s: float) -> None:
+    """tp > 1, one rank actor per GPU: the cases on one TP group (capacity:
+    their largest M), every rank timing each case's graphs at once; after a
+    case that does not pass, a fresh group for the rest (a timed call cut
+    short leaves the group in an unknown state)."""
+    from jobs.correctness import open_group
+    pending = list(members)
+    while pending:
+        group = open_group(run, suite, pending, where, timeout_s)
+        if group is None:
             return
-    record_impls(run, suite, case, where, [r["impls"] for r in per_rank], {}, started)
+        with group:
+            while pending:
+                case, started = pending.pop(0), now()
+                try:
+                    per_rank = group.time(group_spec(case), timeout_s)
+                except Exception as err:  # a broken case is a result, not a crash
+                    kind = "hang" if isinstance(err, TimeoutError) else (
+                        "fail" if isinstance(getattr(err, "cause", None), AssertionError)
+                        else "error")
+                    run.record(case, suite, outcome=kind, started_at=started,
+                               placement=where.name, reason=error_text(err, limit=300))
+                    break
+                record_impls(run, suite, case, where, [r["impls"] for r in per_rank], {},
+                             started)
 
 
 def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank: list[dict],

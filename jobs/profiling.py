@@ -61,7 +61,8 @@ def gpu_state() -> dict[str, int | None]:
         return {"sm_clock_mhz": None, "mem_clock_mhz": None, "temp_c": None}
 
 
-def _range(name: str, payload: int):
+def nvtx_range(name: str, payload: int):
+    """An NVTX range in the project's domain with M as its payload."""
     import nvtx
     return nvtx.annotate(name, domain=NVTX_DOMAIN, payload=payload)
 
@@ -98,13 +99,13 @@ def measure_tp1(spec: dict[str, Any]) -> dict[str, Any]:
 
     def timed(name, make):
         """make() -> per-call fn (the first call, compile included, timed apart)."""
-        with _range(f"{spec['op']}/{name} {label} compile", m):
+        with nvtx_range(f"{spec['op']}/{name} {label} compile", m):
             t0 = time.perf_counter()
             fn = make()
             rotate(fn)()
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
-        with _range(f"{spec['op']}/{name} {label}", m):
+        with nvtx_range(f"{spec['op']}/{name} {label}", m):
             times = time_graph(rotate(fn), calls, replays)
         impls[name] = {"times_us": times, "compile_s": compile_s}
 

@@ -249,19 +249,42 @@ class GpuRank:
         })
         return result
 
-    # -- timing (DRAFT, never run: cluster.gpu.timing)
+    # -- timing (cluster.gpu.timing)
     def time_case(self, spec: dict) -> dict:
-        """Time the fused op and its baselines on this rank (every rank of
-        the group at once); process per GPU only (the baselines need NCCL)."""
-        from cluster.gpu.timing import time_rank
+        """Time the fused op of ``spec["op"]`` and its baselines on this rank
+        (every rank of the group at once); process per GPU only (the
+        baselines need NCCL, and shared-GPU timings are no collective's
+        speed). ``spec``: :data:`cluster.gpu.timing.SPEC`, plus
+        ``watchdog_ns`` (0: the plain consumer) and ``hc`` for mHC."""
+        from cluster.gpu.timing import TIMED_OPS, time_rank
 
         if self._placement != "process_per_gpu":
             raise ValueError(f"timing needs the process_per_gpu placement (NCCL baselines); this "
                              f"group is {self._placement}, whose timings would not be a "
                              f"collective's speed")
-        arn = self._kernel(int(spec.get("watchdog_ns") or 0), float(spec["eps"]))
-        return time_rank(rank=self._rank, tp=self._tp, device=self._device, fused_op=arn,
+        op, tokens = spec.get("op"), int(spec.get("tokens", 0))
+        if op not in TIMED_OPS:
+            raise ValueError(f"no timing for op {op!r}; timed: {list(TIMED_OPS)}")
+        if not 1 <= tokens <= self._capacity:
+            raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")
+        wd = int(spec.get("watchdog_ns") or 0)
+        fused = (self._kernel(wd, float(spec["eps"])) if op == "all_reduce_norm"
+                 else self._mhc_kernel(int(spec.get("hc") or 0), wd))
+        return time_rank(rank=self._rank, tp=self._tp, device=self._device, fused_op=fused,
                          spec=spec)
+
+    def _mhc_kernel(self, hc: int, watchdog_ns: int):
+        """An AllReduceMHC on this rank's mailbox (it shares the stage
+        rotation with the AllReduceNorm kernels: calls stay in one order on
+        every rank)."""
+        key = ("mhc", hc, watchdog_ns)
+        if key not in self._kernels:
+            from kernels.lamport.all_reduce_mhc import AllReduceMHC
+
+            self._kernels[key] = AllReduceMHC(
+                hidden_size=self._hidden, hc_mult=hc, max_num_tokens=self._capacity,
+                transport=self._transport, watchdog_ns=watchdog_ns, mailbox=self._own())
+        return self._kernels[key]
 
     # -- recovery
     def recover(self) -> dict:
@@ -294,7 +317,7 @@ class GpuRank:
 
     def state(self) -> dict:
         return {"rank": self._rank, "group_id": self._group_id, "placement": self._placement,
-                "calls_since_reset": self._calls, "kernels": sorted(self._kernels),
+                "calls_since_reset": self._calls, "kernels": sorted(self._kernels, key=str),
                 "check": dataclasses.asdict(self._check())}
 
     # -- helpers

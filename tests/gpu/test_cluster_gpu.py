@@ -173,26 +173,3 @@ def test_stuck_rank_is_killed_and_the_shared_gpu_group_rebuilt(cluster):
         assert verdict.met, verdict.seen
         assert g.builds == 2 and set(old).isdisjoint(m["pid"] for m in g.metadata)
 
-
-@pytest.mark.multigpu
-def test_process_per_gpu_timing(cluster):
-    """DRAFT path (cluster.gpu.timing): every rank times the fused op and the
-    NCCL / symmetric-memory baselines at once; the fused op is checked first."""
-    import torch
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    spec = {"hidden": 5120, "tokens": 8, "calls": 20, "replays": 30, "rotate_mb": 16,
-            "eps": 1e-6, "watchdog_ns": 1_000_000_000, "seed": 8,
-            "baselines": ["unfused", "symm_mem", "flashinfer"]}
-    with TPGroup(tp=2, hidden=5120, capacity=8, backend="gpu", gpus_per_rank=1,
-                 call_timeout_s=CALL_TIMEOUT_S, setup_timeout_s=120) as g:
-        per_rank = g.time(spec, timeout_s=300)
-    assert [r["rank"] for r in per_rank] == [0, 1]
-    for r in per_rank:
-        for name in ("fused", "unfused"):
-            times = r["impls"][name]["times_us"]
-            assert len(times) == 30 and all(0.5 < t < 1000 for t in times), (name, times)
-        assert "times_us" in r["impls"]["symm_mem"] or "skipped" in r["impls"]["symm_mem"]
-    print("\ntp=2 timing medians (us):",
-          {n: [float(np.median(r["impls"][n]["times_us"])) for r in per_rank]
-           for n in ("fused", "unfused", "symm_mem") if "times_us" in per_rank[0]["impls"][n]})

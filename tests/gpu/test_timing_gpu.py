@@ -1,0 +1,100 @@
+"""cluster.gpu.timing on GPUs: the profile job's tp > 1 timed call.
+
+- One GPU, no Ray: a :class:`~cluster.gpu.GpuRank` set up as the only rank
+  of a process-per-GPU group (NCCL + torch symmetric memory, world size 1)
+  times AllReduceNorm and AllReduceMHC with the NCCL and symmetric-memory
+  baselines captured in CUDA graphs, the same code path each rank of a
+  multi-GPU group runs (barrier before every replay included).
+- Several GPUs (``multigpu``, Ray): a tp=2 process-per-GPU group, every rank
+  timing at once.
+
+Run under a process timeout:
+    timeout 300 python -m pytest -m gpu -v -s tests/gpu/test_timing_gpu.py
+Medians printed here are sanity output, not results (the profile job and
+the benchmarks record those).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+HIDDEN, CAPACITY, TOKENS, REPLAYS = 5120, 16, 8, 30
+OPS = ("all_reduce_norm", "all_reduce_mhc")
+
+
+def spec(op: str) -> dict:
+    return {"op": op, "hidden": HIDDEN, "tokens": TOKENS, "hc": 4 if op == "all_reduce_mhc" else None,
+            "calls": 20, "replays": REPLAYS, "rotate_mb": 16, "eps": 1e-6,
+            "watchdog_ns": 1_000_000_000, "seed": TOKENS,
+            "baselines": ["unfused", "symm_mem", "flashinfer"]}
+
+
+def check_timings(per_rank: list[dict], tp: int, label: str) -> None:
+    assert [r["rank"] for r in per_rank] == list(range(tp))
+    for r in per_rank:
+        impls = r["impls"]
+        for name in ("fused", "unfused", "symm_mem"):
+            times = impls[name]["times_us"]
+            assert len(times) == REPLAYS and all(0.5 < t < 1000 for t in times), (name, times)
+            assert impls[name]["compile_s"] > 0
+        assert "skipped" in impls["flashinfer"]
+    print(f"\n{label} medians (us):",
+          {n: [round(float(np.median(r["impls"][n]["times_us"])), 2) for r in per_rank]
+           for n in ("fused", "unfused", "symm_mem")})
+
+
+@pytest.fixture(scope="module")
+def lone_rank():
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from cluster.gpu import GpuRank
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rank = GpuRank()
+    rank.setup(group_id="timing", rank=0, tp=1, capacity=CAPACITY, hidden=HIDDEN, timeout_s=120,
+               options={"master_addr": "127.0.0.1", "master_port": port,
+                        "placement": "process_per_gpu"})
+    yield rank
+    rank.close()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_time_case_as_the_only_rank_of_a_process_per_gpu_group(lone_rank, op):
+    check_timings([lone_rank.time_case(spec(op))], 1, f"{op} tp=1 (process-per-GPU group of one)")
+    state = lone_rank.state()
+    assert state["check"]["non_sentinel"] == 0, state  # the timed graphs left the mailbox clean
+
+
+def test_time_case_refuses_bad_specs(lone_rank):
+    with pytest.raises(ValueError, match="no timing for op 'embed_norm'"):
+        lone_rank.time_case({**spec("all_reduce_norm"), "op": "embed_norm"})
+    with pytest.raises(ValueError, match=r"tokens must be in 1..capacity=16, got 17"):
+        lone_rank.time_case({**spec("all_reduce_norm"), "tokens": 17})
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("op", OPS)
+def test_process_per_gpu_group_times_every_rank_at_once(op):
+    import torch
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    ray = pytest.importorskip("ray")
+    from cluster.group import TPGroup
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    try:
+        with TPGroup(tp=2, hidden=HIDDEN, capacity=CAPACITY, backend="gpu", gpus_per_rank=1,
+                     call_timeout_s=10.0, setup_timeout_s=120) as g:
+            per_rank = g.time(spec(op), timeout_s=300)
+        check_timings(per_rank, 2, f"{op} tp=2 process per GPU")
+    finally:
+        if started:
+            ray.shutdown()
