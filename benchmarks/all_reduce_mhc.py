@@ -30,10 +30,10 @@ graph, peer stores landing in local L2): NOT a collective's speed, only a
 comparison of consumer tunings with one another (rank lanes need tp > 1).
 
 Each sweep row is printed as it is measured ("measured ..."), then the
-marked table per hidden. The tp=1 sweep at hidden 5120 / 7168 / 8192 and the
-default comparison ran on the H200 (docs/results/all_reduce_mhc_h200_2026-11-29.md);
-a tp=8 rank-lanes sweep (virtual ranks) did not finish in its 75 s limit
-there and has no numbers yet.
+marked table per hidden. At tp > 1 a graph holds at most
+:data:`VIRTUAL_MAX_CALLS` calls. The tp=1 sweep at hidden 5120 / 7168 / 8192,
+the tp 2 / 4 / 8 sweep at 5120 / 7168 and the default comparison ran on the
+H200 (docs/results/all_reduce_mhc_h200_2026-11-29.md, sections 2-6).
 """
 
 from __future__ import annotations
@@ -61,9 +61,20 @@ def _inputs(sets, m, hc, hidden, seed):
         layer=torch.empty(sets, m, hidden, dtype=bf16, device="cuda"))
 
 
+VIRTUAL_MAX_CALLS = 64
+"""Calls a graph at most at tp > 1 (virtual ranks). Each virtual-ranks call
+forks tp streams and joins them with events; replaying such a graph costs
+more per call the more calls it holds (H200, tp=2, M=1, 5 x 256 R2: 7.6 /
+10.2 / 16.6 us a call at 128 / 256 / 512 calls, ~30 us at 1117, and minutes
+to capture; scripts/probe_mhc_graph.py), so the sweep's small-M rows would
+time the graph, not the consumer. Capped, small-M inputs may stay in L2: the
+tp > 1 rows are relative only anyway."""
+
+
 def _sets(rotate_mb, m, hc, hidden, tp=1):
     set_bytes = tp * m * hidden * 2 + 2 * m * hc * hidden * 2 + m * hidden * 2
-    return rotation_sets(rotate_mb, set_bytes), set_bytes
+    sets = rotation_sets(rotate_mb, set_bytes)
+    return (sets if tp == 1 else min(sets, VIRTUAL_MAX_CALLS)), set_bytes
 
 
 def torch_mhc(x, residual, post, comb, pre, weight, eps):
@@ -185,7 +196,8 @@ def sweep(args) -> list[str]:
                                                     tuning=tuning)
                 for m in args.tokens:
                     sets, _ = _sets(args.rotate_mb, m, args.hc, hidden, tp)
-                    calls = max(args.calls, sets)
+                    calls = max(args.calls, sets) if tp == 1 else min(max(args.calls, sets),
+                                                                       VIRTUAL_MAX_CALLS)
                     d = _inputs(sets, m, args.hc, hidden, seed=m)
                     xs = [torch.randn(sets, m, hidden, device="cuda").to(torch.bfloat16)
                           for _ in range(tp)]
@@ -252,7 +264,8 @@ def main(argv=None) -> int:
             f"calls/graph=max({args.calls}, input sets), replays={args.replays}, "
             f"inputs rotated over >= {args.rotate_mb:g} MB"
             + ("" if args.sweep else f", watchdog_ns={args.watchdog_ns}")
-            + (", tp > 1 rows: virtual ranks on one GPU (relative only)"
+            + (f", tp > 1 rows: virtual ranks on one GPU (relative only), at most "
+               f"{VIRTUAL_MAX_CALLS} calls a graph"
                if args.sweep and max(args.sweep_tp) > 1 else ""))
     print(meta)
     if args.markdown:

@@ -77,3 +77,14 @@ def test_geometry_errors_name_the_argument(kw, match):
 def test_default_tuning_rejects_bad_hidden():
     with pytest.raises(ValueError, match="hidden_size"):
         default_tuning(0, 1)
+
+
+def test_sweep_caps_virtual_rank_graphs_not_tp1_ones():
+    """benchmarks.all_reduce_mhc: at tp > 1 (virtual ranks) a graph holds at
+    most VIRTUAL_MAX_CALLS calls (replay cost grows with a fork/join graph's
+    size); tp=1 rotates over the full 120 MB."""
+    from benchmarks.all_reduce_mhc import VIRTUAL_MAX_CALLS, _sets
+    tp1, set_bytes = _sets(120, 1, 4, 5120)
+    assert tp1 * set_bytes >= 120 * 2**20 and tp1 > VIRTUAL_MAX_CALLS
+    assert _sets(120, 1, 4, 5120, tp=2)[0] == VIRTUAL_MAX_CALLS
+    assert _sets(120, 64, 4, 7168, tp=8)[0] < VIRTUAL_MAX_CALLS  # large M: 120 MB in fewer sets

@@ -28,8 +28,14 @@ Provenance (``source``, not part of the key):
   for 7168 and at M 1 and 16 for 8192; at 8192 and M=64 a 2 x 512 cluster
   was 1.7% faster (5.96 vs 6.06 us), too little to trade the decode sizes
   for. The same sweep confirmed the seed's 5 x 128 at 5120, tp=1. The sm_100a
-  entries copy the H200 choice unmeasured. rank_lanes at tp > 1 is the
-  seed's 1, not yet measured (it needs tp > 1: real NVLink, issue 10);
+  entries copy the H200 choice unmeasured;
+- rank_lanes at tp > 1 stays the seed's 1. The sweep at tp 2 / 4 / 8
+  (``--sweep --sweep-tp 8,4,2``, virtual ranks on one H200: relative only,
+  section 6 of the results page) confirms it at tp=2 (every M) and for 5120
+  at tp=8 (M 16, 64); rank lanes 2 won two cells there (5120 at tp=4: 5 x 128
+  R2, 8-19%; 7168 at tp=8, M <= 16: 7 x 256 R2, up to 2.2x), left for the
+  real-NVLink timing (issue 10) to decide: a change of rank_lanes changes the
+  reduction order the outputs are bit-exact to;
 - ``default``: :func:`default_tuning` for any other shape.
 """
 
