@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from cluster.gpu.timing import TIMED_OPS as GROUP_OPS
 from jobs.config import Case, Suite
 from jobs.harness import ClusterView, Placement, Run, error_text, gpu_task, now
 
@@ -67,8 +66,9 @@ def _placement(run: Run, suite: Suite, case: Case, view: ClusterView) -> Placeme
     if run.backend == "emulated":
         reason = EMULATED_REASON
     else:
+        from cluster.gpu.timing import TIMED_OPS  # imports torch: only off the emulated path
         where = view.resolve(case)
-        timed_ops = TP1_OPS if case.tp == 1 else GROUP_OPS
+        timed_ops = TP1_OPS if case.tp == 1 else TIMED_OPS
         reason = (where if isinstance(where, str) else
                   f"op {case.op} at tp={case.tp}: profiled ops there are {list(timed_ops)}"
                   + (" (benchmarks.all_reduce_mhc times mHC at tp=1)"
