@@ -32,10 +32,10 @@ Provenance (``source``, not part of the key):
 - rank_lanes at tp > 1 stays the seed's 1. The sweep at tp 2 / 4 / 8
   (``--sweep --sweep-tp 8,4,2``, virtual ranks on one H200: relative only,
   section 6 of the results page) confirms it at tp=2 (every M) and for 5120
-  at tp=8 (M 16, 64); rank lanes 2 won two cells there (5120 at tp=4: 5 x 128
-  R2, 8-19%; 7168 at tp=8, M <= 16: 7 x 256 R2, up to 2.2x), left for the
-  real-NVLink timing (issue 10) to decide: a change of rank_lanes changes the
-  reduction order the outputs are bit-exact to;
+  at tp=8 (M 16, 64); rank lanes 2 won two cells there (5120 at tp=4:
+  5 x 128 R2, 7-19% less time; 7168 at tp=8, M <= 16: 7 x 256 R2, up to
+  2.2x), left for the real-NVLink timing (issue 10) to decide: a change of
+  rank_lanes changes the reduction order the outputs are bit-exact to;
 - ``default``: :func:`default_tuning` for any other shape.
 """
 
