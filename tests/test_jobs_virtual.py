@@ -20,8 +20,10 @@ GROUP = [c for c in SUITE.of("correctness") if c.placement == "virtual-ranks" an
 
 
 def _check(ok=True, mismatches=0, ulp=0.0):
-    part = {"mismatches": mismatches, "max_ulp": ulp, "nan": False}
-    return {"ok": ok, "sum": {"observed": False}, "residual": part, "norm": dict(part)}
+    part = {"elements": 1024, "mismatches": mismatches, "max_ulp": ulp, "nan": False,
+            "bound_ulp": 0, "ok": ok}
+    return {"ok": ok, "sum": {"observed": False}, "residual": part,
+            "norm": dict(part, bound_ulp=1)}
 
 
 def _call(graph, *, tp=4, ok=True, clean=True, diagnosis=None, missing=()):

@@ -35,7 +35,8 @@ from .compile import (EmbedNormConfig, EmbedPublishConfig, FinalizePublishConfig
                       NormConfig, PublishConfig, cached)
 from .finalize_publish import (FinalizeTuning, check_finalize_options,
                                finalize_ctas_per_token)
-from .mailbox import Diagnosis, Mailbox, RankErrors, diagnose, require_multicast
+from .diagnosis import GroupDiagnosis, diagnose_errors
+from .mailbox import Mailbox, RankErrors, require_multicast
 from .norm import norm_threads
 from .protocol import ERR_DEFAULT_RECORDS
 from .publish import TRANSPORTS, publish_ctas_per_token
@@ -44,8 +45,8 @@ from .publish import TRANSPORTS, publish_ctas_per_token
 class LamportTimeout(RuntimeError):
     """A watchdog consumer gave up; ``diagnosis`` holds the group view."""
 
-    def __init__(self, diagnosis: Diagnosis) -> None:
-        super().__init__(diagnosis.message)
+    def __init__(self, diagnosis: GroupDiagnosis) -> None:
+        super().__init__(diagnosis.summary())
         self.diagnosis = diagnosis
 
 
@@ -191,16 +192,17 @@ class LamportGroupMember:
     def errors(self) -> RankErrors:
         return self._mailbox.read_errors()
 
-    def diagnose(self) -> Diagnosis:
-        """Group diagnosis (collective over the group when there is one)."""
+    def diagnose(self) -> GroupDiagnosis:
+        """Group diagnosis (collective over the group when there is one;
+        :func:`kernels.lamport.diagnosis.diagnose_errors`)."""
         mine = self.errors()
         if self._group is None:
-            return diagnose([mine])
+            return diagnose_errors([mine])
         import torch.distributed as dist
 
         reports: list = [None] * self.tp
         dist.all_gather_object(reports, mine, group=self._group)
-        return diagnose(reports)
+        return diagnose_errors(reports)
 
     def check(self) -> None:
         """Raise :class:`LamportTimeout` if any rank of the group recorded an error."""
@@ -575,8 +577,9 @@ class VirtualRanks:
         torch.cuda.synchronize(self.device)
         return [r.errors() for r in self.ranks]
 
-    def diagnose(self) -> Diagnosis:
-        return diagnose(self.errors())
+    def diagnose(self) -> GroupDiagnosis:
+        """The group view of every rank's error buffer (synchronizes)."""
+        return diagnose_errors(self.errors())
 
     def check(self) -> None:
         d = self.diagnose()
