@@ -111,6 +111,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
     f.add_argument("--placement", type=_strs)
     f.add_argument("--inputs", type=_strs, help="correctness inputs kinds")
     f.add_argument("--faults", type=_strs, help="fault kinds (cluster.faults.FAULT_KINDS)")
+    f.add_argument("--op-args", type=_strs, dest="op_args", metavar="NAME=VALUE,...",
+                   help="op fields without a column of their own (cluster.ops), e.g. "
+                        "finalize=true or path=fused")
 
 
 def _add_rule_arguments(p: argparse.ArgumentParser) -> None:

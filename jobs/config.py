@@ -428,10 +428,13 @@ class Filters:
     placement: tuple[str, ...] | None = None
     inputs: tuple[str, ...] | None = None
     faults: tuple[str, ...] | None = None
+    op_args: tuple[str, ...] | None = None
+    """``name=value`` items: the op fields without a column (finalize, path, ...)."""
 
     FIELDS = {"ops": "op", "tp": "tp", "hidden": "hidden", "tokens": "tokens", "top_k": "top_k",
               "hc": "hc", "variant": "variant", "transport": "transport",
-              "placement": "placement", "inputs": "inputs", "faults": "fault"}
+              "placement": "placement", "inputs": "inputs", "faults": "fault",
+              "op_args": "op_args"}
 
     def validate(self) -> None:
         choices = {"ops": op_names(), "variant": VARIANTS, "transport": TRANSPORTS,
@@ -441,6 +444,11 @@ class Filters:
             if bad:
                 raise ConfigError(f"--{name.replace('_', '-')}: unknown value(s) {bad}; "
                                   f"known: {list(known)}")
+        for item in self.op_args or ():
+            name, eq, _ = item.partition("=")
+            if not eq or name not in op_field_names():
+                raise ConfigError(f"--op-args: {item!r} must be NAME=VALUE with NAME one of "
+                                  f"{list(op_field_names())}")
         if self.faults:
             from cluster.faults import FAULT_KINDS
             bad = sorted(set(self.faults) - set(FAULT_KINDS))
@@ -448,7 +456,14 @@ class Filters:
                 raise ConfigError(f"--faults: unknown fault kind(s) {bad}; known: {sorted(FAULT_KINDS)}")
 
     def keep(self, case: Case) -> bool:
+        given = {k: str(v).lower() for k, v in case.op_args}
+        for item in self.op_args or ():
+            name, _, value = item.partition("=")
+            if name in given and given[name] != value.lower():
+                return False
         for name, attr in self.FIELDS.items():
+            if name == "op_args":
+                continue
             wanted = getattr(self, name)
             value = getattr(case, attr)
             # A filter on a field the case does not have (--inputs on a fault

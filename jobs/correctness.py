@@ -90,7 +90,7 @@ def group_placement(run: Run, suite: Suite, members: Sequence[Case], view: Clust
     if reason:
         for case in members:
             run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
-                       **case_fields(case))
+                       extra=row_extra(case), **case_fields(case))
         return None
     assert isinstance(where, Placement)
     return where
@@ -113,11 +113,12 @@ def open_group(run: Run, suite: Suite, members: Sequence[Case], where: Placement
     except (TimeoutError, ValueError, ray.exceptions.RayError) as err:
         for case in members:
             run.record(case, suite, outcome="error", started_at=started, placement=where.name,
-                       reason=f"TP group setup failed: {error_text(err)}", **case_fields(case))
+                       reason=f"TP group setup failed: {error_text(err)}", extra=row_extra(case),
+                       **case_fields(case))
         return None
 
 
-def case_fields(case: Case) -> dict:
+def op_case_fields(case: Case) -> dict:
     """The cluster case dict's op and op fields for ``case`` (cluster.cases.make_case)."""
     return {"op": case.op, **case.op_fields()}
 
@@ -137,7 +138,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
     outcome, reason, call = "pass", None, None
     for repeat in range(case.repeats):
         fields = dict(tokens=case.tokens, inputs=case.inputs, seed=case_seed(case, repeat),
-                      budget_ns=budget_ns, **case_fields(case))
+                      budget_ns=budget_ns, **op_case_fields(case))
         if repeat == 0 and run.backend == "gpu" and "residual" in ops.get(case.op).fields:
             fields["residual"] = "zeros"  # the gpu consumer's sum is observable only so
         try:

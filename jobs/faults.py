@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from jobs.config import Case, Suite
-from jobs.correctness import case_fields, group_placement, open_group, row_extra
+from jobs.correctness import group_placement, op_case_fields, open_group, row_extra
 from jobs.harness import ClusterView, Placement, Run, case_seed, now
 
 MIN_TP: dict[str, int] = {}
@@ -96,7 +96,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
             group.recover()  # every case starts from a recovered group
             verdicts.append(run_fault(group, case.fault, rank=case.rank, tokens=case.tokens,
                                       seed=case_seed(case, repeat), budget_ns=budget_ns,
-                                      fields=case_fields(case)))
+                                      fields=op_case_fields(case)))
             if not verdicts[-1].met:
                 break
     except Exception as err:  # a broken case is a result, not a crash

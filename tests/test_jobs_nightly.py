@@ -83,11 +83,11 @@ def test_rows_carry_every_schema_field_that_applies(smoke):
     virtual = [r for r in rows if r["placement"] == "virtual-ranks"]
     assert virtual and all(r["job"] == "correctness" and r["outcome"] == "skipped"
                            and "needs the gpu backend" in r["reason"] for r in virtual)
-    indexer = [r for r in rows if r["op"] == "indexer"]
+    indexer = [r for r in rows if r["op"] == "indexer" and r["job"] == "correctness"]
     assert indexer and all(r["outcome"] == "skipped" and r["reason"] == (
         "op indexer: needs a GPU: not a collective; runs on each rank actor's GPU")
         for r in indexer)
-    rows = [r for r in rows if r["placement"] != "virtual-ranks" and r["op"] != "indexer"]
+    rows = [r for r in rows if r["placement"] != "virtual-ranks" and r not in indexer]
     for r in rows:
         missing = sorted(c for c in APPLIES[r["job"]] if r[c] is None)
         assert not missing, (r["job"], r["op"], r.get("fault_kind"), missing)
@@ -121,6 +121,7 @@ def test_every_op_runs_and_no_row_says_the_cluster_cannot(smoke):
     assert {r["x"].get("finalize") for r in correctness if r["op"] == "all_reduce_mhc"} \
         == {False, True}
     assert {r["op"] for r in correctness} == set(ops.names())
+    assert [r["x"]["collective"] for r in correctness if r["op"] == "indexer"] == [False] * 3
     for r in rows:
         assert "cluster runs only" not in (r["reason"] or "") and "so far" not in (r["reason"] or "")
     faulted = {r["op"] for r in rows if r["job"] == "faults" and r["outcome"] == "pass"}
