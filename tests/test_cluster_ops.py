@@ -160,3 +160,25 @@ def test_a_sixth_op_is_one_declaration(toy, tmp_path):
     for res in results:
         report = check_outputs(case, tp=tp, hidden=64, outputs=res["outputs"])
         assert report["ok"] and report["scaled"]["elements"] == 2 * 64, report
+
+
+def test_static_buffers_follow_the_structure_of_moe_inputs():
+    """Virtual ranks replay a CUDA graph over static buffers: the MoE inputs
+    (a dataclass of tensors) are copied field by field, and a new shape
+    (another input kind or M) is seen as such."""
+    import torch
+
+    from cluster.ops.all_reduce_norm import copy_into, shapes
+    from cluster.ops.finalize_publish import make_inputs, moe_output
+
+    def moe(kind, seed):
+        case = {"inputs": kind, "seed": seed, "top_k": 3, "residual": "random"}
+        return moe_output(make_inputs(case, tp=2, hidden=16, tokens=4)["moes"][1], "cpu")
+
+    static, new = moe("random", 1), moe("random", 2)
+    assert shapes(static) == shapes(new) == (((12, 16), (4, 3), (4, 3)), (4, 16))
+    assert shapes(moe("order_sensitive", 1)) != shapes(static)
+    copy_into(static, new)
+    assert torch.equal(static.routed.gemm2_permuted, new.routed.gemm2_permuted)
+    assert torch.equal(static.shared_output, new.shared_output)
+    assert static.routed.gemm2_permuted.data_ptr() != new.routed.gemm2_permuted.data_ptr()

@@ -47,6 +47,27 @@ def test_spec_carries_the_m_sequence_and_one_seed_per_repeat():
     assert plain["watchdog_ns"] == 0
 
 
+@pytest.mark.parametrize("op, fields", [("finalize_publish", {"top_k": 6}), ("embed_norm", {}),
+                                        ("all_reduce_mhc", {"hc": 4, "finalize": True})])
+def test_every_collective_op_has_a_virtual_ranks_spec(op, fields):
+    group = [dataclasses.replace(c, op=op, top_k=fields.get("top_k"), hc=fields.get("hc"),
+                                 op_args=tuple((k, v) for k, v in fields.items()
+                                               if k not in ("top_k", "hc")))
+             for c in GROUP]
+    spec = virtual_spec(group)
+    validate_spec(spec)
+    assert spec["op"] == op and spec["fields"] == fields
+
+
+def test_the_indexer_has_no_virtual_ranks_form():
+    spec = dict(virtual_spec(GROUP), op="indexer", fields={})
+    with pytest.raises(ValueError, match="op indexer has no virtual-ranks form"):
+        validate_spec(spec)
+    spec = dict(virtual_spec(GROUP), fields={"hc": 4})
+    with pytest.raises(ValueError, match=r"op all_reduce_norm has no fields \[.hc.\]"):
+        validate_spec(spec)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda s: s.pop("hidden"), "lacks"),
     (lambda s: s.update(tp=3), "tp must be one of"),

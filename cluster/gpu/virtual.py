@@ -54,7 +54,12 @@ def validate_spec(spec: Mapping) -> None:
     op = ops.get(spec.get("op", "all_reduce_norm"))
     if not op.virtual_ranks:
         raise ValueError(f"op {op.name} has no virtual-ranks form (it is not a collective)")
-    op.case_fields(spec.get("fields", {}))
+    fields = dict(spec.get("fields", {}))
+    unknown = sorted(set(fields) - set(op.fields))
+    if unknown:
+        raise ValueError(f"virtual-ranks spec: op {op.name} has no fields {unknown}; "
+                         f"its fields: {sorted(op.fields)}")
+    op.case_fields(fields)
     if spec["tp"] not in (1, 2, 4, 8):
         raise ValueError(f"tp must be one of 1, 2, 4, 8, got {spec['tp']}")
     if spec["watchdog_ns"] < 0:

@@ -200,13 +200,13 @@ class VirtualKernel:
         else:
             xs = [p.contiguous().to(dev) for p in inputs["partials"]]
         new = {"xs": xs, "mix": _mix(inputs, dev)}
-        if self.buffers is None or self.buffers["tokens"] != tokens:
-            self.buffers = {"tokens": tokens, **new,
+        if self.buffers is None or self.buffers["shapes"] != arn.shapes(xs):
+            self.buffers = {"shapes": arn.shapes(xs), **new,
                             "outs": [_outs(tokens, self.hc, self.hidden, dev)
                                      for _ in range(self.tp)]}
         else:
             for r in range(self.tp):
-                arn._copy_into(self.buffers["xs"][r], xs[r])
+                arn.copy_into(self.buffers["xs"][r], xs[r])
             for static, value in zip(self.buffers["mix"], new["mix"]):
                 static.copy_(value)
         for pair in self.buffers["outs"]:

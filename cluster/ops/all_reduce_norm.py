@@ -172,8 +172,9 @@ class VirtualKernel:
 
         self.case = case
         dev = self.group.device
-        if self.buffers is None or self.buffers["tokens"] != tokens:
-            self.buffers = {"tokens": tokens, "xs": [None] * self.tp,
+        xs = [self.x(case, inputs, r, dev) for r in range(self.tp)]
+        if self.buffers is None or self.buffers["shapes"] != shapes(xs):
+            self.buffers = {"shapes": shapes(xs), "xs": xs,
                             "residuals": [inputs["residual"].to(dev) for _ in range(self.tp)],
                             "weight": inputs["norm_weight"].to(dev),
                             "outs": [(torch.empty(tokens, self.hidden, dtype=torch.bfloat16,
@@ -182,7 +183,7 @@ class VirtualKernel:
                                                   device=dev)) for _ in range(self.tp)]}
         b = self.buffers
         for r in range(self.tp):
-            b["xs"][r] = _copy_into(b["xs"][r], self.x(case, inputs, r, dev))
+            copy_into(b["xs"][r], xs[r])
             b["residuals"][r].copy_(inputs["residual"])
         b["weight"].copy_(inputs["norm_weight"])
         for pair in b["outs"]:
@@ -207,18 +208,25 @@ class VirtualKernel:
         return {}
 
 
-def _copy_into(static, value):
-    """``value`` copied into the static buffer (pytrees of tensors: a tensor,
-    or a dataclass of tensors such as MoEOutput), or ``value`` itself when
-    there is no buffer yet (it becomes the buffer)."""
+def shapes(value) -> tuple:
+    """The shapes of every tensor in ``value`` (a tensor, a dataclass of
+    tensors such as MoEOutput, or a sequence of those), None for None."""
     import dataclasses
 
-    if static is None:
-        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(shapes(v) for v in value)
+    if dataclasses.is_dataclass(value):
+        return tuple(shapes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return None if value is None else tuple(value.shape)
+
+
+def copy_into(static, value) -> None:
+    """Copy ``value`` into the static buffer of the same structure and
+    shapes (:func:`shapes`): a tensor or a dataclass of tensors."""
+    import dataclasses
+
     if dataclasses.is_dataclass(static):
         for f in dataclasses.fields(static):
-            _copy_into(getattr(static, f.name), getattr(value, f.name))
-        return static
-    if static is not None and value is not None:
+            copy_into(getattr(static, f.name), getattr(value, f.name))
+    elif static is not None:
         static.copy_(value)
-    return static
