@@ -16,6 +16,8 @@ from jobs.config import load_suite, suite_path
 from jobs.harness import Run
 from jobs.results import COLUMNS, read_results
 
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
 REPO = Path(__file__).resolve().parents[1]
 
 IDENTITY = {"run_id", "started_at", "finished_at", "trigger", "git_commit", "suite", "op",
