@@ -137,6 +137,30 @@ def table(headers: Sequence[Any], rows: Iterable[Sequence[Any]], *, cls: str = "
                cls=f"data sortable {cls}".strip(), **attrs)
 
 
+def topology(text: str | None) -> Markup:
+    """A results ``topology`` value for people: its one-line summary
+    (:func:`cluster.topology.brief`) with the recorded JSON folded away
+    behind a disclosure."""
+    from cluster.topology import brief
+    if not text:
+        return esc(None)
+    try:
+        pretty = json.dumps(json.loads(text), indent=1, sort_keys=True)
+    except json.JSONDecodeError:
+        return esc(text)
+    return Markup(tag("details", join([tag("summary", brief(text)),
+                                       tag("pre", pretty, cls="json")]), cls="topology"))
+
+
+def repro(command: str | None) -> Markup:
+    """A repro command as copyable code with a copy button (dashboard.js)."""
+    if not command:
+        return esc(None)
+    return Markup(tag("div", join([tag("code", command, cls="repro"),
+                                   tag("button", "copy", type="button", cls="copy",
+                                       title="copy the command")]), cls="repro"))
+
+
 def no_data(message: str) -> Markup:
     return tag("p", join([Markup("<strong>No data.</strong> "), message]), cls="no-data")
 

@@ -475,7 +475,7 @@ def result_row(r: Row, environment: dict) -> dict:
         started_at=r.started_at, finished_at=r.finished_at, op=v.op,
         variant=f"{v.kernel}" + (f"/{v.detail}" if v.detail else "")
         + (f"/watchdog={v.watchdog_ns}ns" if v.watchdog_ns else ""),
-        transport=None if v.transport == "-" else v.transport, backend="compile",
+        transport=None if v.transport == "-" else v.transport, backend="compile", job="compile-check",
         tp=v.tp, hidden=v.hidden, outcome="fail" if r.errors else "pass",
         reason="; ".join(r.errors) or None, repro_command=None if not r.errors else repro,
         extra={"arch": r.arch, "compile_s": round(r.seconds, 4), "ptx_kb": round(r.ptx_kb, 1)},

@@ -76,5 +76,6 @@ def open_results(args: argparse.Namespace):
 
 def report(writer, failures: int) -> None:
     """The closing line of a job."""
-    where = f"results in {writer.directory} (run {writer.run_id})" if writer else "no results written"
+    where = (f"rows written to {writer.directory}/ (run {writer.run_id})" if writer
+             else "no rows written (--no-results)")
     print(f"{'FAILED' if failures else 'OK'}: {failures} failing case(s); {where}", flush=True)

@@ -52,6 +52,15 @@
   }
 
   // ---- compare page
+  // An environment value; the topology's summary opens onto its JSON.
+  function envCell(run, field, text) {
+    var td = el("td"), detail = (run.env_detail || {})[field];
+    if (!detail) { td.textContent = text; return td; }
+    var d = el("details", null, "topology");
+    d.appendChild(el("summary", text)); d.appendChild(el("pre", detail, "json"));
+    td.appendChild(d);
+    return td;
+  }
   function el(name, text, cls) {
     var e = document.createElement(name);
     if (text !== undefined && text !== null) e.textContent = String(text);
@@ -102,7 +111,7 @@
       data.env_fields.forEach(function (f) {
         var x = runA.env[f] || "—", y = runB.env[f] || "—";
         var tr = el("tr"); tr.appendChild(el("td", f));
-        var ca = el("td", x), cb = el("td", y);
+        var ca = envCell(runA, f, x), cb = envCell(runB, f, y);
         if (x !== y) { ca.className = "changed"; cb.className = "changed"; }
         tr.appendChild(ca); tr.appendChild(cb); env.push(tr);
       });

@@ -81,7 +81,8 @@ def render(site: Site) -> dict[str, str]:
     topo_rows = []
     for key in sorted(by_topo, key=lambda k: tuple(sort_key(v) for v in k)):
         tc = counts(site, by_topo[key])
-        topo_rows.append([*key, len(by_topo[key]), *_count_cells(tc, COUNT_KEYS)])
+        topo_rows.append([h.topology(key[0]), *key[1:], len(by_topo[key]),
+                          *_count_cells(tc, COUNT_KEYS)])
     topo_table = h.table(["topology", "tp", "transport", "placement", "cases", *COUNT_KEYS],
                          topo_rows, numeric=range(4, 5 + len(COUNT_KEYS)), id="by-topology")
 
