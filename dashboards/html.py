@@ -214,6 +214,25 @@ def chart(chart_id: str, data: list[dict], layout: dict, *, height: int = 360) -
     return Markup(div + script)
 
 
+def log_ticks(values: Iterable[float]) -> dict:
+    """Tick values and labels for a log axis over ``values``: 1, 2, 5 of
+    each decade, each labelled with its value ("20", not plotly's "2" for
+    the second tick of a decade). Empty for no positive value."""
+    vals = [v for v in values if v is not None and v > 0]
+    if not vals:
+        return {}
+    lo, hi = min(vals) / 1.25, max(vals) * 1.25
+    ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+             for m in (1, 2, 5)]
+    inside = [t for t in ticks if lo <= t <= hi]
+    if len(inside) < 2:  # a narrow range: the ticks either side of it too
+        below = [t for t in ticks if t < lo][-1:]
+        above = [t for t in ticks if t > hi][:1]
+        inside = below + inside + above
+    return {"tickmode": "array", "tickvals": inside,
+            "ticktext": [f"{t:,.0f}" if t >= 1 else f"{t:.3g}" for t in inside]}
+
+
 def plot_text(value: Any) -> str:
     """Text from the data for a plotly name/hover/title (escaped: plotly reads
     a subset of HTML there)."""

@@ -181,9 +181,10 @@ def row_job(row: Mapping[str, Any]) -> str | None:
     their backend says it)."""
     if row.get("job"):
         return row["job"]
+    extra = row.get("extra") or {}
     try:
-        job = json.loads(row.get("extra") or "{}").get("job")
-    except (json.JSONDecodeError, AttributeError):
+        job = (extra if isinstance(extra, Mapping) else json.loads(extra)).get("job")
+    except (json.JSONDecodeError, TypeError, AttributeError):
         job = None
     return job or {"compile": "compile-check", "cpu-reference": "selfcheck"}.get(row.get("backend"))
 
