@@ -16,6 +16,8 @@ Commands:
   smoke          the same as ``nightly --suite smoke``
   submit         ``ray job submit --working-dir .`` of one of the above, with the
                  git commit passed along (the uploaded tree has no .git)
+  head           start / stop a local Ray head to submit to
+  schema         the results columns, as docs/results-schema.md lists them
 
 Cluster: no ``--address`` and no RAY_ADDRESS starts an embedded local Ray
 cluster for the run; either joins that cluster. ``--backend auto`` runs on
@@ -303,6 +305,12 @@ def _compact(args) -> int:
     return 0 if before == after else 1
 
 
+def _schema(args) -> int:
+    from jobs.results.schema import SCHEMA_VERSION, markdown_table
+    print(f"results schema version {SCHEMA_VERSION}\n\n{markdown_table()}")
+    return 0
+
+
 def _submit(args) -> int:
     """``ray job submit --working-dir <repo>`` of a job command: the job is
     checked here first (bad usage: exit 2 before anything is sent), the head
@@ -421,6 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     p.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
     p.set_defaults(func=_compact)
+    p = sub.add_parser("schema", help="print the results columns (docs/results-schema.md)")
+    p.set_defaults(func=_schema)
     p = sub.add_parser("selfcheck", help="recompute the golden vectors")
     add_results_arguments(p, suite="selfcheck")
     from jobs import selfcheck

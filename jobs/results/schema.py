@@ -127,7 +127,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("pyarrow", pa.string(), "-", "pyarrow version"),
     Column("python", pa.string(), "-", "Python version"),
     Column("hostname", pa.string(), "-", "host that wrote the row"),
-    Column("topology", pa.string(), "-", "summary of the GPU interconnect"),
+    Column("topology", pa.string(), "JSON", "the cluster as discovered: nodes, GPUs, links, "
+           "layouts (cluster.topology.Topology.summary(); brief() reads it as one line)"),
     Column("multicast_supported", pa.bool_(), "-", "NVLS multicast usable by the group"),
     Column("extra", pa.string(), "JSON", "JSON object for anything else"),
 )
@@ -234,3 +235,13 @@ def _bad_value(values: list[Any], type_: pa.DataType) -> str:
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             return f"row {index} value {value!r}"
     return "values"
+
+
+def markdown_table() -> str:
+    """``COLUMNS`` as the Markdown table of docs/results-schema.md
+    (``python -m jobs schema`` prints it; a test keeps the doc equal)."""
+    lines = ["| column | type | unit | meaning |", "| --- | --- | --- | --- |"]
+    for c in COLUMNS:
+        doc = c.doc.replace("|", "\\|") + (" (always set)" if c.required else "")
+        lines.append(f"| `{c.name}` | {c.type} | {c.unit} | {doc} |")
+    return "\n".join(lines)
