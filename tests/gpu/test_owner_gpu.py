@@ -27,9 +27,9 @@ from kernels.lamport.protocol import owned_tokens, owner_rows
 from kernels.reference.allreduce import owner_all_reduce_norm, owner_view, rms_norm
 from kernels.reference.moe import finalize_payloads
 from kernels.reference.numerics import (assert_all_written, assert_bit_exact,
-                                        assert_within_ulp, bits, poison_,
-                                        order_sensitive_partials, random_partials,
-                                        sentinel_pattern_partials)
+                                        assert_within_ulp, bits, poison_)
+from test_all_reduce_norm_gpu import inputs  # tests/gpu is on sys.path under pytest
+from test_finalize_embed_gpu import moe_inputs as finalize_moe_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -52,21 +52,14 @@ def group(tp: int, hidden: int, top_k: int | None = None, tuning=None,
 
 
 def partials(tp, m, hidden, seed, kind="random"):
-    if kind == "random":
-        xs = random_partials(tp, m, hidden, seed=seed, device="cuda")
-    elif kind == "order":
-        xs = order_sensitive_partials(tp, m, hidden, device="cuda")
-    else:
-        xs = sentinel_pattern_partials(tp, m, hidden, seed=seed, device="cuda")
-    return [x.contiguous() for x in xs]
+    """Every rank's ``[M, hidden]`` partial (random, order-sensitive or
+    sentinel-pattern), as the one-shot GPU tests make them."""
+    return inputs(tp, m, hidden, seed, kind)[0]
 
 
 def shared_inputs(m, hidden, seed):
     """The full-M residual (each owner passes its rows) and the norm weight."""
-    g = torch.Generator(device="cpu").manual_seed(seed + 1)
-    residual = torch.randn(m, hidden, generator=g).to(torch.bfloat16).cuda()
-    weight = (1 + 0.1 * torch.randn(hidden, generator=g)).to(torch.bfloat16).cuda()
-    return residual, weight
+    return inputs(1, m, hidden, seed)[1:]
 
 
 def run(grp, xs, residual, weight, **kw):
@@ -203,25 +196,8 @@ def test_contract(tp, hidden):
 
 # --------------------------------------------------------------- MoE finalize
 def moe_inputs(tp, m, hidden, top_k, seed, wdtype=torch.float32, held=0.7, shared=True):
-    """One MoEOutput per rank (routes a permutation of m*top_k GEMM2 rows,
-    each held with probability ``held``, token 0 holding none on rank 0)."""
-    from kernels.all_reduce_norm import MoEOutput, RoutedExperts
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    outs = []
-    for r in range(tp):
-        rows = m * top_k
-        gemm2 = torch.randn(rows, hidden, generator=g, device="cuda").to(torch.bfloat16)
-        weights = torch.rand(m, top_k, generator=g, device="cuda").to(wdtype)
-        perm = torch.randperm(rows, generator=g, device="cuda").to(torch.int32).view(m, top_k)
-        keep = torch.rand(m, top_k, generator=g, device="cuda") < held
-        if r == 0:
-            keep[0] = False
-        idx = torch.where(keep, perm, torch.full_like(perm, -1))
-        sh = (torch.randn(m, hidden, generator=g, device="cuda").to(torch.bfloat16)
-              if shared else None)
-        outs.append(MoEOutput(RoutedExperts(gemm2, weights, idx), sh))
-    return outs
+    """One MoEOutput per rank, as the one-shot finalize GPU tests make them."""
+    return finalize_moe_inputs(tp, m, hidden, top_k, seed, wdtype, held, shared)[0]
 
 
 @pytest.mark.parametrize("tuning_args", [
