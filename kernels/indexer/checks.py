@@ -15,7 +15,8 @@ Checks on the kernel's instruction lines:
 - fused builds: the mbarrier init and its cluster fence and the relaxed
   cluster arrive before ``griddepcontrol.wait``, then ``barrier.cluster.wait``,
   ``mapa`` + ``st.async...mbarrier::complete_tx`` (the (mean, M2) pushes),
-  ``mbarrier.try_wait``, and the FP8 conversion ``cvt.rn.satfinite.e4m3x2``.
+  ``mbarrier.try_wait``, and the FP8 conversion ``cvt.rn.satfinite.e4m3x2``;
+  predicated (``@p``) weight loads exactly in the skip-zero-rows build.
 """
 
 from __future__ import annotations
@@ -24,16 +25,22 @@ CHECK_K = 7168
 CHECK_SHAPE = dict(key=128, heads=64, gate=128)
 #: (name, tokens, warps, split) of the projection variants.
 PROJECTION_VARIANTS = (("proj16x1", 1, 16, 1), ("proj16x1", 16, 16, 1), ("proj8x4", 64, 8, 4))
-#: (name, tokens, BF16 head weights) of the fused variants.
-FUSED_VARIANTS = (("fusedf32", 1, False), ("fusedbf16", 16, True))
+#: (name, tokens, BF16 head weights, skip zero rows) of the fused variants.
+FUSED_VARIANTS = (("fusedf32", 1, False, False), ("fusedbf16", 16, True, False),
+                  ("fusedskip", 1, False, True))
 
 
 def _first(lines, pattern):
     return next((i for i, ln in enumerate(lines) if pattern in ln), -1)
 
 
+def _unguarded(line: str) -> str:
+    """The instruction without its predicate guard (``@p ld...`` -> ``ld...``)."""
+    return line.split(None, 1)[1] if line.startswith("@") and " " in line else line
+
+
 def _all(lines, prefix):
-    return [i for i, ln in enumerate(lines) if ln.startswith(prefix)]
+    return [i for i, ln in enumerate(lines) if _unguarded(ln).startswith(prefix)]
 
 
 def _common(lines) -> tuple[list[str], int]:
@@ -86,6 +93,12 @@ def check_fused(lines: list[str], v) -> list[str]:
                     f"wait broken: {after}")
     if _first(lines, "cvt.rn.satfinite.e4m3x2.f32") < 0:
         errs.append("no FP8 e4m3 conversion")
+    guarded = [ln for ln in lines if ln.startswith("@") and "ld.global.nc" in ln]
+    skip = "skip zero rows" in v.detail
+    if skip and not guarded:
+        errs.append("skip-zero build without predicated (@p) weight loads")
+    if not skip and guarded:
+        errs.append("predicated weight loads in a build that loads every row")
     return errs
 
 
@@ -104,12 +117,14 @@ def indexer_variants(Variant) -> list:
         out.append(Variant("indexer", name, "ProjectionKernel", build, hidden=CHECK_K,
                            check=check_projection,
                            detail=f"M={tokens},warps={warps},split={split}"))
-    for name, tokens, bf16 in FUSED_VARIANTS:
-        def build(arch, dump, tokens=tokens, bf16=bf16):
+    for name, tokens, bf16, skip in FUSED_VARIANTS:
+        def build(arch, dump, tokens=tokens, bf16=bf16, skip=skip):
             return compile_fused(FusedConfig(
                 **CHECK_SHAPE, k=CHECK_K, tokens=tokens,
-                padded=padded_heads(CHECK_SHAPE["heads"]), bf16=bf16, arch=arch), dump_dir=dump)
+                padded=padded_heads(CHECK_SHAPE["heads"]), bf16=bf16, arch=arch,
+                skip_zero=skip), dump_dir=dump)
         out.append(Variant("indexer", name, "fused_kernel", build, hidden=CHECK_K,
                            check=check_fused,
-                           detail=f"M={tokens},{'bf16' if bf16 else 'fp32'} weights"))
+                           detail=f"M={tokens},{'bf16' if bf16 else 'fp32'} weights"
+                                  + (",skip zero rows" if skip else "")))
     return out

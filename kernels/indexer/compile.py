@@ -53,6 +53,8 @@ class FusedConfig:
     bf16: bool = False
     ue8m0: bool = True
     arch: str = ""
+    #: Predicate off the zero rows' weight loads (``TacticTable.fused_skip_zero``).
+    skip_zero: bool = False
 
     @property
     def rows(self) -> int:
@@ -73,7 +75,7 @@ def _fused_shape(config: FusedConfig):
 
     order, first = fused_layout(config.key, config.heads, config.gate)
     return FusedShape(padded=config.padded, ctas=len(order) // ROWS, first_head=first,
-                      bf16=config.bf16, ue8m0=config.ue8m0)
+                      bf16=config.bf16, ue8m0=config.ue8m0, skip_zero=config.skip_zero)
 
 
 def compile_projection(config: ProjectionConfig, *, dump_dir: str | None = None):

@@ -61,6 +61,7 @@ class FusedShape:
     first_head: int    # CTA holding head 0 (= key // ROWS)
     bf16: bool         # head weights in BF16 (else FP32)
     ue8m0: bool        # power-of-two q scales (else amax / 448)
+    skip_zero: bool = False  # no loads of zero (padding) weight rows
 
 
 class ProjectionKernel:
@@ -105,14 +106,37 @@ class ProjectionKernel:
 
     # ------------------------------------------------------------ shared parts
     @cute.jit
-    def load_weights(self, w: Int64, cta, rank, warp, lane):
-        """Lane (g, q)'s fragments of weight row g (before the PDL wait)."""
+    def load_weights(self, w: Int64, cta, rank, warp, lane, live=None):
+        """Lane (g, q)'s fragments of weight row g (before the PDL wait);
+        with ``live`` (Int32), zeros instead of the loads where it is 0."""
         first = (rank * self.warps + warp) * self.span + lane % 4 * 8
         row = Int64(cta * ROWS + lane // 4)
         b = []
         for p in cutlass.range_constexpr(self.pairs):
-            b += ip.load_weight_u32x4(w + (row * self.k + first + p * 32) * 2)
+            address = w + (row * self.k + first + p * 32) * 2
+            if cutlass.const_expr(live is None):
+                b += ip.load_weight_u32x4(address)
+            else:
+                b += ip.load_weight_u32x4_if(address, live)
         return b
+
+    @cute.jit
+    def live_row(self, cta, lane):
+        """1 if lane (g, q)'s weight row g of fused CTA ``cta`` is a weight
+        row, 0 if a zero row: :func:`kernels.indexer.layout.fused_row_live`."""
+        g = lane // 4
+        per = ROWS - 1
+        live = Int32(1)
+        head = cta - self.fused.first_head
+        if head >= 0:
+            if head < self.heads:
+                if g > 0:
+                    if per * head + g > self.gate:
+                        live = Int32(0)
+            else:
+                if (head - self.heads) * ROWS + g >= self.gate - per * self.heads:
+                    live = Int32(0)
+        return live
 
     @cute.jit
     def gemv(self, x: Int64, b, partial: Int32, rank, warp, lane):
@@ -268,7 +292,10 @@ class ProjectionKernel:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         cta, _, _ = cute.arch.block_idx()
-        b = self.load_weights(w, cta, 0, warp, lane)
+        if cutlass.const_expr(f.skip_zero):
+            b = self.load_weights(w, cta, 0, warp, lane, self.live_row(cta, lane))
+        else:
+            b = self.load_weights(w, cta, 0, warp, lane)
         smem = cutlass.memory.SmemAllocator()
         partial = ip.shared_address(smem.allocate_array(
             Float32, self.warps * self.tiles * 32 * 4, byte_alignment=16))

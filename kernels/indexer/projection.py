@@ -212,11 +212,18 @@ class IndexerProjection:
         return key, weights, gate
 
     def fused(self, x: torch.Tensor, q: torch.Tensor, norm, scale: float, padded: int,
-              weights_dtype: torch.dtype = torch.float32, *, ue8m0: bool = True, out=None):
+              weights_dtype: torch.dtype = torch.float32, *, ue8m0: bool = True, out=None,
+              skip_zero: bool | None = None):
         """``(q_fp8 [M, padded, 128] e4m3, scaled head weights [M, padded],
         normed key [M, key] BF16, kpool gate [M, gate] BF16)``, as
         ``__call__`` with the fused tactic followed by ``indexer_query``.
-        ``norm`` has ``weight``, ``bias`` (FP32 ``[key]``) and ``eps``."""
+        ``norm`` has ``weight``, ``bias`` (FP32 ``[key]``) and ``eps``.
+        ``skip_zero`` (default: the table's ``fused_skip_zero``) skips the
+        loads of the layout's zero rows; the outputs are the same bits."""
+        if skip_zero is None:
+            skip_zero = self.table.fused_skip_zero
+        elif not isinstance(skip_zero, bool):
+            raise ValueError(f"skip_zero must be a bool or None, got {skip_zero!r}")
         eps = float(norm.eps)
         m = self.validate_fused(x, q, _param(norm.weight), _param(norm.bias), eps, scale,
                                 padded, weights_dtype, out)
@@ -228,7 +235,8 @@ class IndexerProjection:
                    torch.empty((m, self.gate), dtype=torch.bfloat16, device=dev))
         q_out, w_out, key, gate = out
         config = FusedConfig(self.key, self.heads, self.gate, self.k, m, padded,
-                             weights_dtype == torch.bfloat16, bool(ue8m0))
+                             weights_dtype == torch.bfloat16, bool(ue8m0),
+                             skip_zero=skip_zero)
         kernel = cached(config)
         refused = self.cluster_occupancy.get(("refused", config))
         if refused:
