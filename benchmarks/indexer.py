@@ -24,8 +24,8 @@ Printed per token count:
   one-kernel path pays on top of its weight reads.
 
 ``--sweep`` also times the fused kernel's candidates side by side with the
-table's (:data:`FUSED_CANDIDATES`: the zero rows' loads skipped or not; one
-``fused[...]`` row each) and, at ``--sweep-tokens``, the projection kernel
+table's (:data:`kernels.indexer.layout.FUSED_CANDIDATES`; one row each, the
+table's marked ``*``) and, at ``--sweep-tokens``, the projection kernel
 alone for every tactic of :data:`SWEEP_TACTICS` that tiles K, fastest first.
 
 Roofline columns (the fused kernel): ``MB`` = :func:`kernels.indexer.layout.
@@ -59,8 +59,6 @@ from benchmarks.timing import int_list
 #: (more CTAs in flight: 40 CTAs x 16 warps up to 640 CTAs x 2 warps at K 7168).
 SWEEP_TACTICS = ((16, 1), (8, 1), (16, 2), (8, 2), (4, 4), (8, 4), (4, 8), (2, 8), (2, 16),
                  (1, 16))
-#: Fused-kernel candidates of ``--sweep`` (name, ``skip_zero``).
-FUSED_CANDIDATES = (("load-all", False), ("skip-zero", True))
 #: H200 HBM3e peak read bandwidth by the datasheet (bytes/s): the roofline.
 HBM_PEAK = 4.8e12
 
@@ -171,8 +169,8 @@ def main(argv=None) -> int:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
 
-    from kernels.indexer.layout import (Tactic, fused_min_bytes, fused_weight_bytes_read,
-                                        padded_heads)
+    from kernels.indexer.layout import (FUSED_CANDIDATES, Tactic, fused_min_bytes,
+                                        fused_weight_bytes_read, padded_heads)
     from kernels.indexer.projection import IndexerProjection
     from kernels.indexer.stage import Indexer, _fuse, stock_indexer_query
 
@@ -204,20 +202,20 @@ def main(argv=None) -> int:
             projs = [IndexerProjection(m) for m in mods]
             padded = padded_heads(heads)
             scale = mods[0].softmax_scale * heads ** -0.5
-            table_skip = projs[0].table.fused_skip_zero
-            # The table's candidate first (marked *), the others with --sweep.
-            candidates = [(n + "*", s) for n, s in FUSED_CANDIDATES if s == table_skip]
+            table = projs[0].table.fused_variant
+            # The table's variant first (marked *), the other candidates with --sweep.
+            candidates = [(table.name + "*", table)]
             if args.sweep or args.ncu_calls:
-                candidates += [(n, s) for n, s in FUSED_CANDIDATES if s != table_skip]
+                candidates += [(v.name, v) for v in FUSED_CANDIDATES if v != table]
             for m in args.tokens:
                 g = torch.Generator().manual_seed(m)
                 xs = torch.randn(sets, m, k, generator=g).to(torch.bfloat16).cuda()
                 qs = torch.randn(sets, m, heads * 128, generator=g).to(torch.bfloat16).cuda()
 
-                def fused(i, skip=table_skip):
+                def fused(i, variant=table):
                     j = i % sets
                     return projs[j].fused(xs[j], qs[j], mods[j].k_norm, scale, padded,
-                                          skip_zero=skip)
+                                          variant=variant)
 
                 def two_step(i):
                     j = i % sets
@@ -235,11 +233,11 @@ def main(argv=None) -> int:
 
                 fits = m <= projs[0].fused_max_tokens
                 if args.ncu_calls:
-                    for name, skip in candidates if fits else ():
-                        print(f"ncu launch: fused {name} (skip_zero={skip}) K={k} heads={heads} "
-                              f"M={m} x{args.ncu_calls}", flush=True)
+                    for name, variant in candidates if fits else ():
+                        print(f"ncu launch: fused {name} K={k} heads={heads} M={m} "
+                              f"x{args.ncu_calls}", flush=True)
                         for _ in range(args.ncu_calls):
-                            fused(0, skip)
+                            fused(0, variant)
                     for w, sp in args.ncu_proj:
                         t = Tactic(w, sp)
                         if k % t.k_multiple or t.smem_bytes(m) > 232_448:
@@ -259,10 +257,11 @@ def main(argv=None) -> int:
                     t_two = _time_graph(two_step, sets, args.replays)
                     t_stock = _time_graph(stock, sets, args.replays)
                     kernels, other = kernel_count(lambda: stock(0))
-                for name, skip in candidates:
-                    t_fused = (_time_graph(lambda i, s=skip: fused(i, s), sets, args.replays)
+                for name, variant in candidates:
+                    t_fused = (_time_graph(lambda i, v=variant: fused(i, v), sets, args.replays)
                                if fits else nan)
-                    w_read = fused_weight_bytes_read(k, 128, heads, 128, skip_zero=skip)
+                    w_read = fused_weight_bytes_read(k, 128, heads, 128,
+                                                     skip_zero=variant.skip_zero)
                     row = (f"{k:>5} {heads:>5} {m:>3} {name:>10} {t_fused:>9.2f} "
                            f"{w_read / 1e6:>5.2f} {min_bytes / 1e6:>5.2f} "
                            f"{roofline(t_fused, min_bytes)} {floor:>8.2f} "
@@ -291,8 +290,9 @@ def main(argv=None) -> int:
     meta = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
             f"{torch.cuda.get_device_name()}, torch {torch.__version__}, replays={args.replays}, "
             f"weights and inputs rotated over >= {args.rotate_mb:g} MB, times in us per call "
-            f"(median); fused = the fused candidate timed (* = the tactic table's; "
-            f"skip-zero: no loads of the layout's zero rows); MB = fused_min_bytes, roof_us = MB / {HBM_PEAK / 1e12:.1f} TB/s, "
+            f"(median); fused = the fused variant timed (* = the tactic table's; "
+            f"skip-zero: no loads of the layout's zero rows; early: slot codes and norm "
+            f"parameters loaded before the PDL wait); MB = fused_min_bytes, roof_us = MB / {HBM_PEAK / 1e12:.1f} TB/s, "
             f"TB/s = MB / fused_us; kernels = kernels+memsets of one stock call")
     print(meta)
     if args.markdown:

@@ -29,8 +29,8 @@ def cpu_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stub")
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **kw: self)
     monkeypatch.setattr(P.IndexerProjection, "fused",
-                        lambda self, x, *a, skip_zero=None, **kw: calls.append(
-                            ("fused", x.shape[0], skip_zero)))
+                        lambda self, x, *a, variant=None, **kw: calls.append(
+                            ("fused", x.shape[0], variant)))
     monkeypatch.setattr(P.IndexerProjection, "__call__",
                         lambda self, x, tactic=None, **kw: calls.append(
                             ("proj", x.shape[0], tactic)))
@@ -52,12 +52,11 @@ def test_roofline_columns_and_sweep_rows(cpu_gpu, tmp_path, capsys):
     assert rc == 0
     text = out.read_text()
     rows = [ln.split() for ln in text.splitlines() if ln.startswith(" 1024")]
-    # each token count: the table's candidate (marked *) then the other one
-    table = L.H200.fused_skip_zero
+    # each token count: the table's variant (marked *) then the other candidates
+    table = L.H200.fused_variant
     names = [r[3] for r in rows]
-    first = "skip-zero*" if table else "load-all*"
-    other = "load-all" if table else "skip-zero"
-    assert names == [first, other] * 2
+    want = [table.name + "*"] + [v.name for v in L.FUSED_CANDIDATES if v != table]
+    assert names == want * 2 and len(want) == len(L.FUSED_CANDIDATES)
     for r in rows:
         m, us = int(r[2]), float(r[4])
         skip = r[3].startswith("skip")
@@ -74,7 +73,7 @@ def test_roofline_columns_and_sweep_rows(cpu_gpu, tmp_path, capsys):
     assert len(sweep) == 1
     tiling = [f"w{w}s{s}" for w, s in bench.SWEEP_TACTICS if 1024 % (32 * w * s) == 0]
     assert sorted(t.split()[0] for t in sweep[0].split(": ")[1].split(", ")) == sorted(tiling)
-    assert ("fused", 1, True) in cpu_gpu and ("fused", 1, False) in cpu_gpu
+    assert {c[2] for c in cpu_gpu if c[0] == "fused"} == set(L.FUSED_CANDIDATES)
 
 
 def test_ncu_calls_times_nothing(cpu_gpu, capsys):
@@ -82,9 +81,11 @@ def test_ncu_calls_times_nothing(cpu_gpu, capsys):
                      "--ncu-proj", "16x1,4x8"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "TB/s" not in out and out.count("ncu launch:") == 4
-    assert [c for c in cpu_gpu if c[0] == "fused"] == (
-        [("fused", 1, L.H200.fused_skip_zero)] * 2 + [("fused", 1, not L.H200.fused_skip_zero)] * 2)
+    n = len(L.FUSED_CANDIDATES)
+    assert "TB/s" not in out and out.count("ncu launch:") == n + 2
+    table = L.H200.fused_variant
+    assert [c[2] for c in cpu_gpu if c[0] == "fused"] == (
+        [table] * 2 + [v for v in L.FUSED_CANDIDATES if v != table for _ in range(2)])
     assert [c[2] for c in cpu_gpu if c[0] == "proj"] == [L.Tactic(16, 1)] * 2 + [L.Tactic(4, 8)] * 2
 
 

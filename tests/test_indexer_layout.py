@@ -232,6 +232,17 @@ def test_scales():
         L.head_weight_scale(0.0, 64)
 
 
+def test_fused_variant():
+    assert L.FusedVariant().name == "load-all"
+    assert L.FusedVariant(True, True).name == "skip-zero+early"
+    assert len(set(L.FUSED_CANDIDATES)) == len(L.FUSED_CANDIDATES)
+    assert L.GB300.fused_variant == L.FusedVariant()
+    with pytest.raises(ValueError, match="FusedVariant.skip_zero must be a bool, got 1"):
+        L.FusedVariant(skip_zero=1)
+    with pytest.raises(ValueError, match="fused_variant must be a FusedVariant"):
+        dataclasses.replace(L.H200, fused_variant=(True, False))
+
+
 def test_roofline_bytes_by_hand():
     # K 7168, key 128, heads 64, gate 128, one token, FP32 head weights
     weights = 320 * 7168 * 2

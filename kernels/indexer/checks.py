@@ -16,7 +16,9 @@ Checks on the kernel's instruction lines:
   cluster arrive before ``griddepcontrol.wait``, then ``barrier.cluster.wait``,
   ``mapa`` + ``st.async...mbarrier::complete_tx`` (the (mean, M2) pushes),
   ``mbarrier.try_wait``, and the FP8 conversion ``cvt.rn.satfinite.e4m3x2``;
-  predicated (``@p``) weight loads exactly in the skip-zero-rows build.
+  predicated (``@p``) weight loads exactly in the skip-zero builds; no plain
+  slot-code / LayerNorm loads (``ld.global.u32/.f32``) exactly in the
+  early-consts builds (there they are ``ld.global.nc``, before the wait).
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ CHECK_K = 7168
 CHECK_SHAPE = dict(key=128, heads=64, gate=128)
 #: (name, tokens, warps, split) of the projection variants.
 PROJECTION_VARIANTS = (("proj16x1", 1, 16, 1), ("proj16x1", 16, 16, 1), ("proj8x4", 64, 8, 4))
-#: (name, tokens, BF16 head weights, skip zero rows) of the fused variants.
-FUSED_VARIANTS = (("fusedf32", 1, False, False), ("fusedbf16", 16, True, False),
-                  ("fusedskip", 1, False, True))
+#: (name, tokens, BF16 head weights, (skip_zero, early_consts)) of the fused variants.
+FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True, (False, False)),
+                  ("fusedskip", 1, False, (True, False)), ("fusedearly", 16, False, (True, True)))
 
 
 def _first(lines, pattern):
@@ -94,11 +96,17 @@ def check_fused(lines: list[str], v) -> list[str]:
     if _first(lines, "cvt.rn.satfinite.e4m3x2.f32") < 0:
         errs.append("no FP8 e4m3 conversion")
     guarded = [ln for ln in lines if ln.startswith("@") and "ld.global.nc" in ln]
-    skip = "skip zero rows" in v.detail
+    skip = "skip-zero" in v.detail
     if skip and not guarded:
         errs.append("skip-zero build without predicated (@p) weight loads")
     if not skip and guarded:
         errs.append("predicated weight loads in a build that loads every row")
+    late = [ln for ln in lines if _unguarded(ln).startswith(("ld.global.u32", "ld.global.f32"))]
+    early = "early" in v.detail
+    if early and late:
+        errs.append(f"early-consts build with slot/norm loads after the PDL wait: {late[:2]}")
+    if not early and not late:
+        errs.append("no slot code / norm loads (ld.global.u32/.f32) in a late-consts build")
     return errs
 
 
@@ -106,7 +114,7 @@ def indexer_variants(Variant) -> list:
     """The variants, built with compile_check's ``Variant`` class."""
     from kernels.indexer.compile import (FusedConfig, ProjectionConfig, compile_fused,
                                          compile_projection)
-    from kernels.indexer.layout import Tactic, padded_heads
+    from kernels.indexer.layout import FusedVariant, Tactic, padded_heads
 
     out = []
     for name, tokens, warps, split in PROJECTION_VARIANTS:
@@ -117,14 +125,16 @@ def indexer_variants(Variant) -> list:
         out.append(Variant("indexer", name, "ProjectionKernel", build, hidden=CHECK_K,
                            check=check_projection,
                            detail=f"M={tokens},warps={warps},split={split}"))
-    for name, tokens, bf16, skip in FUSED_VARIANTS:
-        def build(arch, dump, tokens=tokens, bf16=bf16, skip=skip):
+    for name, tokens, bf16, flags in FUSED_VARIANTS:
+        variant = FusedVariant(*flags)
+
+        def build(arch, dump, tokens=tokens, bf16=bf16, variant=variant):
             return compile_fused(FusedConfig(
                 **CHECK_SHAPE, k=CHECK_K, tokens=tokens,
                 padded=padded_heads(CHECK_SHAPE["heads"]), bf16=bf16, arch=arch,
-                skip_zero=skip), dump_dir=dump)
+                variant=variant), dump_dir=dump)
         out.append(Variant("indexer", name, "fused_kernel", build, hidden=CHECK_K,
                            check=check_fused,
-                           detail=f"M={tokens},{'bf16' if bf16 else 'fp32'} weights"
-                                  + (",skip zero rows" if skip else "")))
+                           detail=f"M={tokens},{'bf16' if bf16 else 'fp32'} weights,"
+                                  f"{variant.name}"))
     return out

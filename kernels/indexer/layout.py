@@ -140,6 +140,39 @@ class Tactic:
 
 
 @dataclass(frozen=True)
+class FusedVariant:
+    """Which loads the fused kernel issues, and where; every variant writes
+    the same bits (the GEMV and the epilogue arithmetic do not change).
+
+    ``skip_zero``: the zero (padding) rows of the fused layout are not loaded
+    (:func:`fused_row_live`; their products are never stored), so the kernel
+    reads each weight row once instead of every slot. ``early_consts``: the
+    slot codes and the key CTAs' LayerNorm weight and bias are loaded before
+    the PDL wait with the weights (non-coherent loads of constant parameters),
+    instead of after the GEMV (a dependent round trip in the epilogue).
+    Frozen and hashable: part of the compile-cache key."""
+
+    skip_zero: bool = False
+    early_consts: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("skip_zero", "early_consts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def name(self) -> str:
+        parts = (["skip-zero"] if self.skip_zero else []) + (["early"] if self.early_consts else [])
+        return "+".join(parts) or "load-all"
+
+
+#: The fused kernel's candidates the benchmark's ``--sweep`` times side by
+#: side: today's kernel, then each change added in turn.
+FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
+                    FusedVariant(skip_zero=True, early_consts=True))
+
+
+@dataclass(frozen=True)
 class TacticRange:
     """``tactic`` serves token counts up to and including ``max_tokens``."""
 
@@ -178,12 +211,14 @@ class TacticTable:
     ranges: tuple[TacticRange, ...]
     fuse: FuseRule
     source: str
-    #: The fused kernel predicates off the loads of its zero (padding) weight
-    #: rows (:func:`fused_row_live`); outputs are the same bits either way
-    #: (those rows are never stored), only the bytes read differ.
-    fused_skip_zero: bool = False
+    #: The fused kernel's variant (which loads it issues where; the outputs
+    #: are the same bits for every variant).
+    fused_variant: FusedVariant = FusedVariant()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fused_variant, FusedVariant):
+            raise ValueError(f"tactic table {self.name!r}: fused_variant must be a FusedVariant, "
+                             f"got {self.fused_variant!r}")
         if not self.ranges:
             raise ValueError(f"tactic table {self.name!r} has no ranges")
         low = 1

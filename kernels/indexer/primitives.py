@@ -62,6 +62,23 @@ def load_weight_u32x4_if(address: Int64, live, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def load_const_u32(address: Int64, *, loc=None, ip=None) -> Uint32:
+    """4-byte load of a constant parameter, ``ld.global.nc.u32``: read-only
+    for the whole kernel, so allowed before the PDL wait."""
+    (w,) = _inline_asm([T.i32()], [_i64(address, loc, ip)], "ld.global.nc.u32 $0, [$1];",
+                       "=r,l", clobber_memory=False, loc=loc, ip=ip)
+    return Uint32(w)
+
+
+@dsl_user_op
+def load_const_f32(address: Int64, *, loc=None, ip=None) -> Float32:
+    """FP32 :func:`load_const_u32` (``ld.global.nc.f32``)."""
+    (v,) = _inline_asm([T.f32()], [_i64(address, loc, ip)], "ld.global.nc.f32 $0, [$1];",
+                       "=f,l", clobber_memory=False, loc=loc, ip=ip)
+    return Float32(v)
+
+
+@dsl_user_op
 def load_u32(address: Int64, *, loc=None, ip=None) -> Uint32:
     """Plain 4-byte load (``ld.global.u32``)."""
     (w,) = _inline_asm([T.i32()], [_i64(address, loc, ip)], "ld.global.u32 $0, [$1];",
