@@ -200,13 +200,16 @@ def moe_inputs(tp, m, hidden, top_k, seed, wdtype=torch.float32, held=0.7, share
     return finalize_moe_inputs(tp, m, hidden, top_k, seed, wdtype, held, shared)[0]
 
 
-@pytest.mark.parametrize("tuning_args", [
+TUNINGS = (
     dict(elements_per_thread=4),
     dict(elements_per_thread=8),
     dict(elements_per_thread=4, load_shared_before_pdl=True, prefetch_group=1),
     dict(elements_per_thread=8, load_shared_before_pdl=True),
-])
-@pytest.mark.parametrize("tp", TPS)
+)
+
+
+@pytest.mark.parametrize("tp, tuning_args", [(tp, t) for tp in TPS for t in TUNINGS
+                                             if tp in (2, 8) or t is TUNINGS[0]])
 def test_finalize_owner(tp, tuning_args):
     """The owner finalize publish: 8/16-byte fragments, FP32/BF16 weights,
     shared expert before/after the wait or absent, top_k 1 and 8, M below
