@@ -386,15 +386,26 @@ def _rank_main(rank: int, world: int, port: int, result_dir: str) -> None:
                                                 device="cuda")) for _ in range(2))
                 op(xs[rank], owner_view(residual, world, rank).contiguous(), weight, out=out)
                 torch.cuda.synchronize()
-                op.check()
-                ref_norm, ref_res = owner_all_reduce_norm(
-                    xs, owner_view(residual, world, rank), weight, EPS, owner=rank)
-                assert_bit_exact(out[1], ref_res, f"rank {rank} M={m} {kind} residual_out")
-                assert_within_ulp(out[0], ref_norm, 1, f"rank {rank} M={m} {kind} norm_out")
-                assert op.mailbox.is_all_sentinel(), f"rank {rank} M={m}: not sentinel"
+                op.check()  # collective: LamportTimeout naming the missing ranks
+                try:
+                    ref_norm, ref_res = owner_all_reduce_norm(
+                        xs, owner_view(residual, world, rank), weight, EPS, owner=rank)
+                    what = f"rank {rank} M={m} {kind}"
+                    assert_bit_exact(out[1], ref_res, f"{what} residual_out")
+                    assert_within_ulp(out[0], ref_norm, 1, f"{what} norm_out")
+                    assert op.mailbox.is_all_sentinel(), f"{what}: mailbox not all sentinel"
+                except AssertionError as err:
+                    status = f"rank {rank}: {err}"[:2000]
+                # Every rank stops together (a rank going on alone would wait
+                # in the next collective for a peer that has left).
+                bad = torch.tensor([int(status != "ok")], device="cuda")
+                dist.all_reduce(bad)
+                if int(bad.item()):
+                    raise AssertionError(status if status != "ok" else "a peer failed")
         dist.barrier()
     except BaseException as err:  # noqa: BLE001 - reported to the test through the file
-        status = f"rank {rank}: {type(err).__name__}: {err}"[:2000]
+        if status == "ok":
+            status = f"rank {rank}: {type(err).__name__}: {err}"[:2000]
     finally:
         with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
             f.write(status)
