@@ -31,6 +31,13 @@ key CTAs) rounds the key to BF16, pushes each CTA's per-token (mean, M2) to
 every CTA of the cluster with ``st.async`` completing on an mbarrier, combines
 them in rank order (Chan, equal counts) and writes the normed key. Heads
 ``heads..padded-1`` are written as zeros.
+
+``FusedShape.variant`` (:class:`kernels.indexer.layout.FusedVariant`) moves
+loads, never arithmetic, so every variant writes the same bits:
+``skip_zero`` predicates off the loads of the layout's zero rows (at 64 heads
+half of the 80 CTAs' slots), ``early_consts`` loads each thread's slot code
+and the key CTAs' LayerNorm weight and bias with the weights, before the PDL
+wait, instead of in the epilogue.
 """
 
 from __future__ import annotations
