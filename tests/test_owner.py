@@ -358,3 +358,18 @@ def test_emulated_bad_mode_is_named():
 
     with pytest.raises(ValueError, match="mode must be one of .*'owners'"):
         publish([], rank=0, seq=0, payload=None, mode="owners")
+
+
+def test_mailbox_fit_per_mode():
+    owner = AllReduceNormOptions(4096, 13, 1e-6, mode="owner")
+    owner.check_mailbox(4, 4, 4096)
+    owner.check_mailbox(4, 13, 4096)  # a one-shot-sized mailbox serves owner calls
+    with pytest.raises(ValueError, match=r"capacity=3 hidden=4096, expected capacity >= 4 "
+                                         r"hidden=4096 \(mode='owner', max_num_tokens=13, tp=4\)"):
+        owner.check_mailbox(4, 3, 4096)
+    one_shot = AllReduceNormOptions(4096, 13, 1e-6)
+    one_shot.check_mailbox(4, 13, 4096)
+    for capacity, hidden in ((14, 4096), (13, 2048)):
+        with pytest.raises(ValueError, match=f"capacity={capacity} hidden={hidden}, expected "
+                                             "capacity 13 hidden=4096"):
+            one_shot.check_mailbox(4, capacity, hidden)
