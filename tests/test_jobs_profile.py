@@ -10,6 +10,8 @@ import pytest
 from jobs import __main__ as cli
 from jobs.profiling import NVTX_DOMAIN, stats
 
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
 
 def test_stats_are_the_results_timing_columns():
     times = [float(x) for x in range(1, 101)]
