@@ -316,6 +316,24 @@ def test_rebuild_replaces_the_site_but_not_a_foreign_folder(site, dataset, tmp_p
     with pytest.raises(FileExistsError):
         build_site(dataset, foreign)
     assert (foreign / "keep.txt").exists()
+    # an index.html alone does not make a folder a site built here
+    (foreign / "index.html").write_text("<p>mine</p>")
+    with pytest.raises(FileExistsError, match="marker"):
+        build_site(dataset, foreign)
+    assert sorted(p.name for p in foreign.iterdir()) == ["index.html", "keep.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert build_site(dataset, empty).is_file()
+
+
+def test_cli_build_refuses_a_foreign_directory(tmp_path, dataset, capsys):
+    foreign = tmp_path / "docs"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("x")
+    (foreign / "notes.md").write_text("y")
+    assert cli(["build", "--results", str(dataset), "--out", str(foreign)]) == 2
+    assert "refusing to replace" in capsys.readouterr().err
+    assert (foreign / "notes.md").read_text() == "y"
 
 
 def test_cli_build_and_bad_results(tmp_path, dataset, capsys):
