@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -70,9 +71,9 @@ def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
 
 
@@ -99,6 +100,10 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
     p.add_argument("--timeout", type=_positive, default=None, metavar="S",
                    help="host deadline per collective call in seconds (default: the suite's "
                         "timeout_s); must exceed the watchdog budget")
+    p.add_argument("--memory-limit-gb", type=_positive, default=None, metavar="GIB",
+                   help="refuse a TP group whose estimated memory per node exceeds this "
+                        "(default: LAMPORT_MEMORY_LIMIT_GB, else the suite's memory_limit_gb, "
+                        "else half of this machine's RAM or /dev/shm; see jobs/sizing.py)")
     f = p.add_argument_group("filters (comma-separated; a case passes when its value is listed)")
     f.add_argument("--ops", type=_strs)
     f.add_argument("--tp", type=_ints)
@@ -140,6 +145,7 @@ def _plan(args, jobs: tuple[str, ...]):
     starts or a row is written; ConfigError otherwise."""
     from kernels.reference.cases import GOLDEN_CASES
 
+    from jobs import sizing
     from jobs.harness import check_backend_request
     paths = args.config or [suite_path(n) for n in (args.suite or (args.default_suite,))]
     filters = Filters(**{name: getattr(args, name) for name in Filters.FIELDS})
@@ -161,6 +167,7 @@ def _plan(args, jobs: tuple[str, ...]):
                     f"{case.label()}: the host deadline {timeout} s must exceed "
                     f"{'3 x ' if case.job == 'faults' else ''}the watchdog budget "
                     f"{budget_s} s (late faults sleep 2 budgets); raise --timeout")
+        sizing.check(cases, cli_gb=args.memory_limit_gb, suite_gb=suite.memory_limit_gb)
         plan.append((suite, cases))
     names = [s.name for s, _ in plan]
     if len(set(names)) != len(names):

@@ -24,7 +24,7 @@ from kernels.validation import require_int, require_multiple, require_tp
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, ERR_COUNT,
                        ERR_DEFAULT_RECORDS, ERR_HEADER_WORDS, ERR_MISSING_MASK,
                        ERR_RECORD_WORDS, ERR_UNSANITIZED_MASK, NEXT_STAGE,
-                       SENTINEL_INT16, error_buffer_words, mailbox_shape)
+                       SENTINEL_INT16, VEC_BF16, error_buffer_words, mailbox_shape)
 
 # ---------------------------------------------------------------- multicast gate
 MULTICAST_KILL_SWITCHES = {
