@@ -221,6 +221,7 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
         if nightly:
             regressed = _regression_part(run, rule, args)
     failing = run.summary()
+    run.finish(compact=nightly)
     if nightly:
         failing += _dashboard_part(args)
     return 1 if failing or regressed else 0

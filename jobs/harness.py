@@ -328,6 +328,10 @@ class Run:
         self.counts: Counter[str] = Counter()
         self.failing: list[dict] = []
         self.rows_written = 0
+        self._beat = 0.0
+        if results is not None:
+            from jobs.results import runs
+            runs.begin(results, self.run_id, trigger=trigger, facts=self.environment)
         self._writers: dict[str, Any] = {}
         self._table: Table | None = None
         self._bar = None
@@ -382,6 +386,7 @@ class Run:
         if writer is not None:
             writer.append(row)
             self.rows_written += 1
+            self.heartbeat()
         self.counts[outcome] += 1
         if outcome in FAILING:
             self.failing.append({**row, "suite": suite.name})
@@ -396,6 +401,30 @@ class Run:
         if self._bar is not None:
             self._bar.update(1)
         return row
+
+    def heartbeat(self) -> None:
+        """Refresh the run manifest's heartbeat (at most every
+        ``runs.HEARTBEAT_EVERY_S``)."""
+        import time
+
+        from jobs.results import runs
+        if self.results is not None and time.monotonic() - self._beat > runs.HEARTBEAT_EVERY_S:
+            runs.heartbeat(self.results, self.run_id)
+            self._beat = time.monotonic()
+
+    def finish(self, *, compact: bool = False) -> None:
+        """Mark the run finished in its manifest (a run is ``incomplete``
+        until then, once its driver is gone); ``compact``: first rewrite its
+        rows as one file per partition (``jobs.results.compact_run``)."""
+        if self.results is None:
+            return
+        from jobs.results import compact_run, runs
+        files = []
+        if compact and self._writers:
+            files = compact_run(self.results, self.run_id)
+        runs.finish(self.results, self.run_id, counts=dict(self.counts))
+        if files:
+            print(f"results: run {self.run_id} compacted into {len(files)} file(s)", flush=True)
 
     def count_external(self, outcome_counts: Counter[str]) -> None:
         """Fold in the counts of parts that write their own rows (selfcheck,

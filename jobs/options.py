@@ -24,11 +24,18 @@ def open_results(args: argparse.Namespace):
     from jobs.results import ResultsWriter, env_info
     if args.no_results:
         return None, {}
+    from jobs.results import runs
     writer = ResultsWriter(args.results, suite=args.suite, trigger=args.trigger, run_id=args.run_id)
-    return writer, env_info()
+    environment = env_info()
+    if args.run_id is None:  # a run of its own (not one joined with --run-id): manifest it
+        runs.begin(args.results, writer.run_id, trigger=args.trigger, facts=environment)
+    return writer, environment
 
 
 def report(writer, failures: int) -> None:
-    """The closing line of a job."""
+    """The closing line of a job; marks a run this process began finished."""
+    if writer is not None:
+        from jobs.results import runs
+        runs.finish(writer.root, writer.run_id)
     where = f"results in {writer.directory} (run {writer.run_id})" if writer else "no results written"
     print(f"{'FAILED' if failures else 'OK'}: {failures} failing case(s); {where}", flush=True)

@@ -110,7 +110,7 @@ def test_round_trip(tmp_path):
     rows = {row["extra"]: row for row in table.to_pylist()}
     got = rows['{"seq": 0}']
     expected = {**make_row(**full), "run_id": writer.run_id, "suite": "correctness",
-                "trigger": "ci", "date": "2025-03-04"}
+                "trigger": "ci", "date": "2025-03-04", "run_status": "unrecorded"}
     assert got == expected
     assert sorted(r["outcome"] for r in rows.values()) == ["hang", "pass", "skipped"]
 
