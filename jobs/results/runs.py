@@ -95,11 +95,23 @@ def _write(root: str | os.PathLike[str], run_id: str, data: dict) -> Path:
     return path
 
 
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, from
+    ``/proc/<pid>/stat``), or None when there is no such process. With the
+    pid it names one process for good: a reused pid starts later."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            stat = f.read()
+    except (OSError, ValueError):
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after its ')'
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
 def this_driver() -> dict[str, Any]:
     """``{"host", "pid", "create_time"}`` of this process."""
-    import psutil
     return {"host": socket.gethostname(), "pid": os.getpid(),
-            "create_time": psutil.Process().create_time()}
+            "create_time": process_start(os.getpid())}
 
 
 def begin(root, run_id: str, *, trigger: str, facts: dict | None = None) -> dict:
@@ -150,16 +162,16 @@ def record_facts(root, run_id: str, facts: dict[str, Any]) -> None:
 
 def driver_alive(driver: dict) -> bool | None:
     """True/False for a driver on this host; None when it ran elsewhere."""
-    import psutil
     if driver.get("host") != socket.gethostname():
         return None
     try:
-        process = psutil.Process(int(driver["pid"]))
-        created = process.create_time()
-    except (psutil.Error, KeyError, TypeError, ValueError):
+        started = process_start(int(driver["pid"]))
+    except (KeyError, TypeError, ValueError):
+        return False
+    if started is None:
         return False
     want = driver.get("create_time")
-    return want is None or abs(created - float(want)) < 1.0
+    return want is None or started == want
 
 
 def effective_status(data: dict | None, *, now: dt.datetime | None = None) -> str:
