@@ -145,6 +145,8 @@ def _plan(args, jobs: tuple[str, ...]):
     starts or a row is written; ConfigError otherwise."""
     from kernels.reference.cases import GOLDEN_CASES
 
+    from kernels.validation import require_name
+
     from jobs import sizing
     from jobs.harness import check_backend_request
     paths = args.config or [suite_path(n) for n in (args.suite or (args.default_suite,))]
@@ -176,6 +178,11 @@ def _plan(args, jobs: tuple[str, ...]):
             ("selfcheck" in jobs and s.selfcheck) or ("compile-check" in jobs and s.compile_check)
             for s, _ in plan):
         raise ConfigError(f"suite(s) {names} have no {'/'.join(jobs)} case")
+    if args.run_id is not None:
+        try:
+            require_name("--run-id", args.run_id)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from None
     if not args.no_results and args.results.exists() and not args.results.is_dir():
         raise ConfigError(f"--results {args.results} exists and is not a directory")
     check_backend_request(args.backend)

@@ -5,8 +5,9 @@ failing one with its one-command repro), the fixed-width table, the
 progress bar and the failure count.
 
 Ray: with no ``--address`` and no ``RAY_ADDRESS`` an embedded local cluster
-is started (``num_cpus`` = this machine's cores, no dashboard) and stopped
-at the end; with either, the job joins that cluster (this is what happens
+is started (``num_cpus`` = this machine's cores, no dashboard, loopback
+only, token authentication; :mod:`jobs.embedded`) and stopped at the end,
+with everything it started, also on SIGTERM/SIGINT or a killed driver; with either, the job joins that cluster (this is what happens
 under ``ray job submit``, which sets ``RAY_ADDRESS``). A Ray already
 initialised in this process (tests) is used as it is.
 
@@ -92,12 +93,10 @@ def ray_session(address: str | None) -> Iterator[str]:
             raise UsageError(f"cannot join the Ray cluster at {address!r}: {err}") from None
         how = f"joined the Ray cluster at {address}"
     else:
-        cpus = max(2, os.cpu_count() or 2)
-        # address="local": a fresh cluster even where another one runs on
-        # this machine (plain ray.init() would join the latest `ray start`).
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-        how = f"started an embedded local Ray cluster (num_cpus={cpus}, no dashboard)"
+        from jobs.embedded import embedded_cluster
+        with embedded_cluster(max(2, os.cpu_count() or 2)) as how:
+            yield how
+        return
     try:
         yield how
     finally:
@@ -322,7 +321,9 @@ class Run:
         from jobs.results import new_run_id
         self.results = results
         self.trigger = trigger
+        from cluster.group import RUN_TAG_ENV
         self.run_id = run_id or new_run_id()
+        os.environ[RUN_TAG_ENV] = self.run_id  # names the run's mailbox segments
         self.backend = backend
         self.environment = dict(environment or {})
         self.counts: Counter[str] = Counter()

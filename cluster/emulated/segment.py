@@ -48,6 +48,7 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 from cluster.diagnosis import MailboxCheck
+from cluster.procs import started_at
 from kernels.lamport.protocol import (ACTIVE_STAGE, LAMPORT_GENERATIONS, NEXT_STAGE,
                                       SENTINEL_BF16, mailbox_shape)
 
@@ -65,20 +66,6 @@ def segment_name(group_id: str, rank: int) -> str:
     return f"ll-{group_id}-r{rank}"
 
 
-def _started_at(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch), or None when
-    there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
-    except (OSError, StopIteration, ValueError):
-        return None
-    ticks = int(stat[stat.rindex(b")") + 2:].split()[19])
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
 def driver_gone(name: str) -> bool:
     """Whether ``name`` is a segment whose driver (the pid in its name) is no
     longer running on this host: no such process, or one that started after
@@ -90,7 +77,7 @@ def driver_gone(name: str) -> bool:
         made = os.stat(os.path.join(SHM_DIR, name)).st_mtime
     except OSError:
         return False
-    started = _started_at(int(match["pid"]))
+    started = started_at(int(match["pid"]))
     return started is None or started > made + 2.0
 
 

@@ -35,6 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from cluster.procs import process_start
+
 RUNS_DIR = "_runs"
 STATUSES = ("running", "finished", "incomplete", "unrecorded")
 BASELINE_STATUSES = ("finished", "unrecorded")
@@ -93,19 +95,6 @@ def _write(root: str | os.PathLike[str], run_id: str, data: dict) -> Path:
         temp.unlink(missing_ok=True)
         raise
     return path
-
-
-def process_start(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot, from
-    ``/proc/<pid>/stat``), or None when there is no such process. With the
-    pid it names one process for good: a reused pid starts later."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            stat = f.read()
-    except (OSError, ValueError):
-        return None
-    # the command name (field 2) may hold spaces and parentheses: split after its ')'
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
 
 
 def this_driver() -> dict[str, Any]:

@@ -44,6 +44,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from jobs.results import runs
+from kernels.validation import require_name
 from jobs.results.runs import RUN_FACTS
 from jobs.results.schema import (SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY,
                                  TRIGGERS, make_row, rows_to_table)
@@ -92,8 +93,8 @@ class ResultsWriter:
                 f"suite={suite!r} must match {_SUITE_NAME.pattern} (it names a directory)")
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger={trigger!r} is not one of {TRIGGERS}")
-        if run_id is not None and not (isinstance(run_id, str) and run_id):
-            raise ValueError(f"run_id={run_id!r} must be a non-empty string")
+        if run_id is not None:
+            require_name("run_id", run_id)  # it names the run's manifest file
         self.suite = suite
         self.trigger = trigger
         self.run_id = run_id or new_run_id()
