@@ -73,7 +73,7 @@ def _positive(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text!r}")
     return value
 
 
