@@ -5,7 +5,7 @@ Commands:
   nightly        every job of the suite(s) (reference self-check, compile check,
                  correctness, faults, profile) on the cluster's backend, then
                  regression detection against the nightly history, then the
-                 dashboard (when ``dashboards.build`` exists)
+                 dashboard (``python -m dashboards build``, its own process)
   correctness    the numerical contract through TP groups of rank actors
   faults         DESIGN.md's fault table: expected vs seen, per kind, op and tp
   profile        latency against same-run baselines (GPU only; skipped rows elsewhere)
@@ -258,22 +258,24 @@ def _regression_part(run, rule, args) -> int:
 
 
 def _dashboard_part(args) -> int:
-    """Build the dashboard when ``dashboards.build.build_site`` exists; 1 if
-    the build failed."""
+    """Build the dashboard with ``python -m dashboards build`` (a separate
+    process: jobs sit below dashboards and never import them); 1 if the
+    build failed."""
     if args.no_results or args.no_dashboard:
         print("dashboard: not built (" + ("--no-results" if args.no_results else "--no-dashboard") + ")")
         return 0
-    try:
-        from dashboards.build import build_site
-    except ImportError as err:
-        print(f"dashboard: not built: dashboards.build.build_site is not available ({err})")
-        return 0
-    try:
-        index = build_site(Path(args.results), Path(args.site))
-    except Exception as err:
-        print(f"dashboard: FAILED to build from {args.results} into {args.site}: "
-              f"{type(err).__name__}: {err}")
+    argv = [sys.executable, "-m", "dashboards", "build", "--results", str(args.results),
+            "--out", str(args.site)]
+    repo = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(argv, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path})
+    if done.returncode != 0:
+        print(f"dashboard: FAILED to build from {args.results} into {args.site} "
+              f"({' '.join(argv[1:])}, exit {done.returncode}): "
+              f"{(done.stderr or done.stdout).strip()[-600:]}")
         return 1
+    index = done.stdout.strip().rpartition("site: ")[2] or args.site
     print(f"dashboard: built {index}")
     return 0
 
