@@ -14,8 +14,8 @@ way as ours.
 
 Check (set 0, :func:`contract_diff`): its outputs against the torch
 reference within the tolerance its arithmetic allows (it may sum in another
-order and round the reduction to BF16 before the residual add; its RMSNorm
-has its own rsqrt), and the count of elements that differ from our
+order and keep the FP32 reduction through the residual add, where our
+contract rounds it to BF16 first; its RMSNorm has its own rsqrt), and the count of elements that differ from our
 bit-exact contract goes to the row's ``extra``.
 
 Its ``trtllm_comm`` module is JIT-built with nvcc on first use (minutes);
@@ -53,9 +53,9 @@ def flashinfer_comm():
 def contract_diff(norm_out, residual_out, partials, residual, weight, eps: float) -> dict:
     """Compare FlashInfer's ``(norm_out, residual_out)`` [M, H] BF16 with the
     reference over ``partials`` (every rank's, rank order). Tolerances:
-    residual_out within one BF16 ULP of sum |partials| (its reduction order
-    and an intermediate BF16 rounding) plus one ULP of the result (the
-    final rounding); norm_out within :data:`NORM_TOLERANCE_ULP` of an FP32
+    residual_out within one BF16 ULP of sum |partials| (its reduction order,
+    and our contract's BF16 rounding of the reduction it may skip) plus one
+    ULP of the result (the final rounding); norm_out within :data:`NORM_TOLERANCE_ULP` of an FP32
     RMSNorm of its own residual_out. AssertionError beyond them; else
     ``{"elements", "residual_out_differs", "norm_out_differs",
     "residual_out_max_ulp", "norm_out_max_ulp"}``: elements whose bits
