@@ -15,7 +15,7 @@ kernel; at tp=1 the all-reduce is the identity):
 - embed_norm: the masked gather of this rank's vocabulary shard, all-reduce,
   position-0 zeroing, enorm / hnorm RMSNorms, concatenation;
 - all_reduce_mhc: the all-reduce then the torch mHC path (:func:`.mhc.torch_mhc`);
-- indexer (not a collective): ``unfused`` the stock chain (three GEMMs and
+- indexer (not a collective): ``stock`` the stock chain (three GEMMs and
   ``stock_indexer_query``).
 """
 

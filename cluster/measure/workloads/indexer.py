@@ -6,7 +6,7 @@ weights a graph reads span ``rotate_mb``: no call finds its weights in L2.
 ``fused`` is what :class:`kernels.indexer.stage.IndexerStage` runs in a
 planned step at this M (the fused kernel where the arch's fuse rule says
 so, else the projection kernel + the torch query epilogue; ``extra.path``
-says which); ``unfused`` the stock chain (three GEMMs, TF32 off, then
+says which); ``stock`` the stock chain (three GEMMs, TF32 off, then
 ``stock_indexer_query``). Check (set 0): the fused kernel bit-identical to
 the projection kernel with the fused tactic + the reference epilogue (key
 within 1 BF16 ULP); the two-step path's projection within its bound of the
@@ -86,11 +86,11 @@ def indexer_workload(ctx: RankContext, spec: Spec) -> Workload:
                                     ("gate", gate, w[p.key + heads:])):
                 assert_projection_within_bound(out, x, part, table, f"projection {name}")
 
-    def unfused() -> Call:
+    def stock() -> Call:
         def fn(i):
             kk, w, gate = mods[i].stock_projection(xs[i])
             return stock_indexer_query(qs[i], kk, w, mods[i].k_norm, scale, padded) + (gate,)
         return Call(fn, {"path": "stock"})
 
     return Workload("indexer", sets, weight_bytes, weight_bytes + m * k * 2, 1.0, fused, check,
-                    {"unfused": unfused}, collective=False)
+                    {"stock": stock}, collective=False)
