@@ -4,7 +4,7 @@ the unfused torch path, and the tuning sweep that justifies
 
     python -m benchmarks.all_reduce_mhc [--tokens 1,8,16,64] [--hidden 5120,7168]
         [--hc 4] [--calls 50] [--replays 200] [--watchdog-ns 1000000000]
-        [--markdown PATH]
+        [--markdown PATH] [--results DIR]
     python -m benchmarks.all_reduce_mhc --sweep [--hidden 5120,7168] [--tokens 1,16,64]
         [--sweep-tp 1,8] [--clusters 5,7] [--threads 128,256] [--rank-lanes 1,2]
         [--markdown PATH]
@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from pathlib import Path
 
 import torch
 
@@ -95,8 +96,10 @@ def compare(args) -> list[str]:
     """Default mode, thin over the harness (:func:`cluster.measure.harness.measure_tp1`,
     the profile job's tp=1 path): the fused op (outputs checked first), its
     watchdog build and the torch path."""
+    from benchmarks.rows import BenchmarkRows
     from cluster.measure.harness import measure_tp1
 
+    rows = BenchmarkRows(args.results, "python -m benchmarks.all_reduce_mhc")
     header = (f"{'hidden':>6} {'hc':>2} {'M':>4} {'tuning':>12} {'fused_us':>9} {'p10':>7} "
               f"{'p90':>7} {'torch_us':>9} {'ratio':>6} {'watchdog_us':>11} {'wd_overhead':>11} "
               f"{'rotated_mb':>10}")
@@ -108,7 +111,10 @@ def compare(args) -> list[str]:
                         calls=args.calls, replays=args.replays, rotate_mb=args.rotate_mb,
                         eps=args.eps, seed=m, watchdog_ns=0, baselines=["unfused"])
             plain = measure_tp1(spec)
-            wd = measure_tp1({**spec, "watchdog_ns": args.watchdog_ns, "baselines": []})
+            wd_spec = {**spec, "watchdog_ns": args.watchdog_ns, "baselines": []}
+            wd = measure_tp1(wd_spec)
+            rows.record(spec, plain)
+            rows.record(wd_spec, wd)
             f, r, w = (median_p10_p90(res["impls"][n]["times_us"]) for res, n in (
                 (plain, "fused"), (plain, "unfused"), (wd, "fused")))
             tuning = plain["impls"]["fused"]["extra"]["tuning"]
@@ -118,6 +124,7 @@ def compare(args) -> list[str]:
                    f"{plain['sets'] * plain['set_bytes'] / 2**20:>10.0f}")
             print(row, flush=True)
             lines.append(row)
+    rows.close()
     return lines
 
 
@@ -229,6 +236,8 @@ def main(argv=None) -> int:
     p.add_argument("--rank-lanes", type=int_list, default=None,
                    help="sweep: only these rank lanes (default every one dividing tp)")
     p.add_argument("--markdown", default=None, help="also write the table here")
+    p.add_argument("--results", type=Path, default=None,
+                   help="compare mode: also write the timings as profile rows here")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmark needs a CUDA GPU", file=sys.stderr)

@@ -2,6 +2,7 @@
 
     python -m benchmarks.all_reduce_norm [--tokens 1,8,16,64] [--hidden 5120,7168]
         [--calls 50] [--replays 200] [--watchdog-ns 1000000000] [--markdown PATH]
+        [--results DIR]
 
 Timed through the one harness (:func:`cluster.measure.harness.measure_tp1`,
 the profile job's tp=1 path): each side is one CUDA graph holding
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from pathlib import Path
 
 import torch
 
@@ -36,13 +38,18 @@ def main(argv=None) -> int:
     p.add_argument("--rotate-mb", type=float, default=120.0,
                    help="rotate through input sets spanning at least this many MB")
     p.add_argument("--markdown", default=None, help="also write the table here")
+    p.add_argument("--results", type=Path, default=None,
+                   help="also write the timings as profile rows into this results dataset")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
 
+    from benchmarks.rows import BenchmarkRows
     from cluster.measure.harness import measure_tp1
     from cluster.measure.stats import median_p10_p90
+
+    rows = BenchmarkRows(args.results, "python -m benchmarks.all_reduce_norm")
 
     header = (f"{'hidden':>6} {'M':>4} {'fused_us':>9} {'p10':>7} {'p90':>7} {'torch_us':>9} "
               f"{'ratio':>6} {'watchdog_us':>11} {'wd_overhead':>11} {'rotated_mb':>10}")
@@ -55,7 +62,10 @@ def main(argv=None) -> int:
                         replays=args.replays, rotate_mb=args.rotate_mb, eps=args.eps, seed=m,
                         watchdog_ns=0, baselines=["unfused"])
             plain = measure_tp1(spec)  # checks the fused outputs first
-            wd = measure_tp1({**spec, "watchdog_ns": args.watchdog_ns, "baselines": []})
+            wd_spec = {**spec, "watchdog_ns": args.watchdog_ns, "baselines": []}
+            wd = measure_tp1(wd_spec)
+            rows.record(spec, plain)
+            rows.record(wd_spec, wd)
             fused, ref, watchdog = (median_p10_p90(r["impls"][n]["times_us"]) for r, n in (
                 (plain, "fused"), (plain, "unfused"), (wd, "fused")))
             row = (f"{hidden:>6} {m:>4} {fused[0]:>9.2f} {fused[1]:>7.2f} {fused[2]:>7.2f} "
@@ -69,6 +79,7 @@ def main(argv=None) -> int:
             f"calls/graph=max({args.calls}, input sets), replays={args.replays}, watchdog_ns={args.watchdog_ns}, "
             f"inputs rotated over >= {args.rotate_mb:g} MB")
     print(meta)
+    rows.close()
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("```\n" + "\n".join(lines) + "\n" + meta + "\n```\n")
