@@ -201,3 +201,21 @@ def test_timing_spec_carries_the_case():
     spec = Spec.of(timing_spec(fin))
     assert spec.top_k == 8 and spec.watchdog_ns == 1_000_000_000 and spec.seed == fin.tokens
     assert spec.baselines == ("unfused", "symm_mem")
+
+
+def test_benchmark_results_are_written_as_profile_rows(tmp_path):
+    """benchmarks --results: a harness result becomes the rows the profile
+    job writes (suite benchmarks, variant plain / watchdog, baselines)."""
+    from benchmarks.rows import BenchmarkRows
+    from jobs.results import read_results
+    spec = dict(op="all_reduce_norm", hidden=64, tokens=3, calls=50, replays=2, rotate_mb=1.0,
+                eps=1e-6, seed=3, watchdog_ns=0, baselines=["unfused"])
+    rows = BenchmarkRows(tmp_path, "python -m benchmarks.all_reduce_norm")
+    rows.record(spec, _rank(0, {"fused": {"times_us": [3.0, 3.0], "compile_s": 1.0},
+                                "unfused": {"times_us": [9.0, 9.0], "compile_s": 0.1}}))
+    rows.record({**spec, "watchdog_ns": 10, "baselines": []},
+                _rank(0, {"fused": {"times_us": [4.0, 4.0], "compile_s": 1.0}}))
+    got = {r["variant"]: r for r in read_results(tmp_path).to_pylist()}
+    assert sorted(got) == ["baseline:unfused", "plain", "watchdog"]
+    assert got["plain"]["ratio"] == pytest.approx(3.0 / 9.0) and got["plain"]["suite"] == "benchmarks"
+    assert got["watchdog"]["t_median_us"] == 4.0 and got["watchdog"]["tp"] == 1
