@@ -24,7 +24,8 @@ def imported_packages(tree: ast.AST, package: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name.split(".")[0]) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            found.append((node.lineno, package if node.level else (node.module or "").split(".")[0]))
+            top = package if node.level else (node.module or "").split(".")[0]
+            found.append((node.lineno, top))
     return found
 
 

@@ -15,8 +15,9 @@ way as ours.
 Check (set 0, :func:`contract_diff`): its outputs against the torch
 reference within the tolerance its arithmetic allows (it may sum in another
 order and keep the FP32 reduction through the residual add, where our
-contract rounds it to BF16 first; its RMSNorm has its own rsqrt), and the count of elements that differ from our
-bit-exact contract goes to the row's ``extra``.
+contract rounds it to BF16 first; its RMSNorm has its own rsqrt), and the
+count of elements that differ from our bit-exact contract goes to the row's
+``extra``.
 
 Its ``trtllm_comm`` module is JIT-built with nvcc on first use (minutes);
 the cache lives under ``FLASHINFER_WORKSPACE_BASE`` (default here

@@ -73,8 +73,9 @@ def indexer_workload(ctx: RankContext, spec: Spec) -> Workload:
                 qs[0], key_pre, w_pre, mod.k_norm.weight.data, mod.k_norm.bias.data,
                 eps=mod.k_norm.eps, scale=scale, padded=padded, ue8m0=True)
             if not torch.equal(q_out.view(torch.uint8), ref_q.view(torch.uint8)):
-                raise AssertionError("q_fp8 differs from projection + reference epilogue in "
-                                     f"{int((q_out.view(torch.uint8) != ref_q.view(torch.uint8)).sum())} bytes")
+                n = int((q_out.view(torch.uint8) != ref_q.view(torch.uint8)).sum())
+                raise AssertionError(f"q_fp8 differs from projection + reference epilogue in "
+                                     f"{n} bytes")
             assert_bit_exact(w_out, ref_w, "head weights")
             assert_bit_exact(gate, gate_pre, "gate")
             assert_within_ulp(key, ref_key, 1, "normed key")
@@ -82,8 +83,9 @@ def indexer_workload(ctx: RankContext, spec: Spec) -> Workload:
             x, w = xs[0], p.weight
             kk, wts, gate = p(x)
             table = p.tactic_for(m)
-            for name, out, part in (("key", kk, w[:p.key]), ("weights", wts, w[p.key:p.key + heads]),
-                                    ("gate", gate, w[p.key + heads:])):
+            parts = (("key", kk, w[:p.key]), ("weights", wts, w[p.key:p.key + heads]),
+                     ("gate", gate, w[p.key + heads:]))
+            for name, out, part in parts:
                 assert_projection_within_bound(out, x, part, table, f"projection {name}")
 
     def stock() -> Call:
