@@ -48,7 +48,6 @@ import torch
 from benchmarks import int_list
 from cluster.measure.graph import rotating, rotation_sets, time_graph
 from cluster.measure.stats import median_p10_p90
-from cluster.measure.workloads.mhc import torch_mhc
 
 
 def _inputs(sets, m, hc, hidden, seed):
@@ -97,7 +96,6 @@ def compare(args) -> list[str]:
     the profile job's tp=1 path): the fused op (outputs checked first), its
     watchdog build and the torch path."""
     from benchmarks.rows import BenchmarkRows
-    from cluster.measure.harness import measure_tp1
 
     rows = BenchmarkRows(args.results, "python -m benchmarks.all_reduce_mhc")
     header = (f"{'hidden':>6} {'hc':>2} {'M':>4} {'tuning':>12} {'fused_us':>9} {'p10':>7} "
@@ -110,13 +108,8 @@ def compare(args) -> list[str]:
             spec = dict(op="all_reduce_mhc", hidden=hidden, tokens=m, hc=args.hc,
                         calls=args.calls, replays=args.replays, rotate_mb=args.rotate_mb,
                         eps=args.eps, seed=m, watchdog_ns=0, baselines=["unfused"])
-            plain = measure_tp1(spec)
-            wd_spec = {**spec, "watchdog_ns": args.watchdog_ns, "baselines": []}
-            wd = measure_tp1(wd_spec)
-            rows.record(spec, plain)
-            rows.record(wd_spec, wd)
-            f, r, w = (median_p10_p90(res["impls"][n]["times_us"]) for res, n in (
-                (plain, "fused"), (plain, "unfused"), (wd, "fused")))
+            plain, _ = rows.plain_and_watchdog(spec, args.watchdog_ns)
+            f, r, w = plain["stats"]
             tuning = plain["impls"]["fused"]["extra"]["tuning"]
             row = (f"{hidden:>6} {args.hc:>2} {m:>4} {tuning:>12} {f[0]:>9.2f} "
                    f"{f[1]:>7.2f} {f[2]:>7.2f} {r[0]:>9.2f} {f[0] / r[0]:>6.2f} {w[0]:>11.2f} "

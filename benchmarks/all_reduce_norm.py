@@ -46,8 +46,6 @@ def main(argv=None) -> int:
         return 2
 
     from benchmarks.rows import BenchmarkRows
-    from cluster.measure.harness import measure_tp1
-    from cluster.measure.stats import median_p10_p90
 
     rows = BenchmarkRows(args.results, "python -m benchmarks.all_reduce_norm")
 
@@ -61,13 +59,8 @@ def main(argv=None) -> int:
             spec = dict(op="all_reduce_norm", hidden=hidden, tokens=m, calls=args.calls,
                         replays=args.replays, rotate_mb=args.rotate_mb, eps=args.eps, seed=m,
                         watchdog_ns=0, baselines=["unfused"])
-            plain = measure_tp1(spec)  # checks the fused outputs first
-            wd_spec = {**spec, "watchdog_ns": args.watchdog_ns, "baselines": []}
-            wd = measure_tp1(wd_spec)
-            rows.record(spec, plain)
-            rows.record(wd_spec, wd)
-            fused, ref, watchdog = (median_p10_p90(r["impls"][n]["times_us"]) for r, n in (
-                (plain, "fused"), (plain, "unfused"), (wd, "fused")))
+            plain, _ = rows.plain_and_watchdog(spec, args.watchdog_ns)
+            fused, ref, watchdog = plain["stats"]
             row = (f"{hidden:>6} {m:>4} {fused[0]:>9.2f} {fused[1]:>7.2f} {fused[2]:>7.2f} "
                    f"{ref[0]:>9.2f} {fused[0] / ref[0]:>6.2f} {watchdog[0]:>11.2f} "
                    f"{(watchdog[0] / fused[0] - 1) * 100:>10.1f}% "

@@ -39,6 +39,23 @@ class BenchmarkRows:
         record_impls(self.run, self.suite, case, Placement("process-per-gpu", 1.0, True), [out],
                      now())
 
+    def plain_and_watchdog(self, spec: dict, watchdog_ns: int):
+        """:func:`measure_tp1` of ``spec`` (the plain consumer and its
+        baselines; the fused outputs checked first) and of its watchdog
+        build alone, both recorded; returns ``(plain, watchdog)`` with
+        ``(median, p10, p90)`` of ``fused``, ``unfused`` and the watchdog's
+        fused under ``"stats"``."""
+        from cluster.measure.harness import measure_tp1
+        from cluster.measure.stats import median_p10_p90
+        plain = measure_tp1({**spec, "watchdog_ns": 0})
+        wd_spec = {**spec, "watchdog_ns": watchdog_ns, "baselines": []}
+        wd = measure_tp1(wd_spec)
+        self.record({**spec, "watchdog_ns": 0}, plain)
+        self.record(wd_spec, wd)
+        plain["stats"] = [median_p10_p90(res["impls"][n]["times_us"]) for res, n in (
+            (plain, "fused"), (plain, "unfused"), (wd, "fused"))]
+        return plain, wd
+
     def close(self) -> None:
         if self.run is not None:
             print(f"rows: {self.run.rows_written} written to {self.run.results} "

@@ -4,7 +4,6 @@ against its same-run baselines (``gpu``-marked: skipped here)."""
 
 import dataclasses
 import json
-import statistics
 
 import pytest
 
