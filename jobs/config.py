@@ -216,6 +216,10 @@ def load_suite(path: str | Path) -> Suite:
             "tp": _int_list(compile_check.get("tp", [2]), f"{w} tp"),
             "ops": _str_list(compile_check.get("ops", []), f"{w} ops"),
         }
+        from jobs.compile_check import DEFAULT_ARCHS
+        bad = [a for a in compile_check["arch"] if a not in DEFAULT_ARCHS]
+        if bad:
+            raise ConfigError(f"{w} arch: {bad} not supported; allowed: {list(DEFAULT_ARCHS)}")
     cases: list[Case] = []
     for job in JOBS:
         sweeps = data.get(job, [])

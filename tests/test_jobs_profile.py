@@ -12,6 +12,8 @@ from cluster.measure.stats import stats
 from cluster.measure.workloads import PROFILED_OPS
 from jobs import __main__ as cli
 
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", PROFILED_OPS)

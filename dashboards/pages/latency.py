@@ -138,7 +138,8 @@ def render(site: Site) -> dict[str, str]:
             "xaxis": {"title": {"text": "tokens"}, "type": "log", "anchor": "y2" if has_ratio
                       else "y", "tickvals": ticks, "ticktext": [str(t) for t in ticks]},
             "yaxis": {"title": {"text": "median µs"}, "type": "log",
-                      "domain": [0.38, 1] if has_ratio else [0, 1]},
+                      "domain": [0.38, 1] if has_ratio else [0, 1],
+                      **h.log_ticks(y for t in traces if t["yaxis"] == "y" for y in t["y"])},
             "legend": {"orientation": "v", "x": 1.02, "y": 1},
             "margin": {"r": 260, "t": 16, "b": 50},
         }
