@@ -277,3 +277,99 @@ def test_crossover_needs_gpus(capsys):
         pytest.skip("GPUs present")
     assert main(["--tp", "2"]) == 2
     assert "needs 2 GPUs" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- emulated backend
+def _owner_boxes(tp, capacity, hidden):
+    import uuid
+
+    from cluster.emulated.segment import HostMailbox, segment_name
+
+    group = uuid.uuid4().hex[:12]
+    return [HostMailbox.open_own(segment_name(group, r), tp=tp,
+                                 capacity=P.owner_capacity(capacity, tp), hidden=hidden)[0]
+            for r in range(tp)]
+
+
+def _close(boxes):
+    for b in boxes:
+        b.close()
+        b.unlink()
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_emulated_owner_calls_match_the_owner_reference(tp):
+    """The numpy owner protocol (cluster.emulated.lamport, mode="owner") over
+    host mailboxes of owner capacity: every owner's rows bit-exact against
+    the one-shot sum's owned rows, mailboxes clean and stages in lockstep
+    after each call, M below, at and above tp."""
+    from cluster.cases import bf16_from_bits, bits_from_bf16
+    from cluster.emulated.lamport import consume, publish
+    from kernels.reference.allreduce import all_reduce_sum
+    from kernels.reference.numerics import sentinel_pattern_partials
+
+    capacity, hidden = 9, 16
+    boxes = _owner_boxes(tp, capacity, hidden)
+    try:
+        for seq, m in enumerate([1, 3, tp, 9, 5, 2]):
+            xs = (sentinel_pattern_partials(tp, m, hidden, seed=seq) if seq % 2
+                  else random_partials(tp, m, hidden, seed=seq))
+            for r in range(tp):
+                assert publish(boxes, rank=r, seq=seq, payload=bits_from_bf16(xs[r]),
+                               mode="owner").stage == seq % 3
+            total = all_reduce_sum(xs)
+            for r in range(tp):
+                got = consume(boxes[r], seq=seq, tokens=m, budget_ns=10**9, mode="owner",
+                              rank=r)
+                assert got.record_count == 0 and not got.header_mismatch
+                assert got.sum_bits.shape == (P.owner_rows(m, tp), hidden)
+                assert torch.equal(bf16_from_bits(got.sum_bits).view(torch.int16),
+                                   owner_view(total, tp, r).view(torch.int16)), (seq, m, r)
+            for r, b in enumerate(boxes):
+                assert b.check(r).non_sentinel == 0 and b.check(r).headers_set == 0
+                assert b.check(r).stage_state == (seq % 3, (seq + 1) % 3)
+    finally:
+        _close(boxes)
+
+
+def test_emulated_owner_skipped_publish_names_the_rank():
+    from cluster.cases import bf16_from_bits, bits_from_bf16
+    from cluster.emulated.lamport import consume, publish
+
+    tp, m, hidden = 4, 6, 16
+    boxes = _owner_boxes(tp, 8, hidden)
+    try:
+        xs = random_partials(tp, m, hidden, seed=1)
+        for r in (0, 1, 3):
+            publish(boxes, rank=r, seq=0, payload=bits_from_bf16(xs[r]), mode="owner")
+        for r in (0, 1, 3):
+            got = consume(boxes[r], seq=0, tokens=m, budget_ns=20_000_000, mode="owner", rank=r)
+            assert got.missing_sources == {2}, (r, got.missing_sources)
+            assert all(t % tp == r and s == 2 for t, s, *_ in got.records), got.records
+            count = len(P.owned_tokens(m, tp, r))
+            out = bf16_from_bits(got.sum_bits).float()
+            assert torch.isnan(out[:count]).all() and not out[count:].any()
+    finally:
+        _close(boxes)
+
+
+def test_emulated_bad_mode_is_named():
+    from cluster.emulated.lamport import publish
+
+    with pytest.raises(ValueError, match="mode must be one of .*'owners'"):
+        publish([], rank=0, seq=0, payload=None, mode="owners")
+
+
+def test_mailbox_fit_per_mode():
+    owner = AllReduceNormOptions(4096, 13, 1e-6, mode="owner")
+    owner.check_mailbox(4, 4, 4096)
+    owner.check_mailbox(4, 13, 4096)  # a one-shot-sized mailbox serves owner calls
+    with pytest.raises(ValueError, match=r"capacity=3 hidden=4096, expected capacity >= 4 "
+                                         r"hidden=4096 \(mode='owner', max_num_tokens=13, tp=4\)"):
+        owner.check_mailbox(4, 3, 4096)
+    one_shot = AllReduceNormOptions(4096, 13, 1e-6)
+    one_shot.check_mailbox(4, 13, 4096)
+    for capacity, hidden in ((14, 4096), (13, 2048)):
+        with pytest.raises(ValueError, match=f"capacity={capacity} hidden={hidden}, expected "
+                                             "capacity 13 hidden=4096"):
+            one_shot.check_mailbox(4, capacity, hidden)

@@ -30,8 +30,9 @@ the same sequence of calls with the same token count).
   ``j * tp + r >= M`` hold no token: +0.0 out, residual not read). Same
   numerical contract per owned row (the one-shot result's rows:
   :func:`kernels.reference.allreduce.owner_all_reduce_norm`); unicast only;
-  the mailbox holds ``ceil(max_num_tokens / tp)`` rows per source; the
-  embedding path is one-shot only.
+  the mailbox it allocates holds ``ceil(max_num_tokens / tp)`` rows per
+  source (a given one needs at least that many: a one-shot-sized mailbox of
+  the group serves too); the embedding path is one-shot only.
 """
 
 from __future__ import annotations
@@ -88,6 +89,19 @@ class AllReduceNormOptions:
         ``ceil(max_num_tokens / tp)`` in owner mode)."""
         return owner_capacity(self.max_num_tokens, tp) if self.mode == "owner" \
             else self.max_num_tokens
+
+    def check_mailbox(self, tp: int, capacity: int, hidden: int) -> None:
+        """A given mailbox fits this mode: hidden equal, capacity equal to
+        max_num_tokens (one-shot) or at least the owner capacity (owner mode:
+        the row stride is the mailbox's, so a one-shot-sized mailbox of the
+        same group serves owner calls too). ValueError naming the values."""
+        rows = self.mailbox_rows(tp)
+        fits = capacity >= rows if self.mode == "owner" else capacity == rows
+        if hidden != self.hidden_size or not fits:
+            raise ValueError(
+                f"mailbox is capacity={capacity} hidden={hidden}, expected capacity "
+                f"{'>= ' if self.mode == 'owner' else ''}{rows} hidden={self.hidden_size} "
+                f"(mode={self.mode!r}, max_num_tokens={self.max_num_tokens}, tp={tp})")
 
 
 def output_rows(mode: str, m: int, tp: int) -> int:
@@ -285,12 +299,8 @@ class AllReduceNorm(LamportGroupMember):
                 (mailbox,) = Mailbox.virtual_ranks(tp=1, capacity=max_num_tokens,
                                                    hidden=hidden_size, device=device,
                                                    error_records=error_records)
-        elif (mailbox.capacity, mailbox.hidden) != (self.options.mailbox_rows(mailbox.tp),
-                                                    hidden_size):
-            raise ValueError(
-                f"mailbox is capacity={mailbox.capacity} hidden={mailbox.hidden}, expected "
-                f"capacity={self.options.mailbox_rows(mailbox.tp)} hidden={hidden_size} "
-                f"(mode={mode!r}, max_num_tokens={max_num_tokens}, tp={mailbox.tp})")
+        else:
+            self.options.check_mailbox(mailbox.tp, mailbox.capacity, mailbox.hidden)
         self._mailbox = mailbox
         self.tp, self.rank, self.device = mailbox.tp, mailbox.rank, mailbox.device
         self.hidden_size, self.capacity, self.eps = hidden_size, max_num_tokens, float(eps)
