@@ -299,7 +299,7 @@ class TPGroup:
 
     def time(self, spec: Mapping, timeout_s: float) -> list[dict]:
         """Every rank times the fused op and its baselines at once
-        (:func:`cluster.gpu.timing.time_rank`, process per GPU only);
+        (:func:`cluster.measure.harness.time_case`, process per GPU only);
         returns the per-rank results, rank order. A rank past ``timeout_s``
         is a TimeoutError naming it (the caller then closes the group: a
         timed graph cannot be recovered mid-replay)."""

@@ -13,7 +13,8 @@ runtime is not multiplied by them). Checks, per variant and per arch:
 - ``multimem.st`` appears in multicast builds and only there;
 - publishes: ``griddepcontrol.wait`` precedes ``launch_dependents`` and the
   stage / payload loads; the unicast and multicast builds of one (tp, arch)
-  differ only in their stores (and the peer-table loads that feed them).
+  differ only in their stores (and the peer-table loads that feed them);
+  owner-mode publishes (unicast by nature) store each fragment once.
 
 Prints a fixed-width table with compile times; exit status 1 on any failure.
 """
@@ -32,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-from jobs.options import add_results_arguments, open_results, report
+from jobs.options import add_results_arguments, int_list, open_results, report, str_list
 
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
 DEFAULT_HIDDEN = (2048, 2560, 3584, 4096, 5120, 7168, 8192)
@@ -54,6 +55,7 @@ class Variant:
     pair_key: tuple | None = None    # publishes: unicast/multicast twins share it
     check: Callable[[list[str], "Variant"], list[str]] | None = None  # overrides the kind's check
     detail: str = ""                 # variant options shown in the table
+    mode: str = "one_shot"           # kernels.lamport.protocol.MODES
 
 
 _PROVIDERS: dict[str, Callable[[Sequence[int], Sequence[int]], list[Variant]]] = {}
@@ -98,7 +100,30 @@ def _all_reduce_norm_variants(hiddens, tps) -> list[Variant]:
                                                    arch=arch), dump_dir=dump)
                 out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
                                    watchdog_ns=wd, hidden=hidden, tp=tp))
-    return out + _embed_variants(hiddens, tps)
+    return out + _owner_variants(hiddens, tps) + _embed_variants(hiddens, tps)
+
+
+def _owner_variants(hiddens, tps) -> list[Variant]:
+    """``AllReduceNorm(mode="owner")``: the owner publish (unicast only, one
+    store a fragment) and the owner consumer (plain and watchdog)."""
+    from kernels.lamport.compile import NormConfig, PublishConfig, compile_norm, compile_publish
+
+    out = []
+    for tp in tps:
+        def build(arch, dump, tp=tp):
+            return compile_publish(PublishConfig(tp=tp, arch=arch, mode="owner"), dump_dir=dump)
+        out.append(Variant("all_reduce_norm", "publish", "PublishKernel", build,
+                           transport="unicast", tp=tp, detail="owner", mode="owner"))
+    for hidden in hiddens:
+        for tp in tps:
+            for wd in (0, WATCHDOG_CHECK_NS):
+                def build(arch, dump, hidden=hidden, tp=tp, wd=wd):
+                    return compile_norm(NormConfig(hidden=hidden, tp=tp, watchdog_ns=wd,
+                                                   arch=arch, mode="owner"), dump_dir=dump)
+                out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
+                                   watchdog_ns=wd, hidden=hidden, tp=tp, detail="owner",
+                                   mode="owner"))
+    return out
 
 
 def _embed_variants(hiddens, tps) -> list[Variant]:
@@ -143,6 +168,10 @@ FP32/BF16 weights, top_k 1/6/8, shared expert absent/before/after the PDL
 wait, prefetch groups 1 / uneven / all, with and without a routed scaling
 factor; each for every tp and both transports."""
 
+FINALIZE_OWNER_CHECK_CONFIGS = FINALIZE_CHECK_CONFIGS[:4]
+"""Owner mode (unicast only): 8/16-byte fragments, FP32/BF16 weights, shared
+expert absent/before/after the wait, for every tp."""
+
 
 def _finalize_detail(c) -> str:
     return (f"E={c.elements_per_thread},{'f32' if c.fp32_weights else 'bf16'}w,k={c.top_k},"
@@ -174,6 +203,21 @@ def _finalize_publish_variants(hiddens, tps) -> list[Variant]:
                     pair_key=("finalize", dataclasses.replace(config, transport="-")),
                     check=functools.partial(check_finalize_publish, config=config),
                     detail=_finalize_detail(config)))
+    for e, fp32, top_k, shared, group, scale in FINALIZE_OWNER_CHECK_CONFIGS:
+        for tp in tps:
+            config = FinalizePublishConfig(
+                tp=tp, top_k=top_k, elements_per_thread=e, fp32_weights=fp32,
+                routed_scaling_factor=scale, shared=shared, prefetch_group=group,
+                mode="owner")
+
+            def build(arch, dump, config=config):
+                return compile_finalize_publish(dataclasses.replace(config, arch=arch),
+                                                dump_dir=dump)
+            out.append(Variant(
+                "finalize_publish", "publish", "FinalizePublishKernel", build,
+                transport="unicast", tp=tp,
+                check=functools.partial(check_finalize_publish, config=config),
+                detail="owner," + _finalize_detail(config), mode="owner"))
     return out
 
 
@@ -256,8 +300,10 @@ def check_publish(lines: list[str], v: Variant) -> list[str]:
         errs.append("stage/payload loaded before griddepcontrol.wait")
     if v.transport == "multicast" and (mc != 1 or uc):
         errs.append(f"multicast build: {mc} multimem.st, {uc} st.relaxed.sys")
-    if v.transport == "unicast" and (mc or uc != (v.tp or 1)):
-        errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want tp={v.tp})")
+    stores = 1 if v.mode == "owner" else (v.tp or 1)
+    if v.transport == "unicast" and (mc or uc != stores):
+        errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want {stores}: "
+                    f"tp={v.tp}, mode={v.mode})")
     return errs
 
 
@@ -325,8 +371,10 @@ def check_finalize_publish(lines: list[str], v: Variant, *, config) -> list[str]
         errs.append(f"{other} stores of the wrong width (want {vec})")
     if v.transport == "multicast" and (mc != 1 or uc):
         errs.append(f"multicast build: {mc} multimem.st, {uc} st.relaxed.sys")
-    if v.transport == "unicast" and (mc or uc != c.tp):
-        errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want tp={c.tp})")
+    stores = 1 if c.mode == "owner" else c.tp
+    if v.transport == "unicast" and (mc or uc != stores):
+        errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want {stores}: "
+                    f"tp={c.tp}, mode={c.mode})")
     if any("ld.volatile.global.v" in ln or "%globaltimer" in ln for ln in lines):
         errs.append("a publish must not spin or read %globaltimer")
     return errs
@@ -443,29 +491,26 @@ def format_row(r: Row) -> str:
             f"{r.arch:<8} {r.seconds:>9.3f} {r.ptx_kb:>7.1f}  {status}")
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-
-
-def _str_list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jobs compile-check",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=str_list(DEFAULT_ARCHS), default=list(DEFAULT_ARCHS),
+                   metavar="A,B",
+                   help=f"target arches, comma-separated: {', '.join(DEFAULT_ARCHS)} (the kernels "
+                        f"use sm_90 features: clusters, DSMEM, multimem; default: all)")
+    p.add_argument("--ops", type=str_list(), default=None, metavar="A,B",
+                   help=f"comma-separated ops, default every registered one ({', '.join(KNOWN_OPS)})")
+    p.add_argument("--hidden", type=int_list, default=list(DEFAULT_HIDDEN), metavar="N,M",
+                   help=f"elements per token (default: {','.join(map(str, DEFAULT_HIDDEN))})")
+    p.add_argument("--tp", type=int_list, default=list(DEFAULT_TP), metavar="N,M",
+                   help=f"TP sizes (default: {','.join(map(str, DEFAULT_TP))})")
+    p.add_argument("--dump-dir", default=None, help="keep the PTX here (default: a temp dir)")
+    add_results_arguments(p, suite="compile-check")
+    return p
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jobs compile-check",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--arch", type=_str_list, default=list(DEFAULT_ARCHS),
-                   help="comma-separated, default sm_90a,sm_100a")
-    p.add_argument("--ops", type=_str_list, default=None,
-                   help=f"comma-separated ops, default every registered one ({', '.join(KNOWN_OPS)})")
-    p.add_argument("--hidden", type=_int_list, default=list(DEFAULT_HIDDEN))
-    p.add_argument("--tp", type=_int_list, default=list(DEFAULT_TP))
-    p.add_argument("--dump-dir", default=None, help="keep the PTX here (default: a temp dir)")
-    add_results_arguments(p, suite="compile-check")
-    return p.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 def result_row(r: Row, environment: dict) -> dict:
@@ -478,7 +523,7 @@ def result_row(r: Row, environment: dict) -> dict:
         started_at=r.started_at, finished_at=r.finished_at, op=v.op,
         variant=f"{v.kernel}" + (f"/{v.detail}" if v.detail else "")
         + (f"/watchdog={v.watchdog_ns}ns" if v.watchdog_ns else ""),
-        transport=None if v.transport == "-" else v.transport, backend="compile",
+        transport=None if v.transport == "-" else v.transport, backend="compile", job="compile-check",
         tp=v.tp, hidden=v.hidden, outcome="fail" if r.errors else "pass",
         reason="; ".join(r.errors) or None, repro_command=None if not r.errors else repro,
         extra={"arch": r.arch, "compile_s": round(r.seconds, 4), "ptx_kb": round(r.ptx_kb, 1)},
@@ -496,10 +541,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"compile-check: unknown op {op!r}; registered: {known}"
                   + (f" (not yet implemented: {planned})" if op in planned else ""),
                   file=sys.stderr)
-            return 2
-    for arch in args.arch:
-        if not re.fullmatch(r"sm_\d+a?", arch):
-            print(f"compile-check: bad --arch {arch!r} (e.g. sm_90a)", file=sys.stderr)
             return 2
     t_import = time.perf_counter()
     import cutlass  # noqa: F401  (import time reported apart from compiles)

@@ -79,7 +79,7 @@ AUTO_RESOLVES_TO = ("process-per-gpu", "shared-gpu", "emulated")
 """What ``placement = "auto"`` can become (virtual ranks are only ever asked for)."""
 DTYPES = ("bfloat16",)
 INPUTS = ("random", "order_sensitive", "sentinel_pattern")
-BASELINES = ("unfused", "symm_mem", "flashinfer")
+BASELINES = ("unfused", "symm_mem", "flashinfer", "stock")
 JOBS = ("correctness", "faults", "profile")
 
 
@@ -162,7 +162,7 @@ _SCALAR_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
                     "budget_ms": (1000, _num), "timeout_s": (10.0, _num)},
     "faults": {"repeats": (1, _int), "kinds": ("all", None), "rank": ("last", None),
                "budget_ms": (200, _num), "timeout_s": (2.0, _num)},
-    "profile": {"repeats": (1, _int), "baselines": (list(BASELINES), BASELINES),
+    "profile": {"repeats": (1, _int), "baselines": (list(BASELINES[:3]), BASELINES),
                 "calls": (50, _int), "replays": (200, _int), "watchdog_ns": (1_000_000_000, _int),
                 "rotate_mb": (120, _num), "timeout_s": (600.0, _num)},
 }
@@ -253,6 +253,10 @@ def load_suite(path: str | Path) -> Suite:
             "tp": _int_list(compile_check.get("tp", [2]), f"{w} tp"),
             "ops": _str_list(compile_check.get("ops", []), f"{w} ops"),
         }
+        from jobs.compile_check import DEFAULT_ARCHS
+        bad = [a for a in compile_check["arch"] if a not in DEFAULT_ARCHS]
+        if bad:
+            raise ConfigError(f"{w} arch: {bad} not supported; allowed: {list(DEFAULT_ARCHS)}")
     cases: list[Case] = []
     for job in JOBS:
         sweeps = data.get(job, [])

@@ -279,11 +279,13 @@ def case_seed(case: Case, repeat: int = 0) -> int:
                       f"{case.fault}/{repeat}".encode()) & 0x7FFFFFFF
 
 
-def repro_command(case: Case, suite: Suite, backend: str) -> str:
+def repro_command(case: Case, suite: Suite, backend: str, placement: str | None = None) -> str:
+    """One command that reruns exactly ``case`` (every filter of its
+    identity; ``placement`` where the run resolved ``auto``)."""
     parts = ["python -m jobs", case.job, suite.source, "--backend", backend,
              "--ops", case.op, "--tp", str(case.tp), "--hidden", str(case.hidden),
              "--tokens", str(case.tokens), "--variant", case.variant,
-             "--transport", case.transport, "--placement", case.placement]
+             "--transport", case.transport, "--placement", placement or case.placement]
     if case.top_k is not None:
         parts += ["--top-k", str(case.top_k)]
     if case.hc is not None:
@@ -336,6 +338,8 @@ class Run:
         self._writers: dict[str, Any] = {}
         self._table: Table | None = None
         self._bar = None
+        self._skips: dict[str, list] = {}
+        """A section's skip reasons: reason -> [footnote mark, cases]."""
 
     def writer(self, suite: str):
         from jobs.results import ResultsWriter
@@ -358,12 +362,23 @@ class Run:
         self._bar = tqdm(total=total, file=sys.stderr, leave=False, unit="case",
                          disable=not sys.stderr.isatty() or total < 2, dynamic_ncols=True)
         self._table = Table(COLUMNS, out=None if self._bar.disable else _BarOut(self._bar))
+        self._skips = {}
         try:
             yield
         finally:
             self._bar.close()
             self._bar = None
+            if self._skips:
+                print("   skipped, by reason:")
+                for reason, (mark, n) in self._skips.items():
+                    print(f"   [{mark}] {n} case(s): {reason}")
             print(f"   ({time.monotonic() - t0:.1f} s)", flush=True)
+
+    def announce(self, text: str) -> None:
+        """A line in the table, before a case runs (e.g. a rank killed on
+        purpose, so the Ray message that follows is expected)."""
+        out = self._table.out if self._table is not None else sys.stdout
+        print(f"   >> {text}", file=out, flush=True)
 
     def record(self, case: Case | None, suite: Suite, *, outcome: str, started_at: dt.datetime,
                reason: str | None = None, note: str | None = None, extra: dict | None = None,
@@ -377,9 +392,13 @@ class Run:
                            hidden=case.hidden, tokens=case.tokens, top_k=case.top_k, hc=case.hc,
                            dtype=case.dtype, backend=self.backend)
         columns.update(fields)
-        if outcome in FAILING and case is not None and not columns.get("repro_command"):
-            columns["repro_command"] = repro_command(case, suite, self.backend)
-        info = {"job": case.job if case else None, "suite_version": suite.version, **(extra or {})}
+        if case is not None:
+            columns.setdefault("job", case.job)
+            if outcome != "pass" and not columns.get("repro_command"):
+                columns["repro_command"] = repro_command(case, suite, self.backend,
+                                                         columns["placement"])
+        info = {"suite_version": suite.version, "inputs": case.inputs if case else None,
+                **(extra or {})}
         row = make_row(started_at=started_at, finished_at=now(), outcome=outcome, reason=reason,
                        extra={k: v for k, v in info.items() if v is not None},
                        **{**self.environment, **columns})
@@ -391,9 +410,13 @@ class Run:
         self.counts[outcome] += 1
         if outcome in FAILING:
             self.failing.append({**row, "suite": suite.name})
+        if outcome == "skipped" and reason and self._table is not None:
+            mark = self._skips.setdefault(reason, [len(self._skips) + 1, 0])
+            mark[1] += 1
+            note = note or f"see [{mark[0]}] below"
         if self._table is not None:
             what = (case.inputs or case.fault or ",".join(case.param("baselines", ()) or ())) if case else ""
-            self._table.row([case.job if case else info.get("job", "-"), columns.get("op"), columns.get("tp"),
+            self._table.row([columns.get("job", "-"), columns.get("op"), columns.get("tp"),
                              columns.get("hidden"), columns.get("tokens"), columns.get("placement"),
                              what, columns.get("t_n") or (case.repeats if case else None),
                              columns.get("mismatches"), columns.get("max_ulp"),
@@ -451,7 +474,7 @@ class Run:
                       f"M={row['tokens']}: {row['reason'] or ''}")
                 print(f"      {row['repro_command']}")
         counts = ", ".join(f"{counts[o]} {o}" for o in ("pass", "fail", "hang", "error", "skipped"))
-        where = (f"results in {self.results} (run {self.run_id})" if self.results is not None
-                 else "no results written")
+        where = (f"rows written to {self.results}/ (run {self.run_id})"
+                 if self.results is not None else "no rows written (--no-results)")
         print(f"\n{counts}; {where}", flush=True)
         return n

@@ -14,7 +14,7 @@ The case is
 A case is the results' case identity: suite, op, variant, transport,
 placement, backend, tp, hidden, tokens, top_k, hc, dtype and the GPU model
 (emulated and GPU figures never mix). Timed rows are those of the profile
-job (``extra.job == "profile"``) with outcome pass and a ``t_median_us``;
+job (``job == "profile"``) with outcome pass and a ``t_median_us``;
 baselines (``variant`` ``baseline:*``) are compared too but only reported,
 never failing the run: they measure torch, not our kernels.
 
@@ -25,11 +25,12 @@ row (fail, hang, error) fails the run on its own (the jobs count them).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from jobs.results.schema import row_job
 
 KEY = ("suite", "op", "variant", "transport", "placement", "backend", "tp", "hidden", "tokens",
        "top_k", "hc", "dtype", "gpu_model")
@@ -96,11 +97,7 @@ def timed_rows(table) -> list[dict]:
     for row in table.to_pylist():
         if row.get("outcome") != "pass" or row.get(METRIC) is None:
             continue
-        try:
-            job = json.loads(row.get("extra") or "{}").get("job")
-        except json.JSONDecodeError:
-            job = None
-        if job == "profile":
+        if row_job(row) == "profile":
             out.append(row)
     return out
 

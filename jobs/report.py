@@ -21,6 +21,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from cluster.topology import brief
 from jobs.config import ConfigError
 from jobs.table import Col, Table
 
@@ -33,12 +34,11 @@ ROW_COLS = [Col("suite", 8), Col("job", 11), Col("op", 15), Col("variant", 18), 
 
 
 def _rows(results: Path, run_id: str) -> list[dict]:
-    from jobs.results import read_results
+    from jobs.results import read_results, row_job
     rows = read_results(results, filters={"run_id": run_id}).to_pylist()
     for r in rows:
         extra = json.loads(r.get("extra") or "{}")
-        r["job"] = extra.get("job") or {"compile": "compile", "cpu-reference": "selfcheck"}.get(
-            r["backend"], "-")
+        r["job"] = row_job(r) or "-"
         r["what"] = extra.get("inputs") or r.get("fault_kind") or extra.get("arch") or ""
     return sorted(rows, key=lambda r: r["started_at"])
 
@@ -62,19 +62,6 @@ def _resolve(results: Path, wanted: list[str]) -> list[str]:
     return out
 
 
-def _brief(topology: str | None) -> str:
-    """One line of a topology column (a cluster.topology summary as JSON)."""
-    try:
-        t = json.loads(topology or "")
-    except json.JSONDecodeError:
-        return topology or "-"
-    if "layouts" not in t:
-        return ", ".join(f"{k}={v}" for k, v in t.items() if v is not None)
-    offered = [lay["name"] for lay in t["layouts"] if lay["groups"]]
-    return (f"{t.get('gpu_count', 0)} GPU(s) {','.join(t.get('gpu_models') or [])}; "
-            f"layouts {', '.join(offered) or 'none'}; multicast {t.get('multicast_supported')}")
-
-
 def list_runs_table(results: Path) -> None:
     from jobs.results import list_runs
     table = Table([Col("run_id", 33), Col("status", 10), Col("trigger", 8), Col("started_at", 20),
@@ -92,8 +79,7 @@ def print_run(results: Path, run_id: str, *, show_all: bool = False) -> int:
     print(f"run {run_id}  trigger={first['trigger']}  commit={first['git_commit'] or 'unknown'}  "
           f"host={first['hostname']}  backends={','.join(backends)}")
     print(f"started {min(r['started_at'] for r in rows):%Y-%m-%d %H:%M:%S} UTC, "
-          f"{len(rows)} rows; GPUs: {first['gpu_model'] or 'none'} x{first['gpu_count'] or 0}; "
-          f"topology: {_brief(first['topology'])}")
+          f"{len(rows)} rows; topology: {brief(first['topology'])}")
     status = first.get("run_status") or "unrecorded"
     print(f"status: {status}" + {
         "incomplete": " -- the driver went away before the run finished: these counts cover "

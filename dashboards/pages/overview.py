@@ -7,6 +7,7 @@ from dashboards import html as h
 from dashboards import palette
 from dashboards.model import OUTCOME_ORDER, Row, group, is_baseline, slug, sort_key
 from dashboards.pages import Site, details_href, latency, no_results, trends
+from jobs.results import row_job
 
 MAX_RUNS_LISTED = 60
 
@@ -66,8 +67,9 @@ def render(site: Site) -> dict[str, str]:
     op_rows = []
     for (op,) in ops:
         oc = counts(site, by_op[(op,)])
-        links = [h.link(f"details-{slug(op)}.html", "details"),
-                 h.link(f"correctness.html#op-{slug(op)}", "matrix")]
+        links = [h.link(f"details-{slug(op)}.html", "details")]
+        if any(row_job(r) == "correctness" for r in by_op[(op,)]):
+            links.append(h.link(f"correctness.html#op-{slug(op)}", "matrix"))
         if op in trend_ops:
             links.append(h.link(f"trends-{slug(op)}.html", "trends"))
         if op in latency_ops:
@@ -82,7 +84,8 @@ def render(site: Site) -> dict[str, str]:
     topo_rows = []
     for key in sorted(by_topo, key=lambda k: tuple(sort_key(v) for v in k)):
         tc = counts(site, by_topo[key])
-        topo_rows.append([*key, len(by_topo[key]), *_count_cells(tc, COUNT_KEYS)])
+        topo_rows.append([h.topology(key[0]), *key[1:], len(by_topo[key]),
+                          *_count_cells(tc, COUNT_KEYS)])
     topo_table = h.table(["topology", "tp", "transport", "placement", "cases", *COUNT_KEYS],
                          topo_rows, numeric=range(4, 5 + len(COUNT_KEYS)), id="by-topology")
 
@@ -152,10 +155,10 @@ def _case_table(site: Site, rows: list[Row], empty: str, table_id: str,
             why = (f"median {h.us(v.value)} µs vs {h.us(v.mean)} µs mean of the last "
                    f"{v.history} nightly runs ({v.value / v.mean - 1:+.1%}; flagged above "
                    f"{h.us(v.threshold)} µs)")
-        out.append([what, h.op_chip(r["op"]), h.link(details_href(r), _case(r)), why,
-                    h.tag("code", r.get("repro_command") or "—")])
+        out.append([what, h.op_chip(r["op"]), h.link(details_href(r), _case(r)),
+                    h.tag("div", why or "—", cls="reason"), h.repro(r.get("repro_command"))])
     return h.table(["outcome", "op", "case", "why", "reproduce"], out, empty=empty,
-                   empty_is_good=good, id=table_id)
+                   empty_is_good=good, id=table_id, cls="details")
 
 
 def _case(r: Row) -> str:
