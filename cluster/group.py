@@ -116,7 +116,7 @@ class TPGroup:
         require_tp("tp", tp)
         require_multiple("hidden", hidden, VEC_BF16)
         require_int("capacity", capacity, low=1)
-        gpus_per_rank = require_number("gpus_per_rank", gpus_per_rank, nonnegative=True)
+        require_number("gpus_per_rank", gpus_per_rank, nonnegative=True)
         if not gpus_per_rank <= 1:
             raise ValueError(f"gpus_per_rank must be in [0, 1], got {gpus_per_rank}")
         require_number("setup_timeout_s", setup_timeout_s, positive=True)
