@@ -305,6 +305,17 @@ def test_the_emulated_backend_refuses_bad_setup_arguments(data):
 
 
 # -------------------------------------------------------------------- configs
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Starting Ray is where a bad suite or command line has got through."""
+    import jobs.harness as harness
+
+    def tripwire(*args, **kwargs):
+        raise Tripwire("ray_session")
+
+    monkeypatch.setattr(harness, "ray_session", tripwire)
+
+
 def _toml(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -341,13 +352,7 @@ TOP_LEVEL = ("name", "memory_limit_gb")
 
 @FUZZ
 @given(data=st.data())
-def test_suite_configs_with_a_bad_value_exit_2_before_ray(data, tmp_path_factory, monkeypatch):
-    import jobs.harness as harness
-
-    def tripwire(*args, **kwargs):
-        raise Tripwire("ray_session")
-
-    monkeypatch.setattr(harness, "ray_session", tripwire)
+def test_suite_configs_with_a_bad_value_exit_2_before_ray(data, tmp_path_factory, no_ray):
     key = data.draw(st.sampled_from(sorted(CONFIG_KEYS)))
     value = data.draw(CONFIG_KEYS[key])
     top = {"format": 1, "name": "fuzz", "version": 1}
@@ -379,13 +384,7 @@ CLI_CASES = {
 
 @FUZZ
 @given(data=st.data())
-def test_bad_command_lines_exit_2(data, monkeypatch):
-    import jobs.harness as harness
-
-    def tripwire(*args, **kwargs):
-        raise Tripwire("ray_session")
-
-    monkeypatch.setattr(harness, "ray_session", tripwire)
+def test_bad_command_lines_exit_2(data, no_ray):
     flag = data.draw(st.sampled_from(sorted(CLI_CASES)))
     value = data.draw(CLI_CASES[flag])
     command = "nightly" if flag == "--history" else "correctness"

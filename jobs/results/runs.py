@@ -31,11 +31,11 @@ import datetime as dt
 import json
 import os
 import socket
-import uuid
 from pathlib import Path
 from typing import Any
 
 from cluster.procs import process_start
+from jobs.results.atomic import write_atomically
 
 RUNS_DIR = "_runs"
 STATUSES = ("running", "finished", "incomplete", "unrecorded")
@@ -82,19 +82,8 @@ def read_manifests(root: str | os.PathLike[str]) -> dict[str, dict]:
 
 
 def _write(root: str | os.PathLike[str], run_id: str, data: dict) -> Path:
-    path = manifest_path(root, run_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(temp, "x") as f:
-            json.dump(data, f, sort_keys=True, indent=1, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    return path
+    text = json.dumps(data, sort_keys=True, indent=1, default=str).encode()
+    return write_atomically(manifest_path(root, run_id), lambda sink: sink.write(text))
 
 
 def this_driver() -> dict[str, Any]:

@@ -44,6 +44,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from jobs.results import runs
+from jobs.results.atomic import fsync_directory, write_atomically
 from kernels.validation import require_name
 from jobs.results.runs import RUN_FACTS
 from jobs.results.schema import (SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY,
@@ -141,29 +142,8 @@ def _file_table(table: pa.Table) -> pa.Table:
 
 def _write_atomically(table: pa.Table, directory: Path, name: str | None = None) -> Path:
     """Write ``table`` to a new file in ``directory`` via a hidden temp + rename."""
-    directory.mkdir(parents=True, exist_ok=True)
     name = name or f"part-{os.getpid()}-{uuid.uuid4().hex}.parquet"
-    final, temp = directory / name, directory / f".{name}.tmp"
-    try:
-        with open(temp, "xb") as sink:
-            pq.write_table(table, sink)
-            sink.flush()
-            os.fsync(sink.fileno())
-        os.replace(temp, final)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(directory)
-    return final
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return write_atomically(directory / name, lambda sink: pq.write_table(table, sink))
 
 
 def read_results(root: str | os.PathLike[str], filters: Filters = None,
@@ -339,7 +319,7 @@ def _finish_compaction(new: Path) -> Path:
     for path in _files_of_run(new.parent, run_id):
         path.unlink()
     os.replace(new, final)
-    _fsync_directory(new.parent)
+    fsync_directory(new.parent)
     return final
 
 
