@@ -29,6 +29,7 @@ import torch
 
 from cluster import ops
 from kernels.reference import numerics
+from kernels.validation import require_int, require_number
 
 DEFAULTS = {"op": "all_reduce_norm", "seed": 0, "eps": 1e-6, "budget_ns": 2_000_000_000}
 """Generic field defaults (``inputs`` defaults to the op's first kind)."""
@@ -45,17 +46,21 @@ def make_case(*, capacity: int, **fields) -> dict:
     if unknown:
         raise ValueError(f"unknown case fields {sorted(unknown)} for op {spec.name}; "
                          f"known: {sorted(known)}")
+    require_int("capacity", capacity, low=1)
     case = {**DEFAULTS, "inputs": spec.inputs[0], **fields, "op": spec.name}
     case.update(spec.case_fields(fields))
     if case["inputs"] not in spec.inputs:
         raise ValueError(f"op {spec.name}: unknown inputs {case['inputs']!r}; "
                          f"known: {list(spec.inputs)}")
-    if "tokens" not in case or not 1 <= int(case["tokens"]) <= capacity:
-        raise ValueError(f"tokens must be in 1..capacity={capacity}, got {case.get('tokens')}")
-    if not case["eps"] > 0:
-        raise ValueError(f"eps must be > 0, got {case['eps']}")
-    if not int(case["budget_ns"]) > 0:
-        raise ValueError(f"budget_ns must be > 0, got {case['budget_ns']}")
+    if "tokens" not in case:
+        raise ValueError(f"tokens must be in 1..capacity={capacity}, got None")
+    try:
+        require_int("tokens", case["tokens"], low=1, high=capacity)
+    except ValueError:
+        raise ValueError(f"tokens must be in 1..capacity={capacity}, got {case['tokens']}") from None
+    require_int("seed", case["seed"], low=0, high=2**31 - 2)
+    require_number("eps", case["eps"], positive=True)
+    require_int("budget_ns", case["budget_ns"], low=1, high=2**63 - 1)
     return case
 
 

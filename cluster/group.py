@@ -23,6 +23,8 @@ exceed the watchdog budget plus any injected delay), every other ``ray.get``
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -37,6 +39,8 @@ from cluster.cases import check_outputs, make_case
 from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
 from cluster.injection import validate_injection
+from kernels.lamport.protocol import VEC_BF16
+from kernels.validation import require_int, require_multiple, require_number, require_tp
 
 CONTROL_TIMEOUT_S = 30.0
 """Bound on control calls (close, state, recover, kill confirmation)."""
@@ -71,6 +75,17 @@ class GroupCall:
 
 
 PLACEMENTS = ("cpu", "process_per_gpu", "shared_gpu")
+RUN_TAG_ENV = "LAMPORT_RUN_TAG"
+"""The driver's run (set by ``jobs``); it names every group's mailboxes."""
+
+
+def new_group_id() -> str:
+    """``<run tag>.p<driver pid>-<12 hex>``: the run (LAMPORT_RUN_TAG, else
+    ``adhoc``) and the driver that made the group, so what a group leaves
+    behind (``/dev/shm/ll-<group id>-r<rank>``) can be traced to a run and
+    swept once its driver is gone (``cluster.emulated.segment``)."""
+    tag = re.sub(r"[^A-Za-z0-9_-]", "_", os.environ.get(RUN_TAG_ENV) or "adhoc")[:32]
+    return f"{tag}.p{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def placement_for(gpus_per_rank: float) -> str:
@@ -98,13 +113,17 @@ class TPGroup:
     def __init__(self, *, tp: int, hidden: int, capacity: int, backend: str = "emulated",
                  gpus_per_rank: float = 0.0, setup_timeout_s: float = 60.0,
                  call_timeout_s: float = 10.0, backend_options: Mapping | None = None) -> None:
-        if tp < 1:
-            raise ValueError(f"tp must be >= 1, got {tp}")
-        if not 0 <= gpus_per_rank <= 1:
+        require_tp("tp", tp)
+        require_multiple("hidden", hidden, VEC_BF16)
+        require_int("capacity", capacity, low=1)
+        require_number("gpus_per_rank", gpus_per_rank, nonnegative=True)
+        if not gpus_per_rank <= 1:
             raise ValueError(f"gpus_per_rank must be in [0, 1], got {gpus_per_rank}")
-        if setup_timeout_s <= 0 or call_timeout_s <= 0:
-            raise ValueError(f"timeouts must be > 0, got setup_timeout_s={setup_timeout_s}, "
-                             f"call_timeout_s={call_timeout_s}")
+        require_number("setup_timeout_s", setup_timeout_s, positive=True)
+        require_number("call_timeout_s", call_timeout_s, positive=True)
+        if backend_options is not None and not isinstance(backend_options, Mapping):
+            raise TypeError(f"backend_options must be a mapping, got "
+                            f"{type(backend_options).__name__}")
         self.tp, self.hidden, self.capacity = tp, hidden, capacity
         self.backend = require_backend(backend)
         self.gpus_per_rank = gpus_per_rank
@@ -116,7 +135,7 @@ class TPGroup:
         self._rendezvous = needs_rendezvous(self.backend)
         self._prepared: set = set()
         self.setup_timeout_s, self.call_timeout_s = setup_timeout_s, call_timeout_s
-        self.group_id = uuid.uuid4().hex[:12]
+        self.group_id = new_group_id()
         self.builds = 0
         self.start_diagnosis: GroupDiagnosis | None = None
         self.metadata: list[dict] = []
@@ -280,7 +299,7 @@ class TPGroup:
 
     def time(self, spec: Mapping, timeout_s: float) -> list[dict]:
         """Every rank times the fused op and its baselines at once
-        (:func:`cluster.gpu.timing.time_rank`, process per GPU only);
+        (:func:`cluster.measure.harness.time_case`, process per GPU only);
         returns the per-rank results, rank order. A rank past ``timeout_s``
         is a TimeoutError naming it (the caller then closes the group: a
         timed graph cannot be recovered mid-replay)."""

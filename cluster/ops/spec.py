@@ -75,9 +75,9 @@ class OpSpec:
     reference: str = ""
     """The torch reference, ``module:function`` (for docs and rows)."""
     compile_variants: tuple[str, ...] = ()
-    """The kernel kinds ``python -m jobs compile-check`` compiles and checks
-    for this op (its provider's ``Variant.kernel`` values; a CPU test holds
-    the two together)."""
+    """Kernel kinds ``python -m jobs compile-check`` must compile and check
+    for this op (its provider's ``Variant.kernel`` values: these at least,
+    tuning candidates may add more; a CPU test holds the two together)."""
     baselines: tuple[str, ...] = ()
     """What the profile compares the fused kernel with."""
     faults: tuple[str, ...] = ()
