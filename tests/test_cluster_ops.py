@@ -69,16 +69,17 @@ def test_compile_variants_are_what_compile_check_enumerates():
         assert {v.op for v in cc._PROVIDERS[name]([2048], [2])} == {name}
 
 
-def test_workload_is_looked_up_by_name_only_when_asked():
-    spec = ops.get("all_reduce_norm")
-    assert spec.workload == "all_reduce_norm"
-    try:
-        import cluster.measure.workloads as workloads  # noqa: F401 (the measure half)
-    except ImportError:
-        with pytest.raises(ImportError):
-            spec.workload_builder()
-    else:
+def test_every_op_names_its_timed_workload():
+    """OpSpec.workload is resolved only when asked (cluster.measure imports
+    no torch until a builder is called) and names a callable builder."""
+    from cluster.measure.workloads import PROFILED_OPS
+    assert PROFILED_OPS == ops.names()
+    for name in ops.names():
+        spec = ops.get(name)
+        assert spec.workload == f"cluster.measure.workloads.{name}"
         assert callable(spec.workload_builder())
+    with pytest.raises(ValueError, match="declares no timed workload"):
+        TOY.workload_builder()
 
 
 # ------------------------------------------------------------ a sixth op

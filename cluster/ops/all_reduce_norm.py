@@ -29,7 +29,7 @@ SPEC = OpSpec(
     faults=("skip_publish", "late_within_budget", "late_beyond_budget", "token_count_differs",
             "stage_out_of_bounds", "stage_stale", "negative_zero_payload", "unsanitized_lane",
             "dirty_mailbox", "stuck_rank"),
-    workload="all_reduce_norm",
+    workload="cluster.measure.workloads.all_reduce_norm",
 )
 COLLECTIVE_FAULTS = SPEC.faults
 """Every fault kind of DESIGN.md's table: each applies to any op that

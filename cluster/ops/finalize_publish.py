@@ -35,7 +35,7 @@ SPEC = OpSpec(
     compile_variants=("publish",),
     baselines=("unfused",),
     faults=arn.COLLECTIVE_FAULTS,
-    workload="finalize_publish",
+    workload="cluster.measure.workloads.finalize_publish",
 )
 HELD = 0.7
 """Probability that a route of the random kinds is held by the rank."""

@@ -83,7 +83,8 @@ class OpSpec:
     faults: tuple[str, ...] = ()
     """cluster.faults kinds whose expected outcome applies to this op."""
     workload: str = ""
-    """Name of its timed workload builder in ``cluster.measure.workloads``."""
+    """Dotted name of its timed workload builder (``cluster.measure.workloads.<op>``,
+    contract :mod:`cluster.measure.workload`); empty: the op is not timed."""
     needs_gpu: str | None = None
     """Why the emulated backend cannot carry it (None: it can)."""
     virtual_ranks: bool = True
@@ -101,13 +102,12 @@ class OpSpec:
         return importlib.import_module(self.impl)
 
     def workload_builder(self) -> Callable:
-        """``cluster.measure.workloads.<workload>``, looked up when asked for."""
-        module = importlib.import_module("cluster.measure.workloads")
-        try:
-            return getattr(module, self.workload or self.name)
-        except AttributeError:
-            raise ValueError(f"op {self.name}: cluster.measure.workloads has no "
-                             f"{self.workload or self.name!r}") from None
+        """The timed workload builder named by ``workload``, resolved when
+        asked for (:func:`cluster.measure.workloads.builder`)."""
+        if not self.workload:
+            raise ValueError(f"op {self.name} declares no timed workload")
+        from cluster.measure.workloads import builder
+        return builder(self.name, self.workload)
 
     def case_fields(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The op fields of a case: defaults overlaid with ``given`` (only

@@ -24,8 +24,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-PROFILED_OPS = ("all_reduce_norm", "finalize_publish", "embed_norm", "all_reduce_mhc", "indexer")
-"""The ops the profile job times (until the op registry lists them)."""
+from cluster import ops as _registry
+
+PROFILED_OPS = tuple(name for name, spec in _registry.OPS.items() if spec.workload)
+"""The ops the profile job times: every registered op that declares a
+workload (``OpSpec.workload``, resolved by :func:`builder`)."""
 
 
 def all_reduce_norm(ctx, spec):
