@@ -3,7 +3,7 @@
 Hang handling in layers (DESIGN.md, "Hang detection"):
 1. every consumer has a watchdog (``case["budget_ns"]``) and still returns;
 2. the host deadline ``call_timeout_s`` bounds every rank's call;
-3. :func:`cluster.diagnosis.diagnose` names the culprits at group level;
+3. :func:`kernels.lamport.diagnosis.diagnose` names the culprits at group level;
 4. after anything but a pass the whole group recovers: every rank's call has
    returned (quiesce), then every rank scrubs its mailbox and resets its stage
    state and call count, and the driver collects all of them (barrier) before
@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cluster.actors import RankActor, release_rank
 from cluster.backend import actor_env, needs_rendezvous, require_backend
 from cluster.cases import check_outputs, make_case
-from cluster.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
+from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
 from cluster.injection import validate_injection
 from kernels.lamport.protocol import VEC_BF16
@@ -284,8 +284,8 @@ class TPGroup:
 
     def prepare(self, case: Mapping) -> list[dict]:
         """Every rank builds (compiles) what ``case`` needs, bounded by
-        ``setup_timeout_s``; :meth:`run` does this once per (budget_ns, eps)
-        and build, before any rank's watchdog starts."""
+        ``setup_timeout_s``; :meth:`run` does this once per
+        :func:`prepare_key` and build, before any rank's watchdog starts."""
         self._require_open()
         case = make_case(capacity=self.capacity, **{k: v for k, v in case.items() if k != "seq"})
         refs = [a.prepare.remote(case) for a in self._actors]
@@ -294,7 +294,7 @@ class TPGroup:
             raise TimeoutError(f"prepare: ranks {[r for r, x in enumerate(refs) if x not in ready]} "
                                f"did not finish within {self.setup_timeout_s} s")
         out = ray.get(refs, timeout=CONTROL_TIMEOUT_S)
-        self._prepared.add((case["budget_ns"], case["eps"]))
+        self._prepared.add(prepare_key(case))
         return out
 
     def time(self, spec: Mapping, timeout_s: float) -> list[dict]:
@@ -325,7 +325,7 @@ class TPGroup:
         if self.call_timeout_s <= case["budget_ns"] / 1e9 + delay_s:
             raise ValueError(f"call_timeout_s={self.call_timeout_s} must exceed the watchdog budget "
                              f"{case['budget_ns'] / 1e9} s plus injected delays {delay_s} s")
-        if (case["budget_ns"], case["eps"]) not in self._prepared:
+        if prepare_key(case) not in self._prepared:
             self.prepare(case)
         self._seq += 1
         started = time.monotonic()
@@ -403,6 +403,16 @@ class TPGroup:
     def _require_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"TP group {self.group_id} is closed")
+
+
+PER_CALL_FIELDS = ("tokens", "inputs", "seed", "seq", "fault", "residual")
+"""Case fields that change data, not the kernel a rank builds."""
+
+
+def prepare_key(case: Mapping) -> tuple:
+    """What decides the kernels a rank builds for ``case``: the op, the
+    watchdog budget, eps and the op's fields (top_k, hc, finalize, ...)."""
+    return tuple(sorted((k, v) for k, v in case.items() if k not in PER_CALL_FIELDS))
 
 
 def _outcome(diagnosis: GroupDiagnosis, results, checks, errors, hung) -> str:
