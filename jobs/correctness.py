@@ -111,7 +111,8 @@ def open_group(run: Run, suite: Suite, members: Sequence[Case], where: Placement
         return None
 
 
-def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:
+def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
+             extra: dict | None = None) -> dict:
     from cluster.cases import DEFAULTS
     started = now()
     budget_ns = int(case.param("budget_ms") * 1e6)
@@ -145,7 +146,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
         extra={"inputs": case.inputs, "repeats": case.repeats, "budget_ns": budget_ns,
                "collective_speed": where.collective_speed,
                "recovered": bool(call and call.recovery is not None),
-               "rebuilt": bool(call and call.rebuilt)})
+               "rebuilt": bool(call and call.rebuilt), **(extra or {})})
 
 
 class Tally:
