@@ -1,7 +1,18 @@
 """Markers: `gpu` tests skip where no CUDA GPU is present, `multigpu` tests
 where fewer than two are; CPU tests never need a GPU."""
 
+import os
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config):
+    """A compile cache of the test session's own (kernels.compile_cache), so
+    tests neither read nor fill the user's; an explicit LAMPORT_COMPILE_CACHE
+    is kept."""
+    if "LAMPORT_COMPILE_CACHE" not in os.environ:
+        os.environ["LAMPORT_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="lamport-compile-cache-")
 
 
 def _cuda_devices() -> int:

@@ -12,6 +12,7 @@ import dataclasses
 import threading
 from typing import Any
 
+from kernels.compile_cache import persistent
 from kernels.lamport.compile import _options
 
 from .layout import FUSED_WARPS, ROWS, Tactic, check_projection_shape
@@ -76,6 +77,7 @@ def _fused_shape(config: FusedConfig):
                       bf16=config.bf16, ue8m0=config.ue8m0)
 
 
+@persistent
 def compile_projection(config: ProjectionConfig, *, dump_dir: str | None = None):
     import cutlass.cute as cute
     from cutlass import Int64
@@ -91,6 +93,7 @@ def compile_projection(config: ProjectionConfig, *, dump_dir: str | None = None)
                         options=_options(config.arch, dump_dir))
 
 
+@persistent
 def compile_fused(config: FusedConfig, *, dump_dir: str | None = None):
     import cutlass.cute as cute
     from cutlass import Float32, Int64
