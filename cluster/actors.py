@@ -58,6 +58,7 @@ class RankActor:
         out = backend.setup(group_id=group_id, rank=rank, tp=tp, capacity=capacity,
                             hidden=hidden, timeout_s=timeout_s, **kwargs)
         self._backend = backend
+        self._shape = {"tp": tp, "hidden": hidden}
         return {**out, "metadata": self.metadata()}
 
     def prepare(self, case: dict) -> dict:
@@ -65,6 +66,25 @@ class RankActor:
 
     def run_case(self, case: dict) -> dict:
         return self._joined().run_case(case)
+
+    def run_cases(self, batch: list[dict]):
+        """A batch of calls in one Ray call, streamed (a generator method:
+        the caller gets each result as its call ends). Each result carries
+        its ``check`` (cluster.cases.check_outputs, made here unless the
+        backend made it), so checking runs on the ranks in parallel. Stops
+        after the first result that is not clean on this rank
+        (:func:`cluster.backend.rank_clean`): the group recovers before
+        anything else runs; a raised exception ends the stream."""
+        from cluster.backend import rank_clean
+        from cluster.cases import check_outputs
+        backend = self._joined()
+        for case in batch:
+            result = backend.run_case(case)
+            if result.get("check") is None:
+                result["check"] = check_outputs(case, outputs=result["outputs"], **self._shape)
+            yield result
+            if not rank_clean(result):
+                return
 
     def time_case(self, spec: dict) -> dict:
         backend = self._joined()
