@@ -21,7 +21,6 @@ re-raised after every other group has finished.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -66,7 +65,8 @@ class Fanout:
     """Runs :class:`Task` s at once where capacity allows; ``spans`` and
     ``peak`` (most groups running at once) say what happened."""
 
-    def __init__(self, capacity: dict[str, float] | None, *, max_parallel: int) -> None:
+    def __init__(self, capacity: dict[str, float] | None, *, max_parallel: int,
+                 alive: Callable[[], set[str]] = alive_nodes) -> None:
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
         self.capacity = None if capacity is None else dict(capacity)
@@ -74,7 +74,7 @@ class Fanout:
         self.max_parallel = max_parallel
         self.spans: list[Span] = []
         self.peak = 0
-        self._lock = threading.Lock()
+        self._alive = alive
 
     @classmethod
     def for_backend(cls, backend: str, *, max_parallel: int | None = None) -> "Fanout":
@@ -85,22 +85,22 @@ class Fanout:
             max_parallel = max(1, int(sum(capacity.values()))) if capacity else 1
         return cls(capacity, max_parallel=max_parallel)
 
-    def _fit(self, units: float) -> str | None | bool:
-        """A node with room for ``units`` (None when unpinned), False when
-        none has room now, or a reason string when none ever will."""
+    def _fit(self, units: float) -> tuple[str | None | bool, str | None]:
+        """(node with room for ``units``, None when unpinned, False when none
+        has room now; why none ever will, else None)."""
         if self.free is None:
-            return None
+            return None, None
         if not self.capacity or units > max(self.capacity.values()):
             biggest = max(self.capacity.values(), default=0)
-            return (f"needs {units:g} units on one node; the largest alive node has {biggest:g} "
-                    f"(alive nodes: {len(self.capacity)})")
+            return False, (f"needs {units:g} units on one node; the largest alive node has "
+                           f"{biggest:g} (alive nodes: {len(self.capacity)})")
         fits = [(free, node) for node, free in self.free.items() if free >= units - 1e-9]
-        return max(fits)[1] if fits else False
+        return (max(fits)[1] if fits else False), None
 
     def _forget_dead(self) -> None:
         if self.capacity is None:
             return
-        alive = alive_nodes()
+        alive = self._alive()
         for node in list(self.capacity):
             if node not in alive:
                 del self.capacity[node]
@@ -116,10 +116,10 @@ class Fanout:
                 i = 0
                 while i < len(pending) and len(running) < self.max_parallel:
                     task = pending[i]
-                    node = self._fit(task.units)
-                    if isinstance(node, str):
+                    node, never = self._fit(task.units)
+                    if never:
                         pending.pop(i)
-                        task.unplaceable(node)
+                        task.unplaceable(never)
                         continue
                     if node is False:
                         i += 1
@@ -132,8 +132,7 @@ class Fanout:
                     self.peak = max(self.peak, len(running))
                 if not running:  # nothing runs and nothing fits: capacity left with a node
                     for task in pending:
-                        why = self._fit(task.units)
-                        task.unplaceable(why if isinstance(why, str) else "no alive node has room")
+                        task.unplaceable(self._fit(task.units)[1] or "no alive node has room")
                     break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:

@@ -303,7 +303,11 @@ class TPGroup:
         if len(ready) < len(refs):
             raise TimeoutError(f"prepare: ranks {[r for r, x in enumerate(refs) if x not in ready]} "
                                f"did not finish within {self.setup_timeout_s} s")
-        out = ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+        try:
+            out = ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+        except ray.exceptions.RayActorError:
+            self._require_node()  # NodeLost names the node when that is why
+            raise
         self._prepared.add((case["budget_ns"], case["eps"]))
         return out
 

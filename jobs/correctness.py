@@ -96,7 +96,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
         return
     from cluster.group import BatchedGroup
     planned = [group.case(**fields) for case in members for fields in case_calls(run, case)]
-    with BatchedGroup(group, planned) as group:
+    with BatchedGroup(group, planned) as group, run.tagged(**group_tags(group)):
         if not group.start_diagnosis.ok:
             print(f"   group start: {group.start_diagnosis.summary()}")
         try:
@@ -104,6 +104,12 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
                 run_case(run, suite, group, case, where)
         finally:
             run.add_work(group.work_s, work_kind(run.backend))
+
+
+def group_tags(group) -> dict:
+    """Row extras naming where a group ran: the node it was pinned to
+    (cluster.fanout; None: unpinned) and its ranks' nodes."""
+    return {"node_id": group.node_id, "rank_nodes": sorted({m["node_id"] for m in group.metadata})}
 
 
 def work_kind(backend: str) -> str:

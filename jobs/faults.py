@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from jobs.config import Case, Suite
-from jobs.correctness import fan_out, group_placement, open_group, work_kind
+from jobs.correctness import fan_out, group_placement, group_tags, open_group, work_kind
 from jobs.harness import ClusterView, Placement, Run, case_seed, now
 
 MIN_TP: dict[str, int] = {}
@@ -64,7 +64,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
                        fields, node_id=node_id)
     if group is None:
         return
-    with group:
+    with group, run.tagged(**group_tags(group)):
         try:
             for case in members:
                 reason = tp_reason(case) or backend_reason(case, run.backend)

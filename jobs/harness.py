@@ -349,6 +349,7 @@ class Run:
         self._bar = None
         self._lock = threading.RLock()  # groups run at once (cluster.fanout) and record here
         self._section: dict | None = None
+        self._tags = threading.local()
         self.accounting: list[dict] = []
         """Per job section: wall_s, work_s (timed GPU work, or on the emulated
         backend the summed case compute time), overhead (wall / work), cases,
@@ -407,6 +408,17 @@ class Run:
             if self._section is not None:
                 self._section["peak_groups"] = fan.peak
 
+    @contextlib.contextmanager
+    def tagged(self, **extra: Any) -> Iterator[None]:
+        """Within (on this thread): every row's ``extra`` also holds ``extra``
+        (e.g. the node a TP group was pinned to and its ranks' nodes)."""
+        old = getattr(self._tags, "extra", {})
+        self._tags.extra = {**old, **extra}
+        try:
+            yield
+        finally:
+            self._tags.extra = old
+
     def metadata(self) -> dict:
         """The run's accounting, JSON-serialisable (for the run's metadata)."""
         return {"run_id": self.run_id, "backend": self.backend, "jobs": list(self.accounting)}
@@ -447,7 +459,8 @@ class Run:
         columns.update(fields)
         if outcome in FAILING and case is not None and not columns.get("repro_command"):
             columns["repro_command"] = repro_command(case, suite, self.backend)
-        info = {"job": case.job if case else None, "suite_version": suite.version, **(extra or {})}
+        info = {"job": case.job if case else None, "suite_version": suite.version,
+                **getattr(self._tags, "extra", {}), **(extra or {})}
         row = make_row(started_at=started_at, finished_at=now(), outcome=outcome, reason=reason,
                        extra={k: v for k, v in info.items() if v is not None},
                        **{**self.environment, **columns})
