@@ -34,6 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.actors import RankActor, release_rank
 from cluster.backend import actor_env, needs_rendezvous, require_backend
+from cluster.barrier import call_barrier
 from cluster.cases import check_outputs, make_case
 from cluster.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
@@ -352,8 +353,10 @@ class TPGroup:
             if (case["budget_ns"], case["eps"]) not in self._prepared:
                 self.prepare(case)
         seq0 = self._seq
+        barrier = call_barrier() if self.tp > 1 and len(calls) > 1 else None
+        key = f"{self.group_id}/{self.builds}/{seq0}"
         streams = [a.run_cases.remote([{**case, "seq": seq0 + i + 1, "fault": f.get(r)}
-                                       for i, (case, f) in enumerate(calls)])
+                                       for i, (case, f) in enumerate(calls)], barrier, key)
                    for r, a in enumerate(self._actors)]
         ended = [False] * self.tp
         done = False

@@ -150,7 +150,8 @@ def open_group(run: Run, suite: Suite, members: Sequence[Case], where: Placement
         return TPGroup(tp=first.tp, hidden=first.hidden,
                        capacity=max(c.tokens for c in members), backend=run.backend,
                        gpus_per_rank=where.gpus_per_rank, call_timeout_s=timeout_s,
-                       node_id=node_id, **group_options(run.backend, first))
+                       setup_timeout_s=SETUP_TIMEOUT_S, node_id=node_id,
+                       **group_options(run.backend, first))
     except (TimeoutError, ValueError, NodeLost, ray.exceptions.RayError) as err:
         for case in members:
             run.record(case, suite, outcome="error", started_at=started, placement=where.name,
@@ -170,6 +171,10 @@ def case_calls(run: Run, case: Case) -> list[dict]:
             fields["residual"] = "zeros"  # the gpu consumer's sum is observable only so
         calls.append(fields)
     return calls
+
+
+SETUP_TIMEOUT_S = 60.0
+"""Bound on placing and setting up one TP group (actor start, rendezvous)."""
 
 
 def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:

@@ -70,14 +70,14 @@ CONFIG = """
 format = 1
 name = "fanout"
 version = 1
-description = "four TP groups over two simulated nodes"
+description = "two TP groups over two simulated nodes"
 
 [[correctness]]
 op = "all_reduce_norm"
 variant = "watchdog"
 transport = "unicast"
 placement = "auto"
-tp = [1, 2]
+tp = [2]
 hidden = [1024, 2048]
 tokens = [1, 3, 8, 2]
 inputs = ["random"]
@@ -96,64 +96,67 @@ def _run(tmp_path, name):
     return status, rows, [json.loads(r["extra"]) for r in rows]
 
 
+def _wait(barrier):
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:  # a group failed to build: the asserts say which
+        pass
+
+
 @pytest.mark.slow
 def test_groups_fan_out_over_simulated_nodes_and_survive_a_lost_node(tmp_path, monkeypatch):
-    """Two worker nodes with 4 emulated GPUs each and four groups (tp 1 and
-    2 x two hidden sizes, 6 units): all four run at once, two a node, each
-    on the node it was planned for. Barriers make the overlap certain (every
-    group is built before any case runs, and no group's second case starts
-    before every group's first has), not timing. Then the same job again,
-    and once every group is built the first group of node 0 removes that
-    node: its groups' cases are errors that say why, node 1's pass, and the
-    run ends with every row written."""
+    """Two worker nodes with 2 emulated GPUs each and two tp=2 groups: one
+    group a node, each on the node it was planned for, both at once.
+    Barriers make the overlap certain, not timing: both groups are built
+    before either runs a case, and neither's second case starts before both
+    first cases have. Then the same job again, and once both groups are
+    built the group of node 0 removes that node: its cases are errors that
+    say why, node 1's pass, and the run ends with every row written."""
     from jobs import correctness
     from jobs.simulate import group_spans, simulated_cluster
 
     (tmp_path / "fanout.toml").write_text(CONFIG)
+    monkeypatch.setattr(correctness, "SETUP_TIMEOUT_S", 600.0)  # 2 loaded cores start the actors
     open_group, run_case = correctness.open_group, correctness.run_case
     state = {}
 
     def gated_open(*args, **kwargs):
         group = open_group(*args, **kwargs)
-        state["built"].wait()
-        hook = state.get("after_build")
-        if hook and group is not None:
-            hook(kwargs.get("node_id"))
+        _wait(state["built"])
+        if state.get("after_build") and group is not None:
+            state["after_build"](kwargs.get("node_id"))
         return group
 
     def gated_case(run, suite, group, case, where):
         seen = state["seen"].setdefault(id(group), [])
         if len(seen) == 1:
-            state["first_done"].wait()
+            _wait(state["first_done"])
         seen.append(case)
         return run_case(run, suite, group, case, where)
 
     monkeypatch.setattr(correctness, "open_group", gated_open)
     monkeypatch.setattr(correctness, "run_case", gated_case)
-    with simulated_cluster(2, 4) as cluster:
-        state.update(built=threading.Barrier(4, timeout=300),
-                     first_done=threading.Barrier(4, timeout=300), seen={})
+    with simulated_cluster(2, 2) as cluster:
+        state.update(built=threading.Barrier(2, timeout=600),
+                     first_done=threading.Barrier(2, timeout=600), seen={})
         status, rows, extras = _run(tmp_path, "overlap")
-        assert status == 0 and len(rows) == 16, [(r["outcome"], r["reason"]) for r in rows]
+        assert status == 0 and len(rows) == 8, [(r["outcome"], r["reason"]) for r in rows]
         nodes = {x["node_id"] for x in extras}
         assert len(nodes) == 2 and None not in nodes  # fanned out over both nodes
         assert all(x["rank_nodes"] == [x["node_id"]] for x in extras)  # where planned
-        spans = list(group_spans(rows).values())
-        assert len(spans) == 4 and sorted(v[2] for v in spans).count(spans[0][2]) == 2
-        assert all(a[0] < b[1] and b[0] < a[1] for a in spans for b in spans), spans
+        (a, b) = group_spans(rows).values()
+        assert a[2] != b[2] and a[0] < b[1] and b[0] < a[1], (a, b)  # at once
 
         victim_node = sorted(cluster.worker_nodes, key=lambda n: n.node_id)[0]
-        victim, once = victim_node.node_id, threading.Lock()
+        victim = victim_node.node_id
 
         def lose_victim(node_id):
-            if node_id == victim and once.acquire(blocking=False):
+            if node_id == victim:
                 cluster.remove_node(victim_node)
-        state.update(built=threading.Barrier(4, timeout=300),
-                     first_done=threading.Barrier(2, timeout=300), seen={},
-                     after_build=lose_victim)
+        state.update(built=threading.Barrier(2, timeout=600), after_build=lose_victim)
         monkeypatch.setattr(correctness, "run_case", run_case)
         status, rows, extras = _run(tmp_path, "lost")
-    assert status == 1 and len(rows) == 16, [(r["outcome"], r["reason"]) for r in rows]
+    assert status == 1 and len(rows) == 8, [(r["outcome"], r["reason"]) for r in rows]
     assert {x["node_id"] for x in extras} == nodes
     for r, x in zip(rows, extras):
         if x["node_id"] == victim:
