@@ -1,7 +1,8 @@
 """Benchmark: the fused indexer kernel vs the two-step path vs the stock chain.
 
     python -m benchmarks.indexer [--k 7168] [--heads 64,32] [--tokens 1,2,4,8,16,32,64]
-        [--replays 30] [--rotate-mb 120] [--sweep] [--markdown PATH]
+        [--replays 30] [--rotate-mb 120] [--sweep] [--sweep-tokens 1,16] [--no-stock]
+        [--ncu-calls N] [--ncu-proj 16x1,4x8] [--markdown PATH]
 
 Per (K, heads, tokens), each side is one CUDA graph of R back-to-back calls,
 call i using indexer module i % R (its own weights) and input set i % R, with
@@ -22,8 +23,24 @@ Printed per token count:
   per node of such a graph (a 1-element ``add_``), the fixed cost any
   one-kernel path pays on top of its weight reads.
 
-``--sweep`` also times the projection kernel alone for every tactic that tiles
-K (the tactic table's measurement) and prints the fastest per token count.
+``--sweep`` also times the fused kernel's candidates side by side with the
+table's (:data:`kernels.indexer.layout.FUSED_CANDIDATES`; one row each, the
+table's marked ``*``) and, at ``--sweep-tokens``, the projection kernel
+alone for every tactic of :data:`SWEEP_TACTICS` that tiles K, fastest first.
+
+Roofline columns (the fused kernel): ``MB`` = :func:`kernels.indexer.layout.
+fused_min_bytes` (each weight row once, x, q, the norm parameters, the
+outputs), ``roof_us`` = MB / :data:`HBM_PEAK` (the H200 datasheet's 4.8 TB/s:
+a bound no kernel beats, so the ratio is conservative; the measured
+``torch.sum`` bandwidth is printed too, and ``floor_us``/``fused/floor`` keep
+issue 19's target measure: weight bytes at that measured bandwidth),
+``x_roof`` = fused / roof_us, ``TB/s`` = MB / fused (achieved), ``wMB`` =
+weight bytes the kernel reads (zero rows included unless skipped).
+
+``--no-stock`` leaves out the stock chain and the two-step path (their torch
+op graphs are most of the run time); ``--ncu-calls N`` times nothing: it runs
+each fused candidate (and the ``--ncu-proj`` tactics) N times eagerly per
+case and prints the launch order, a target for ``scripts/gpu/indexer_ncu.sh``.
 """
 
 from __future__ import annotations
@@ -38,7 +55,12 @@ import torch
 
 from benchmarks.timing import int_list
 
-SWEEP_TACTICS = ((16, 1), (8, 1), (16, 2), (8, 2), (4, 4), (8, 4), (4, 8))
+#: (warps, split) of the projection sweep: the table's, then finer split-K
+#: (more CTAs in flight: 40 CTAs x 16 warps up to 640 CTAs x 2 warps at K 7168).
+SWEEP_TACTICS = ((16, 1), (8, 1), (16, 2), (8, 2), (4, 4), (8, 4), (4, 8), (2, 8), (2, 16),
+                 (1, 16))
+#: H200 HBM3e peak read bandwidth by the datasheet (bytes/s): the roofline.
+HBM_PEAK = 4.8e12
 
 
 def _time_graph(step, calls: int, replays: int, warmup: int = 3) -> float:
@@ -73,6 +95,12 @@ def read_bandwidth(gib: float = 2.0, replays: int = 10) -> float:
     return gib * 2**30 / (us * 1e-6)
 
 
+def graph_node_us(replays: int) -> float:
+    """Microseconds per node of a graph of 32 one-element ``add_`` kernels."""
+    tiny = torch.zeros(1, device="cuda")
+    return _time_graph(lambda i: tiny.add_(1), 32, replays)
+
+
 def kernel_count(fn) -> tuple[int, int]:
     """(kernels, other GPU ops such as memsets/copies) of one eager call."""
     from torch.profiler import ProfilerActivity, profile
@@ -93,103 +121,179 @@ def kernel_count(fn) -> tuple[int, int]:
     return kernels, other
 
 
-def main(argv=None) -> int:
+def _args(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.indexer")
     p.add_argument("--k", type=int_list, default=[7168])
     p.add_argument("--heads", type=int_list, default=[64, 32])
     p.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--rotate-mb", type=float, default=120.0)
-    p.add_argument("--sweep", action="store_true", help="time every tactic of the projection")
+    p.add_argument("--sweep", action="store_true",
+                   help="time the fused candidates and every tactic of the projection")
     p.add_argument("--sweep-tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--no-stock", action="store_true",
+                   help="leave out the stock chain and the two-step path")
+    p.add_argument("--ncu-calls", type=int, default=0,
+                   help="no timing: run each fused candidate N times eagerly (for ncu)")
+    p.add_argument("--ncu-proj", default="16x1,4x8",
+                   help="projection tactics WARPSxSPLIT also run under --ncu-calls")
     p.add_argument("--markdown", default=None, help="also write the tables here")
     args = p.parse_args(argv)
+    for name in ("k", "heads", "tokens", "sweep_tokens"):
+        bad = [v for v in getattr(args, name) if v < 1]
+        if bad or not getattr(args, name):
+            p.error(f"--{name.replace('_', '-')} must be positive ints, got {getattr(args, name)}")
+    if args.replays < 1 or args.ncu_calls < 0 or args.rotate_mb <= 0:
+        p.error(f"--replays must be >= 1, --ncu-calls >= 0, --rotate-mb > 0; got "
+                f"{args.replays}, {args.ncu_calls}, {args.rotate_mb}")
+    try:
+        tactics = [tuple(int(v) for v in t.split("x")) for t in args.ncu_proj.split(",") if t]
+        if any(len(t) != 2 for t in tactics):
+            raise ValueError
+    except ValueError:
+        p.error(f"--ncu-proj must be WARPSxSPLIT[,...], e.g. 16x1,4x8; got {args.ncu_proj!r}")
+    args.ncu_proj = tactics
+    return args
+
+
+def roofline(us: float, min_bytes: int) -> str:
+    """``roof_us x_roof TB/s`` of a fused time against :data:`HBM_PEAK`."""
+    roof = min_bytes / HBM_PEAK * 1e6
+    return f"{roof:>7.2f} {us / roof:>6.2f} {min_bytes / (us * 1e-6) / 1e12:>5.2f}"
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
     if not torch.cuda.is_available():
         print("benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
 
-    from kernels.indexer.layout import Tactic, padded_heads
+    from kernels.indexer.layout import (FUSED_CANDIDATES, Tactic, fused_min_bytes,
+                                        fused_weight_bytes_read, padded_heads)
     from kernels.indexer.projection import IndexerProjection
     from kernels.indexer.stage import Indexer, _fuse, stock_indexer_query
 
-    bw = read_bandwidth()
-    tiny = torch.zeros(1, device="cuda")
-    node_us = _time_graph(lambda i: tiny.add_(1), 32, args.replays)
-    lines = [f"read bandwidth (torch.sum over 2 GiB BF16): {bw / 1e12:.2f} TB/s",
-             f"graph node floor (a 1-element torch add_, back to back, no PDL): {node_us:.2f} us"]
-    print("\n".join(lines), flush=True)
-    header = (f"{'K':>5} {'heads':>5} {'M':>3} {'fused_us':>9} {'two_step':>9} {'proj_us':>8} "
-              f"{'stock_us':>9} {'kernels':>7} {'floor_us':>8} {'stock/fused':>11} "
-              f"{'fused/floor':>11} {'two/fused':>9} {'fuse()':>6}")
-    lines += [header, "-" * len(header)]
-    print(header + "\n" + lines[-1], flush=True)
+    nan = float("nan")
+    lines = []
+    if not args.ncu_calls:
+        bw = read_bandwidth()
+        node_us = graph_node_us(args.replays)
+        lines = [f"read bandwidth (torch.sum over 2 GiB BF16): {bw / 1e12:.2f} TB/s; "
+                 f"roofline peak (H200 datasheet HBM3e): {HBM_PEAK / 1e12:.1f} TB/s",
+                 f"graph node floor (a 1-element torch add_, back to back, no PDL): {node_us:.2f} us"]
+        print("\n".join(lines), flush=True)
+        header = (f"{'K':>5} {'heads':>5} {'M':>3} {'fused':>10} {'fused_us':>9} {'wMB':>5} "
+                  f"{'MB':>5} {'roof_us':>7} {'x_roof':>6} {'TB/s':>5} {'floor_us':>8} "
+                  f"{'fused/floor':>11} {'proj_us':>8} {'two_step':>9} {'stock_us':>9} "
+                  f"{'kernels':>7} {'stock/fused':>11} {'two/fused':>9} {'fuse()':>6}")
+        lines += [header, "-" * len(header)]
+        print(header + "\n" + lines[-1], flush=True)
     sweep_lines = []
     for k in args.k:
         for heads in args.heads:
             rows = 128 + heads + 128
             weight_bytes = rows * k * 2
             sets = max(2, math.ceil(args.rotate_mb * 2**20 / weight_bytes))
+            if args.ncu_calls:
+                sets = 1
             mods = [Indexer(hidden=k, q_lora_rank=64, heads=heads, device="cuda",
                             generator=torch.Generator().manual_seed(i)) for i in range(sets)]
             projs = [IndexerProjection(m) for m in mods]
             padded = padded_heads(heads)
             scale = mods[0].softmax_scale * heads ** -0.5
-            floor = weight_bytes / bw * 1e6
+            table = projs[0].table.fused_variant
+            # The table's variant first (marked *), the other candidates with --sweep.
+            candidates = [(table.name + "*", table)]
+            if args.sweep or args.ncu_calls:
+                candidates += [(v.name, v) for v in FUSED_CANDIDATES if v != table]
             for m in args.tokens:
                 g = torch.Generator().manual_seed(m)
                 xs = torch.randn(sets, m, k, generator=g).to(torch.bfloat16).cuda()
                 qs = torch.randn(sets, m, heads * 128, generator=g).to(torch.bfloat16).cuda()
 
-                def fused(i):
+                def fused(i, variant=table):
                     j = i % sets
-                    return projs[j].fused(xs[j], qs[j], mods[j].k_norm, scale, padded)
+                    return projs[j].fused(xs[j], qs[j], mods[j].k_norm, scale, padded,
+                                          variant=variant)
 
                 def two_step(i):
                     j = i % sets
                     kk, w, gate = projs[j](xs[j])
                     return stock_indexer_query(qs[j], kk, w, mods[j].k_norm, scale, padded)
 
-                def proj(i):
+                def proj(i, t=None):
                     j = i % sets
-                    return projs[j](xs[j])
+                    return projs[j](xs[j], tactic=t)
 
                 def stock(i):
                     j = i % sets
                     kk, w, gate = mods[j].stock_projection(xs[j])
                     return stock_indexer_query(qs[j], kk, w, mods[j].k_norm, scale, padded)
 
-                t_fused = (_time_graph(fused, sets, args.replays)
-                           if m <= projs[0].fused_max_tokens else float("nan"))
-                t_two = _time_graph(two_step, sets, args.replays)
-                t_proj = _time_graph(proj, sets, args.replays)
-                t_stock = _time_graph(stock, sets, args.replays)
-                kernels, other = kernel_count(lambda: stock(0))
-                row = (f"{k:>5} {heads:>5} {m:>3} {t_fused:>9.2f} {t_two:>9.2f} {t_proj:>8.2f} "
-                       f"{t_stock:>9.2f} {f'{kernels}+{other}':>7} {floor:>8.2f} "
-                       f"{t_stock / t_fused:>11.2f} {t_fused / floor:>11.2f} "
-                       f"{t_two / t_fused:>9.2f} {str(_fuse(m, heads, 'sm_90')):>6}")
-                print(row, flush=True)
-                lines.append(row)
-                if args.sweep and heads == args.heads[0] and m in args.sweep_tokens:
-                    got = []
-                    for w, s in SWEEP_TACTICS:
-                        t = Tactic(w, s)
+                fits = m <= projs[0].fused_max_tokens
+                if args.ncu_calls:
+                    for name, variant in candidates if fits else ():
+                        print(f"ncu launch: fused {name} K={k} heads={heads} M={m} "
+                              f"x{args.ncu_calls}", flush=True)
+                        for _ in range(args.ncu_calls):
+                            fused(0, variant)
+                    for w, sp in args.ncu_proj:
+                        t = Tactic(w, sp)
                         if k % t.k_multiple or t.smem_bytes(m) > 232_448:
                             continue
-                        us = _time_graph(lambda i, t=t: projs[i % sets](xs[i % sets], tactic=t),
-                                         sets, args.replays)
+                        print(f"ncu launch: projection w{w}s{sp} K={k} heads={heads} M={m} "
+                              f"x{args.ncu_calls}", flush=True)
+                        for _ in range(args.ncu_calls):
+                            proj(0, t)
+                    torch.cuda.synchronize()
+                    continue
+                min_bytes = fused_min_bytes(m, k, 128, heads, 128, padded)
+                floor = weight_bytes / bw * 1e6
+                t_proj = _time_graph(proj, sets, args.replays)
+                t_two = t_stock = nan
+                kernels = other = 0
+                if not args.no_stock:
+                    t_two = _time_graph(two_step, sets, args.replays)
+                    t_stock = _time_graph(stock, sets, args.replays)
+                    kernels, other = kernel_count(lambda: stock(0))
+                for name, variant in candidates:
+                    t_fused = (_time_graph(lambda i, v=variant: fused(i, v), sets, args.replays)
+                               if fits else nan)
+                    w_read = fused_weight_bytes_read(k, 128, heads, 128,
+                                                     skip_zero=variant.skip_zero)
+                    row = (f"{k:>5} {heads:>5} {m:>3} {name:>10} {t_fused:>9.2f} "
+                           f"{w_read / 1e6:>5.2f} {min_bytes / 1e6:>5.2f} "
+                           f"{roofline(t_fused, min_bytes)} {floor:>8.2f} "
+                           f"{t_fused / floor:>11.2f} {t_proj:>8.2f} {t_two:>9.2f} "
+                           f"{t_stock:>9.2f} {f'{kernels}+{other}':>7} "
+                           f"{t_stock / t_fused:>11.2f} {t_two / t_fused:>9.2f} "
+                           f"{str(_fuse(m, heads, 'sm_90')):>6}")
+                    print(row, flush=True)
+                    lines.append(row)
+                if args.sweep and heads == args.heads[0] and m in args.sweep_tokens:
+                    got = []
+                    for w, sp in SWEEP_TACTICS:
+                        t = Tactic(w, sp)
+                        if k % t.k_multiple or t.smem_bytes(m) > 232_448:
+                            continue
+                        us = _time_graph(lambda i, t=t: proj(i, t), sets, args.replays)
                         got.append((us, t))
                     got.sort(key=lambda r: r[0])
                     text = ", ".join(f"w{t.warps}s{t.split} {us:.2f}" for us, t in got)
-                    sweep_lines.append(f"K={k} M={m:>3}: {text}")
-                    print("  sweep " + sweep_lines[-1], flush=True)
+                    sweep_lines.append(f"K={k} heads={heads} M={m:>3}: {text}")
+                    print("  sweep projection " + sweep_lines[-1], flush=True)
             del mods, projs
             torch.cuda.empty_cache()
+    if args.ncu_calls:
+        return 0
     meta = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
             f"{torch.cuda.get_device_name()}, torch {torch.__version__}, replays={args.replays}, "
             f"weights and inputs rotated over >= {args.rotate_mb:g} MB, times in us per call "
-            f"(median), kernels = kernels+memsets of one stock call")
+            f"(median); fused = the fused variant timed (* = the tactic table's; "
+            f"skip-zero: no loads of the layout's zero rows; early: slot codes and norm "
+            f"parameters loaded before the PDL wait); MB = fused_min_bytes, roof_us = MB / {HBM_PEAK / 1e12:.1f} TB/s, "
+            f"TB/s = MB / fused_us; kernels = kernels+memsets of one stock call")
     print(meta)
     if args.markdown:
         with open(args.markdown, "w") as f:

@@ -13,7 +13,8 @@ runtime is not multiplied by them). Checks, per variant and per arch:
 - ``multimem.st`` appears in multicast builds and only there;
 - publishes: ``griddepcontrol.wait`` precedes ``launch_dependents`` and the
   stage / payload loads; the unicast and multicast builds of one (tp, arch)
-  differ only in their stores (and the peer-table loads that feed them).
+  differ only in their stores (and the peer-table loads that feed them);
+  owner-mode publishes (unicast by nature) store each fragment once.
 
 Compiles go through the persistent compile cache (:mod:`kernels.compile_cache`):
 a variant whose key (kernel sources, config, arch, CuTe DSL version) is
@@ -61,6 +62,7 @@ class Variant:
     pair_key: tuple | None = None    # publishes: unicast/multicast twins share it
     check: Callable[[list[str], "Variant"], list[str]] | None = None  # overrides the kind's check
     detail: str = ""                 # variant options shown in the table
+    mode: str = "one_shot"           # kernels.lamport.protocol.MODES
 
 
 _PROVIDERS: dict[str, Callable[[Sequence[int], Sequence[int]], list[Variant]]] = {}
@@ -105,7 +107,30 @@ def _all_reduce_norm_variants(hiddens, tps) -> list[Variant]:
                                                    arch=arch), dump_dir=dump)
                 out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
                                    watchdog_ns=wd, hidden=hidden, tp=tp))
-    return out + _embed_variants(hiddens, tps)
+    return out + _owner_variants(hiddens, tps) + _embed_variants(hiddens, tps)
+
+
+def _owner_variants(hiddens, tps) -> list[Variant]:
+    """``AllReduceNorm(mode="owner")``: the owner publish (unicast only, one
+    store a fragment) and the owner consumer (plain and watchdog)."""
+    from kernels.lamport.compile import NormConfig, PublishConfig, compile_norm, compile_publish
+
+    out = []
+    for tp in tps:
+        def build(arch, dump, tp=tp):
+            return compile_publish(PublishConfig(tp=tp, arch=arch, mode="owner"), dump_dir=dump)
+        out.append(Variant("all_reduce_norm", "publish", "PublishKernel", build,
+                           transport="unicast", tp=tp, detail="owner", mode="owner"))
+    for hidden in hiddens:
+        for tp in tps:
+            for wd in (0, WATCHDOG_CHECK_NS):
+                def build(arch, dump, hidden=hidden, tp=tp, wd=wd):
+                    return compile_norm(NormConfig(hidden=hidden, tp=tp, watchdog_ns=wd,
+                                                   arch=arch, mode="owner"), dump_dir=dump)
+                out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
+                                   watchdog_ns=wd, hidden=hidden, tp=tp, detail="owner",
+                                   mode="owner"))
+    return out
 
 
 def _embed_variants(hiddens, tps) -> list[Variant]:
@@ -150,6 +175,10 @@ FP32/BF16 weights, top_k 1/6/8, shared expert absent/before/after the PDL
 wait, prefetch groups 1 / uneven / all, with and without a routed scaling
 factor; each for every tp and both transports."""
 
+FINALIZE_OWNER_CHECK_CONFIGS = FINALIZE_CHECK_CONFIGS[:4]
+"""Owner mode (unicast only): 8/16-byte fragments, FP32/BF16 weights, shared
+expert absent/before/after the wait, for every tp."""
+
 
 def _finalize_detail(c) -> str:
     return (f"E={c.elements_per_thread},{'f32' if c.fp32_weights else 'bf16'}w,k={c.top_k},"
@@ -181,6 +210,21 @@ def _finalize_publish_variants(hiddens, tps) -> list[Variant]:
                     pair_key=("finalize", dataclasses.replace(config, transport="-")),
                     check=functools.partial(check_finalize_publish, config=config),
                     detail=_finalize_detail(config)))
+    for e, fp32, top_k, shared, group, scale in FINALIZE_OWNER_CHECK_CONFIGS:
+        for tp in tps:
+            config = FinalizePublishConfig(
+                tp=tp, top_k=top_k, elements_per_thread=e, fp32_weights=fp32,
+                routed_scaling_factor=scale, shared=shared, prefetch_group=group,
+                mode="owner")
+
+            def build(arch, dump, config=config):
+                return compile_finalize_publish(dataclasses.replace(config, arch=arch),
+                                                dump_dir=dump)
+            out.append(Variant(
+                "finalize_publish", "publish", "FinalizePublishKernel", build,
+                transport="unicast", tp=tp,
+                check=functools.partial(check_finalize_publish, config=config),
+                detail="owner," + _finalize_detail(config), mode="owner"))
     return out
 
 
@@ -263,8 +307,10 @@ def check_publish(lines: list[str], v: Variant) -> list[str]:
         errs.append("stage/payload loaded before griddepcontrol.wait")
     if v.transport == "multicast" and (mc != 1 or uc):
         errs.append(f"multicast build: {mc} multimem.st, {uc} st.relaxed.sys")
-    if v.transport == "unicast" and (mc or uc != (v.tp or 1)):
-        errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want tp={v.tp})")
+    stores = 1 if v.mode == "owner" else (v.tp or 1)
+    if v.transport == "unicast" and (mc or uc != stores):
+        errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want {stores}: "
+                    f"tp={v.tp}, mode={v.mode})")
     return errs
 
 
@@ -332,8 +378,10 @@ def check_finalize_publish(lines: list[str], v: Variant, *, config) -> list[str]
         errs.append(f"{other} stores of the wrong width (want {vec})")
     if v.transport == "multicast" and (mc != 1 or uc):
         errs.append(f"multicast build: {mc} multimem.st, {uc} st.relaxed.sys")
-    if v.transport == "unicast" and (mc or uc != c.tp):
-        errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want tp={c.tp})")
+    stores = 1 if c.mode == "owner" else c.tp
+    if v.transport == "unicast" and (mc or uc != stores):
+        errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want {stores}: "
+                    f"tp={c.tp}, mode={c.mode})")
     if any("ld.volatile.global.v" in ln or "%globaltimer" in ln for ln in lines):
         errs.append("a publish must not spin or read %globaltimer")
     return errs

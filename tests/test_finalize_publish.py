@@ -19,8 +19,9 @@ def test_compile_check_finalize(arch, capsys):
     rc = cc.main(["--no-results", "--arch", arch, "--ops", "finalize_publish", "--tp", "2"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    # every option combination, unicast and multicast twins
-    assert out.count(" ok ") == 2 * len(cc.FINALIZE_CHECK_CONFIGS), out
+    # every option combination, unicast and multicast twins, and owner mode
+    assert out.count(" ok ") == (2 * len(cc.FINALIZE_CHECK_CONFIGS)
+                                 + len(cc.FINALIZE_OWNER_CHECK_CONFIGS)), out
 
 
 @pytest.fixture(scope="module")

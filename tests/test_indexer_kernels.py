@@ -164,6 +164,8 @@ def test_fused_rejects_bad_inputs(proj):
         call(scale=float("nan"))
     with pytest.raises(ValueError, match="weights_dtype"):
         call(weights_dtype=torch.float16)
+    with pytest.raises(ValueError, match="variant must be a FusedVariant or None, got True"):
+        call(variant=True)
     bf16_norm = torch.nn.LayerNorm(proj.key, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="norm.weight must be torch.float32"):
         call(norm=bf16_norm)

@@ -184,6 +184,10 @@ def test_fused_layout_properties(key, heads, gate):
         gates_seen += real
     rest = [r for c in ctas[first + heads:] for r in c if r >= 0]
     assert gates_seen + rest == list(range(key + heads, rows))  # gate rows in order
+    # the kernel's zero-row predicate (skip_zero) is exactly the layout's zero rows
+    for c, cta in enumerate(ctas):
+        for g, r in enumerate(cta):
+            assert L.fused_row_live(c, g, key, heads, gate) == (r >= 0), (c, g, r)
     # slot codes: kind and index per slot
     codes = L.slot_codes(order, key, heads)
     for r, code in zip(order, codes):
@@ -226,3 +230,27 @@ def test_scales():
         L.hadamard_scale(96)
     with pytest.raises(ValueError, match="softmax_scale"):
         L.head_weight_scale(0.0, 64)
+
+
+def test_fused_variant():
+    assert L.FusedVariant().name == "load-all"
+    assert L.FusedVariant(True, True).name == "skip-zero+early"
+    assert len(set(L.FUSED_CANDIDATES)) == len(L.FUSED_CANDIDATES)
+    assert L.GB300.fused_variant == L.FusedVariant()
+    with pytest.raises(ValueError, match="FusedVariant.skip_zero must be a bool, got 1"):
+        L.FusedVariant(skip_zero=1)
+    with pytest.raises(ValueError, match="fused_variant must be a FusedVariant"):
+        dataclasses.replace(L.H200, fused_variant=(True, False))
+
+
+def test_roofline_bytes_by_hand():
+    # K 7168, key 128, heads 64, gate 128, one token, FP32 head weights
+    weights = 320 * 7168 * 2
+    inputs = 7168 * 2 + 64 * 128 * 2 + 2 * 128 * 4
+    outputs = 64 * 128 + 64 * 4 + 128 * 2 + 128 * 2
+    assert L.fused_min_bytes(1, 7168, 128, 64, 128, 64) == weights + inputs + outputs
+    # the layout has 80 CTAs x 8 slots for 320 rows: half the slots are zero rows
+    assert L.fused_weight_bytes_read(7168, 128, 64, 128, skip_zero=False) == 640 * 7168 * 2
+    assert L.fused_weight_bytes_read(7168, 128, 64, 128, skip_zero=True) == weights
+    with pytest.raises(ValueError, match="tokens must be a positive int, got 0"):
+        L.fused_min_bytes(0, 7168, 128, 64, 128, 64)

@@ -12,8 +12,10 @@ def test_compile_check_subset(arch, capsys):
                   "--tp", "1,8"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    # 4 publishes + 2 hidden x 2 tp x 2 watchdog, and as many for the embedding
-    assert out.count(" ok") == 24, out
+    # 4 publishes + 2 hidden x 2 tp x 2 watchdog, as many for the embedding,
+    # and for owner mode 2 publishes (unicast only) + 8 consumers
+    assert out.count(" ok") == 34, out
+    assert out.count("[owner]") == 10, out
 
 
 def test_unknown_op_is_rejected(capsys):

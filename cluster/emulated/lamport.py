@@ -21,6 +21,14 @@ become NaN, and so does everything when a header disagrees with the own
 (seq, M) (a mismatched call is never a silent answer). Then NEXT_STAGE =
 (stage + 1) % 3 and the sentinel goes back into every slot read.
 
+Owner mode (``mode="owner"``, :mod:`kernels.lamport.protocol`): the publish
+writes token ``t`` (of ``max(M, tp)``, tokens ``>= M`` as +0.0) only into
+its owner's (rank ``t % tp``) mailbox at slot ``(stage, r, t // tp)`` (the
+header still goes to every rank); the consume of owner ``o`` reads its rows
+``j`` with ``j * tp + o < M``, or row 0, from every source and returns the
+``[ceil(M / tp), H]`` owned rows (row j = token j * tp + o, rows holding no
+token +0.0); records name token ids.
+
 Host-memory ordering: x86-64 keeps stores in program order, so a consumer
 that sees every lane of a source also sees its header; each lane carries
 its own arrival bit, so the payload needs no fence.
@@ -38,7 +46,8 @@ import torch
 from cluster.cases import bf16_from_bits, bits_from_bf16
 from cluster.emulated.segment import HEADER_EMPTY, HostMailbox
 from kernels.lamport.protocol import (ACTIVE_STAGE, ERR_DEFAULT_RECORDS, LAMPORT_GENERATIONS,
-                                      NEXT_STAGE, SENTINEL_BF16, VEC_BF16)
+                                      MODES, NEXT_STAGE, SENTINEL_BF16, VEC_BF16, owned_tokens,
+                                      owner_published_tokens, owner_rows)
 
 SPIN_SLEEP_S = 50e-6
 """Pause between polls: on a 2-core host, spinning consumers must leave the
@@ -74,11 +83,18 @@ def sanitize(bits: np.ndarray) -> np.ndarray:
     return out
 
 
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+
+
 def publish(mailboxes: Sequence[HostMailbox], *, rank: int, seq: int, payload: np.ndarray,
-            bypass: Iterable[tuple[int, int]] = ()) -> Published:
+            bypass: Iterable[tuple[int, int]] = (), mode: str = "one_shot") -> Published:
     """Publish ``payload`` (uint16 [M, H] BF16 bits) of ``rank`` into every
-    mailbox (``mailboxes[r]`` is rank r's). ``bypass``: (token, column) lanes
-    that skip sanitize (fault injection only)."""
+    mailbox (``mailboxes[r]`` is rank r's), or in owner mode each token into
+    its owner's. ``bypass``: (token, column) lanes that skip sanitize (fault
+    injection only)."""
+    _check_mode(mode)
     own = mailboxes[rank]
     stage = int(own.stage_state[NEXT_STAGE])
     if not 0 <= stage < LAMPORT_GENERATIONS:
@@ -90,32 +106,49 @@ def publish(mailboxes: Sequence[HostMailbox], *, rank: int, seq: int, payload: n
     m = bits.shape[0]
     for box in mailboxes:
         box.headers[stage, rank] = (seq, m)
-        box.slots[stage, rank, :m] = bits
+    if mode == "owner":
+        tp = len(mailboxes)
+        padded = np.zeros((owner_published_tokens(m, tp), bits.shape[1]), dtype=bits.dtype)
+        padded[:m] = bits
+        for owner, box in enumerate(mailboxes):
+            rows = padded[owner::tp]  # token j * tp + owner -> row j
+            box.slots[stage, rank, :rows.shape[0]] = rows
+    else:
+        for box in mailboxes:
+            box.slots[stage, rank, :m] = bits
     own.stage_state[ACTIVE_STAGE] = stage
     return Published(stage=stage, bad_stage=None)
 
 
 def consume(own: HostMailbox, *, seq: int, tokens: int, budget_ns: int,
-            max_records: int = ERR_DEFAULT_RECORDS) -> Consumed:
+            max_records: int = ERR_DEFAULT_RECORDS, mode: str = "one_shot",
+            rank: int = 0) -> Consumed:
     """The watchdog consume of ``tokens`` tokens from every source (see the
-    module docstring); returns within about ``budget_ns`` plus one poll."""
+    module docstring); returns within about ``budget_ns`` plus one poll.
+    Owner mode: ``own`` is rank ``rank``'s mailbox and ``sum_bits`` its
+    ``[ceil(M / tp), H]`` owned rows."""
+    _check_mode(mode)
     deadline = time.monotonic_ns() + budget_ns
     m, hidden, tp = tokens, own.hidden, own.tp
+    out_rows, read = m, m  # rows returned, mailbox rows read per source
+    if mode == "owner":
+        out_rows = owner_rows(m, tp)
+        read = max(len(owned_tokens(m, tp, rank)), 1)  # row 0 is always published
     stage = int(own.stage_state[ACTIVE_STAGE])
     if not 0 <= stage < LAMPORT_GENERATIONS:
-        nan = bits_from_bf16(torch.full((m, hidden), float("nan"), dtype=torch.bfloat16))
+        nan = bits_from_bf16(torch.full((out_rows, hidden), float("nan"), dtype=torch.bfloat16))
         return Consumed(stage=stage, bad_stage=stage, sum_bits=nan, missing_sources=frozenset(),
                         partial_sources=frozenset(), headers=(), header_mismatch=False,
                         records=(), record_count=0)
-    acc = torch.zeros(m, hidden, dtype=torch.float32)
-    unknown = np.zeros((m, hidden // VEC_BF16), dtype=bool)
+    acc = torch.zeros(read, hidden, dtype=torch.float32)
+    unknown = np.zeros((read, hidden // VEC_BF16), dtype=bool)
     missing, partial, headers, records = set(), set(), [], []
     record_count, header_mismatch = 0, False
     for source in range(tp):
         while True:
-            snap = own.slots[stage, source, :m].copy()
+            snap = own.slots[stage, source, :read].copy()
             header = own.headers[stage, source].copy()
-            sentinel = snap.reshape(m, -1, VEC_BF16) == SENTINEL_BF16
+            sentinel = snap.reshape(read, -1, VEC_BF16) == SENTINEL_BF16
             pending = sentinel.any(-1)
             if (not pending.any() and header[0] != HEADER_EMPTY) or time.monotonic_ns() >= deadline:
                 break
@@ -134,17 +167,21 @@ def consume(own: HostMailbox, *, seq: int, tokens: int, budget_ns: int,
                 if len(records) < max_records:
                     lanes = snap[token, fragment * VEC_BF16:(fragment + 1) * VEC_BF16]
                     words = tuple(int(w) for w in lanes.view("<u4"))
-                    records.append((int(token), source, int(fragment), stage, words))
+                    token_id = int(token) * tp + rank if mode == "owner" else int(token)
+                    records.append((token_id, source, int(fragment), stage, words))
             record_count += int(pending.sum())
             unknown |= pending
         acc = acc + bf16_from_bits(snap).float()
     own.stage_state[NEXT_STAGE] = (stage + 1) % LAMPORT_GENERATIONS
-    own.slots[stage, :, :m] = SENTINEL_BF16
+    own.slots[stage, :, :read] = SENTINEL_BF16
     own.headers[stage] = HEADER_EMPTY
     if header_mismatch:
         acc.fill_(float("nan"))
     else:
         acc[torch.from_numpy(np.repeat(unknown, VEC_BF16, axis=1))] = float("nan")
+    if out_rows > read:  # owner rows past the owned tokens were not published: +0.0
+        acc = torch.cat([acc, torch.full((out_rows - read, hidden),
+                                         float("nan") if header_mismatch else 0.0)])
     return Consumed(stage=stage, bad_stage=None, sum_bits=bits_from_bf16(acc.to(torch.bfloat16)),
                     missing_sources=frozenset(missing), partial_sources=frozenset(partial),
                     headers=tuple(headers), header_mismatch=header_mismatch,

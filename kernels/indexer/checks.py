@@ -15,7 +15,10 @@ Checks on the kernel's instruction lines:
 - fused builds: the mbarrier init and its cluster fence and the relaxed
   cluster arrive before ``griddepcontrol.wait``, then ``barrier.cluster.wait``,
   ``mapa`` + ``st.async...mbarrier::complete_tx`` (the (mean, M2) pushes),
-  ``mbarrier.try_wait``, and the FP8 conversion ``cvt.rn.satfinite.e4m3x2``.
+  ``mbarrier.try_wait``, and the FP8 conversion ``cvt.rn.satfinite.e4m3x2``;
+  predicated (``@p``) weight loads exactly in the skip-zero builds; no plain
+  slot-code / LayerNorm loads (``ld.global.u32/.f32``) exactly in the
+  early-consts builds (there they are ``ld.global.nc``, before the wait).
 """
 
 from __future__ import annotations
@@ -24,16 +27,22 @@ CHECK_K = 7168
 CHECK_SHAPE = dict(key=128, heads=64, gate=128)
 #: (name, tokens, warps, split) of the projection variants.
 PROJECTION_VARIANTS = (("proj16x1", 1, 16, 1), ("proj16x1", 16, 16, 1), ("proj8x4", 64, 8, 4))
-#: (name, tokens, BF16 head weights) of the fused variants.
-FUSED_VARIANTS = (("fusedf32", 1, False), ("fusedbf16", 16, True))
+#: (name, tokens, BF16 head weights, (skip_zero, early_consts)) of the fused variants.
+FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True, (False, False)),
+                  ("fusedskip", 1, False, (True, False)), ("fusedearly", 16, False, (True, True)))
 
 
 def _first(lines, pattern):
     return next((i for i, ln in enumerate(lines) if pattern in ln), -1)
 
 
+def _unguarded(line: str) -> str:
+    """The instruction without its predicate guard (``@p ld...`` -> ``ld...``)."""
+    return line.split(None, 1)[1] if line.startswith("@") and " " in line else line
+
+
 def _all(lines, prefix):
-    return [i for i, ln in enumerate(lines) if ln.startswith(prefix)]
+    return [i for i, ln in enumerate(lines) if _unguarded(ln).startswith(prefix)]
 
 
 def _common(lines) -> tuple[list[str], int]:
@@ -86,6 +95,18 @@ def check_fused(lines: list[str], v) -> list[str]:
                     f"wait broken: {after}")
     if _first(lines, "cvt.rn.satfinite.e4m3x2.f32") < 0:
         errs.append("no FP8 e4m3 conversion")
+    guarded = [ln for ln in lines if ln.startswith("@") and "ld.global.nc" in ln]
+    skip = "skip-zero" in v.detail
+    if skip and not guarded:
+        errs.append("skip-zero build without predicated (@p) weight loads")
+    if not skip and guarded:
+        errs.append("predicated weight loads in a build that loads every row")
+    late = [ln for ln in lines if _unguarded(ln).startswith(("ld.global.u32", "ld.global.f32"))]
+    early = "early" in v.detail
+    if early and late:
+        errs.append(f"early-consts build with slot/norm loads after the PDL wait: {late[:2]}")
+    if not early and not late:
+        errs.append("no slot code / norm loads (ld.global.u32/.f32) in a late-consts build")
     return errs
 
 
@@ -93,7 +114,7 @@ def indexer_variants(Variant) -> list:
     """The variants, built with compile_check's ``Variant`` class."""
     from kernels.indexer.compile import (FusedConfig, ProjectionConfig, compile_fused,
                                          compile_projection)
-    from kernels.indexer.layout import Tactic, padded_heads
+    from kernels.indexer.layout import FusedVariant, Tactic, padded_heads
 
     out = []
     for name, tokens, warps, split in PROJECTION_VARIANTS:
@@ -104,12 +125,16 @@ def indexer_variants(Variant) -> list:
         out.append(Variant("indexer", name, "ProjectionKernel", build, hidden=CHECK_K,
                            check=check_projection,
                            detail=f"M={tokens},warps={warps},split={split}"))
-    for name, tokens, bf16 in FUSED_VARIANTS:
-        def build(arch, dump, tokens=tokens, bf16=bf16):
+    for name, tokens, bf16, flags in FUSED_VARIANTS:
+        variant = FusedVariant(*flags)
+
+        def build(arch, dump, tokens=tokens, bf16=bf16, variant=variant):
             return compile_fused(FusedConfig(
                 **CHECK_SHAPE, k=CHECK_K, tokens=tokens,
-                padded=padded_heads(CHECK_SHAPE["heads"]), bf16=bf16, arch=arch), dump_dir=dump)
+                padded=padded_heads(CHECK_SHAPE["heads"]), bf16=bf16, arch=arch,
+                variant=variant), dump_dir=dump)
         out.append(Variant("indexer", name, "fused_kernel", build, hidden=CHECK_K,
                            check=check_fused,
-                           detail=f"M={tokens},{'bf16' if bf16 else 'fp32'} weights"))
+                           detail=f"M={tokens},{'bf16' if bf16 else 'fp32'} weights,"
+                                  f"{variant.name}"))
     return out

@@ -15,7 +15,7 @@ from typing import Any
 from kernels.compile_cache import persistent
 from kernels.lamport.compile import _options
 
-from .layout import FUSED_WARPS, ROWS, Tactic, check_projection_shape
+from .layout import FUSED_WARPS, ROWS, FusedVariant, Tactic, check_projection_shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,8 @@ class FusedConfig:
     bf16: bool = False
     ue8m0: bool = True
     arch: str = ""
+    #: Which loads the kernel issues where (``TacticTable.fused_variant``).
+    variant: FusedVariant = FusedVariant()
 
     @property
     def rows(self) -> int:
@@ -74,7 +76,7 @@ def _fused_shape(config: FusedConfig):
 
     order, first = fused_layout(config.key, config.heads, config.gate)
     return FusedShape(padded=config.padded, ctas=len(order) // ROWS, first_head=first,
-                      bf16=config.bf16, ue8m0=config.ue8m0)
+                      bf16=config.bf16, ue8m0=config.ue8m0, variant=config.variant)
 
 
 @persistent

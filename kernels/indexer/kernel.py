@@ -31,6 +31,13 @@ key CTAs) rounds the key to BF16, pushes each CTA's per-token (mean, M2) to
 every CTA of the cluster with ``st.async`` completing on an mbarrier, combines
 them in rank order (Chan, equal counts) and writes the normed key. Heads
 ``heads..padded-1`` are written as zeros.
+
+``FusedShape.variant`` (:class:`kernels.indexer.layout.FusedVariant`) moves
+loads, never arithmetic, so every variant writes the same bits:
+``skip_zero`` predicates off the loads of the layout's zero rows (at 64 heads
+half of the 80 CTAs' slots), ``early_consts`` loads each thread's slot code
+and the key CTAs' LayerNorm weight and bias with the weights, before the PDL
+wait, instead of in the epilogue.
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from kernels.lamport import primitives as lp
 
 from . import primitives as ip
-from .layout import DIM, FUSED_WARPS, ROWS, SLOT_GATE, SLOT_HEAD, SLOT_INDEX_BITS, SLOT_KEY, TILE
+from .layout import (DIM, FUSED_WARPS, ROWS, SLOT_GATE, SLOT_HEAD, SLOT_INDEX_BITS, SLOT_KEY, TILE,
+                     FusedVariant)
 
 #: FP32(1 / 448): ``act_quant``'s scale factor.
 INV_FP8_MAX = 1.0 / 448.0
@@ -61,6 +69,7 @@ class FusedShape:
     first_head: int    # CTA holding head 0 (= key // ROWS)
     bf16: bool         # head weights in BF16 (else FP32)
     ue8m0: bool        # power-of-two q scales (else amax / 448)
+    variant: FusedVariant = FusedVariant()  # which loads go where (same bits)
 
 
 class ProjectionKernel:
@@ -105,14 +114,37 @@ class ProjectionKernel:
 
     # ------------------------------------------------------------ shared parts
     @cute.jit
-    def load_weights(self, w: Int64, cta, rank, warp, lane):
-        """Lane (g, q)'s fragments of weight row g (before the PDL wait)."""
+    def load_weights(self, w: Int64, cta, rank, warp, lane, live=None):
+        """Lane (g, q)'s fragments of weight row g (before the PDL wait);
+        with ``live`` (Int32), zeros instead of the loads where it is 0."""
         first = (rank * self.warps + warp) * self.span + lane % 4 * 8
         row = Int64(cta * ROWS + lane // 4)
         b = []
         for p in cutlass.range_constexpr(self.pairs):
-            b += ip.load_weight_u32x4(w + (row * self.k + first + p * 32) * 2)
+            address = w + (row * self.k + first + p * 32) * 2
+            if cutlass.const_expr(live is None):
+                b += ip.load_weight_u32x4(address)
+            else:
+                b += ip.load_weight_u32x4_if(address, live)
         return b
+
+    @cute.jit
+    def live_row(self, cta, lane):
+        """1 if lane (g, q)'s weight row g of fused CTA ``cta`` is a weight
+        row, 0 if a zero row: :func:`kernels.indexer.layout.fused_row_live`."""
+        g = lane // 4
+        per = ROWS - 1
+        live = Int32(1)
+        head = cta - self.fused.first_head
+        if head >= 0:
+            if head < self.heads:
+                if g > 0:
+                    if per * head + g > self.gate:
+                        live = Int32(0)
+            else:
+                if (head - self.heads) * ROWS + g >= self.gate - per * self.heads:
+                    live = Int32(0)
+        return live
 
     @cute.jit
     def gemv(self, x: Int64, b, partial: Int32, rank, warp, lane):
@@ -268,7 +300,24 @@ class ProjectionKernel:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         cta, _, _ = cute.arch.block_idx()
-        b = self.load_weights(w, cta, 0, warp, lane)
+        if cutlass.const_expr(f.variant.skip_zero):
+            b = self.load_weights(w, cta, 0, warp, lane, self.live_row(cta, lane))
+        else:
+            b = self.load_weights(w, cta, 0, warp, lane)
+        is_key = cta < self.cluster
+        # A thread's epilogue elements e = tid + j * threads all sit in slot
+        # e % ROWS = tid % ROWS (threads is a multiple of ROWS): with
+        # early_consts its slot code and, in the key CTAs, the LayerNorm weight
+        # and bias of that row are loaded here, beside the weights.
+        code0 = Int32(0)
+        nw0 = Float32(0.0)
+        nb0 = Float32(0.0)
+        if cutlass.const_expr(f.variant.early_consts):
+            code0 = Int32(ip.load_const_u32(slots + (cta * ROWS + tid % ROWS) * 4))
+            if is_key:
+                index0 = code0 & ((1 << SLOT_INDEX_BITS) - 1)
+                nw0 = ip.load_const_f32(norm_w + index0 * 4)
+                nb0 = ip.load_const_f32(norm_b + index0 * 4)
         smem = cutlass.memory.SmemAllocator()
         partial = ip.shared_address(smem.allocate_array(
             Float32, self.warps * self.tiles * 32 * 4, byte_alignment=16))
@@ -280,7 +329,6 @@ class ProjectionKernel:
         peers = ip.shared_address(smem.allocate_array(Float32, self.cluster * self.tokens * 2,
                                                       byte_alignment=16))
         bar = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
-        is_key = cta < self.cluster
         if is_key:
             # Armed for every key CTA's (mean, M2) pushes before the PDL wait;
             # the cluster barrier (completed in key_norm) publishes the init.
@@ -326,7 +374,9 @@ class ProjectionKernel:
 
         for e in cutlass.range(tid, self.tokens * ROWS, self.threads, unroll=1):
             t = e // ROWS
-            code = Int32(ip.load_u32(slots + (cta * ROWS + e % ROWS) * 4))
+            code = code0
+            if cutlass.const_expr(not f.variant.early_consts):
+                code = Int32(ip.load_u32(slots + (cta * ROWS + e % ROWS) * 4))
             index = code & ((1 << SLOT_INDEX_BITS) - 1)
             kind = code >> SLOT_INDEX_BITS
             total = self.warp_total(partial, e)
@@ -339,14 +389,17 @@ class ProjectionKernel:
             elif kind == SLOT_KEY:
                 ip.store_shared_f32(values + e * 4, ip.round_bf16(total))
         if is_key:
-            self.key_norm(key, values, peers, bar, stats, norm_w, norm_b, slots, eps, cta, tid)
+            self.key_norm(key, values, peers, bar, stats, norm_w, norm_b, slots, eps, cta, tid,
+                          code0, nw0, nb0)
 
     @cute.jit
     def key_norm(self, key: Int64, values, peers, bar, stats, norm_w: Int64, norm_b: Int64,
-                 slots: Int64, eps: Float32, rank, tid):
+                 slots: Int64, eps: Float32, rank, tid, code0, nw0, nb0):
         """Each key CTA pushes its eight rows' (mean, M2) per token to every CTA
         of the cluster (``st.async`` completing on the peer's mbarrier), which
-        combine them in rank order (Chan, equal counts); then the LayerNorm."""
+        combine them in rank order (Chan, equal counts); then the LayerNorm.
+        ``code0``, ``nw0``, ``nb0``: this thread's slot code and LayerNorm
+        weight and bias when loaded early (``early_consts``)."""
         cute.arch.sync_threads()
         cute.arch.cluster_wait()
         for t in cutlass.range(tid, self.tokens, self.threads, unroll=1):
@@ -382,11 +435,17 @@ class ProjectionKernel:
         for e in cutlass.range(tid, self.tokens * ROWS, self.threads, unroll=1):
             t = e // ROWS
             r = e % ROWS
-            index = Int32(ip.load_u32(slots + (rank * ROWS + r) * 4)) & ((1 << SLOT_INDEX_BITS) - 1)
+            code = code0
+            nw = nw0
+            nb = nb0
+            if cutlass.const_expr(not self.fused.variant.early_consts):
+                code = Int32(ip.load_u32(slots + (rank * ROWS + r) * 4))
+            index = code & ((1 << SLOT_INDEX_BITS) - 1)
+            if cutlass.const_expr(not self.fused.variant.early_consts):
+                nw = ip.load_f32(norm_w + index * 4)
+                nb = ip.load_f32(norm_b + index * 4)
             centred = ip.sub_rn_f32(ip.load_shared_f32(values + e * 4),
                                     ip.load_shared_f32(stats + t * 8))
             normed = ip.mul_rn_f32(
-                ip.mul_rn_f32(centred, ip.load_shared_f32(stats + t * 8 + 4)),
-                ip.load_f32(norm_w + index * 4))
-            ip.store_bf16(key + (Int64(t) * self.key + index) * 2,
-                          ip.add_rn_f32(normed, ip.load_f32(norm_b + index * 4)))
+                ip.mul_rn_f32(centred, ip.load_shared_f32(stats + t * 8 + 4)), nw)
+            ip.store_bf16(key + (Int64(t) * self.key + index) * 2, ip.add_rn_f32(normed, nb))

@@ -140,6 +140,39 @@ class Tactic:
 
 
 @dataclass(frozen=True)
+class FusedVariant:
+    """Which loads the fused kernel issues, and where; every variant writes
+    the same bits (the GEMV and the epilogue arithmetic do not change).
+
+    ``skip_zero``: the zero (padding) rows of the fused layout are not loaded
+    (:func:`fused_row_live`; their products are never stored), so the kernel
+    reads each weight row once instead of every slot. ``early_consts``: the
+    slot codes and the key CTAs' LayerNorm weight and bias are loaded before
+    the PDL wait with the weights (non-coherent loads of constant parameters),
+    instead of after the GEMV (a dependent round trip in the epilogue).
+    Frozen and hashable: part of the compile-cache key."""
+
+    skip_zero: bool = False
+    early_consts: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("skip_zero", "early_consts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def name(self) -> str:
+        parts = (["skip-zero"] if self.skip_zero else []) + (["early"] if self.early_consts else [])
+        return "+".join(parts) or "load-all"
+
+
+#: The fused kernel's candidates the benchmark's ``--sweep`` times side by
+#: side: today's kernel, then each change added in turn.
+FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
+                    FusedVariant(skip_zero=True, early_consts=True))
+
+
+@dataclass(frozen=True)
 class TacticRange:
     """``tactic`` serves token counts up to and including ``max_tokens``."""
 
@@ -178,8 +211,14 @@ class TacticTable:
     ranges: tuple[TacticRange, ...]
     fuse: FuseRule
     source: str
+    #: The fused kernel's variant (which loads it issues where; the outputs
+    #: are the same bits for every variant).
+    fused_variant: FusedVariant = FusedVariant()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fused_variant, FusedVariant):
+            raise ValueError(f"tactic table {self.name!r}: fused_variant must be a FusedVariant, "
+                             f"got {self.fused_variant!r}")
         if not self.ranges:
             raise ValueError(f"tactic table {self.name!r} has no ranges")
         low = 1
@@ -347,6 +386,24 @@ def fused_layout(key: int, heads: int, gate: int) -> tuple[list[int], int]:
     return order, first
 
 
+def fused_row_live(cta, row, key: int, heads: int, gate: int):
+    """Whether slot ``row`` (0..ROWS-1) of fused CTA ``cta`` holds a weight
+    row (else a zero row, see :func:`fused_layout`): the key CTAs are full;
+    head CTA h holds its head row and gate rows ``7h..7h+6`` below ``gate``;
+    the gate rows left over after the last head fill the next CTAs in order.
+    Integer arithmetic only, so the kernel evaluates the same expression on
+    run-time ``cta``/``row`` (:meth:`kernels.indexer.kernel.ProjectionKernel.
+    live_row`); this is the definition the CPU tests hold to the layout."""
+    first = key // ROWS
+    head = cta - first
+    per = ROWS - 1
+    if cta < first:
+        return True
+    if head < heads:
+        return row == 0 or per * head + row <= gate
+    return (head - heads) * ROWS + row < gate - per * heads
+
+
 def slot_code(row: int, key: int, heads: int) -> int:
     """The kernel's int32 code for a fused slot holding source ``row``:
     ``kind << 16 | index``, index counted within that kind's output
@@ -393,3 +450,31 @@ def head_weight_scale(softmax_scale: float, heads: int) -> float:
     if not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
     return float(softmax_scale) * heads ** -0.5
+
+
+# --- roofline ----------------------------------------------------------------
+
+def fused_min_bytes(tokens: int, k: int, key: int, heads: int, gate: int, padded: int,
+                    weights_bytes: int = 4) -> int:
+    """Bytes the fused kernel must move at the least, the roofline's numerator:
+    each weight row once (BF16 ``[key + heads + gate, K]``), the inputs (x
+    BF16 ``[M, K]``, q BF16 ``[M, heads, DIM]``, the FP32 LayerNorm weight and
+    bias), and the outputs (q FP8 ``[M, padded, DIM]``, head weights
+    ``[M, padded]`` of ``weights_bytes``, key and gate BF16). Zero rows and
+    the slot codes are the kernel's overhead, not counted."""
+    for name, value in (("tokens", tokens), ("K", k), ("key", key), ("heads", heads),
+                        ("padded", padded), ("weights_bytes", weights_bytes)):
+        _positive(name, value)
+    _positive("gate", gate, zero=True)
+    weights = (key + heads + gate) * k * 2
+    inputs = tokens * k * 2 + tokens * heads * DIM * 2 + 2 * key * 4
+    outputs = tokens * (padded * DIM + padded * weights_bytes + key * 2 + gate * 2)
+    return weights + inputs + outputs
+
+
+def fused_weight_bytes_read(k: int, key: int, heads: int, gate: int, *, skip_zero: bool) -> int:
+    """Weight bytes the fused kernel reads: every slot of the fused layout
+    (zero rows included), or only the weight rows with ``skip_zero``."""
+    order, _ = fused_layout(key, heads, gate)
+    rows = sum(r >= 0 for r in order) if skip_zero else len(order)
+    return rows * _positive("K", k) * 2

@@ -50,6 +50,35 @@ def load_weight_u32x4(address: Int64, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def load_weight_u32x4_if(address: Int64, live, *, loc=None, ip=None):
+    """:func:`load_weight_u32x4` predicated on ``live`` != 0 (Int32); four
+    zero words where it is 0 (no memory access: a zero weight row)."""
+    words = _inline_asm([T.i32()] * 4, [_i64(address, loc, ip), _u32(live, loc, ip)],
+                        "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, $5, 0;\n\t"
+                        "mov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;\n\t"
+                        "@p ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];\n\t}",
+                        "=r,=r,=r,=r,l,r", clobber_memory=False, loc=loc, ip=ip)
+    return [Uint32(w) for w in words]
+
+
+@dsl_user_op
+def load_const_u32(address: Int64, *, loc=None, ip=None) -> Uint32:
+    """4-byte load of a constant parameter, ``ld.global.nc.u32``: read-only
+    for the whole kernel, so allowed before the PDL wait."""
+    (w,) = _inline_asm([T.i32()], [_i64(address, loc, ip)], "ld.global.nc.u32 $0, [$1];",
+                       "=r,l", clobber_memory=False, loc=loc, ip=ip)
+    return Uint32(w)
+
+
+@dsl_user_op
+def load_const_f32(address: Int64, *, loc=None, ip=None) -> Float32:
+    """FP32 :func:`load_const_u32` (``ld.global.nc.f32``)."""
+    (v,) = _inline_asm([T.f32()], [_i64(address, loc, ip)], "ld.global.nc.f32 $0, [$1];",
+                       "=f,l", clobber_memory=False, loc=loc, ip=ip)
+    return Float32(v)
+
+
+@dsl_user_op
 def load_u32(address: Int64, *, loc=None, ip=None) -> Uint32:
     """Plain 4-byte load (``ld.global.u32``)."""
     (w,) = _inline_asm([T.i32()], [_i64(address, loc, ip)], "ld.global.u32 $0, [$1];",

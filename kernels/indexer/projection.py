@@ -24,8 +24,8 @@ import torch
 from kernels.validation import require_tensor
 
 from .compile import FusedConfig, ProjectionConfig, cached
-from .layout import (DIM, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, Tactic, TacticTable,
-                     check_projection_shape, fused_layout, fused_smem_bytes, slot_codes,
+from .layout import (DIM, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, FusedVariant, Tactic,
+                     TacticTable, check_projection_shape, fused_layout, fused_smem_bytes, slot_codes,
                      tactic_table)
 
 #: Largest mbarrier transaction count (PTX: 2^20 - 1 bytes).
@@ -212,11 +212,18 @@ class IndexerProjection:
         return key, weights, gate
 
     def fused(self, x: torch.Tensor, q: torch.Tensor, norm, scale: float, padded: int,
-              weights_dtype: torch.dtype = torch.float32, *, ue8m0: bool = True, out=None):
+              weights_dtype: torch.dtype = torch.float32, *, ue8m0: bool = True, out=None,
+              variant: FusedVariant | None = None):
         """``(q_fp8 [M, padded, 128] e4m3, scaled head weights [M, padded],
         normed key [M, key] BF16, kpool gate [M, gate] BF16)``, as
         ``__call__`` with the fused tactic followed by ``indexer_query``.
-        ``norm`` has ``weight``, ``bias`` (FP32 ``[key]``) and ``eps``."""
+        ``norm`` has ``weight``, ``bias`` (FP32 ``[key]``) and ``eps``.
+        ``variant`` (default: the table's ``fused_variant``) picks which loads
+        the kernel issues where; the outputs are the same bits for all."""
+        if variant is None:
+            variant = self.table.fused_variant
+        elif not isinstance(variant, FusedVariant):
+            raise ValueError(f"variant must be a FusedVariant or None, got {variant!r}")
         eps = float(norm.eps)
         m = self.validate_fused(x, q, _param(norm.weight), _param(norm.bias), eps, scale,
                                 padded, weights_dtype, out)
@@ -228,7 +235,8 @@ class IndexerProjection:
                    torch.empty((m, self.gate), dtype=torch.bfloat16, device=dev))
         q_out, w_out, key, gate = out
         config = FusedConfig(self.key, self.heads, self.gate, self.k, m, padded,
-                             weights_dtype == torch.bfloat16, bool(ue8m0))
+                             weights_dtype == torch.bfloat16, bool(ue8m0),
+                             variant=variant)
         kernel = cached(config)
         refused = self.cluster_occupancy.get(("refused", config))
         if refused:

@@ -19,6 +19,20 @@ The same instance (one mailbox, one stage rotation) also serves
   :meth:`AllReduceNorm.embed_norm` (:mod:`kernels.lamport.embed`).
 Calls of the three kinds interleave freely on one instance (every rank makes
 the same sequence of calls with the same token count).
+
+``mode`` (fixed per instance, :data:`kernels.lamport.protocol.MODES`):
+- ``"one_shot"`` (default): every rank sends every token to every rank and
+  gets every token's ``(norm_out, residual_out)``, ``[M, hidden]``;
+- ``"owner"`` (reduce-scatter + RMSNorm, for larger batches): rank ``r``
+  sends token ``t`` only to its owner ``t % tp`` and gets the rows of the
+  tokens it owns: ``residual``, ``norm_out`` and ``residual_out`` are
+  ``[ceil(M / tp), hidden]``, row ``j`` being token ``j * tp + r`` (rows with
+  ``j * tp + r >= M`` hold no token: +0.0 out, residual not read). Same
+  numerical contract per owned row (the one-shot result's rows:
+  :func:`kernels.reference.allreduce.owner_all_reduce_norm`); unicast only;
+  the mailbox it allocates holds ``ceil(max_num_tokens / tp)`` rows per
+  source (a given one needs at least that many: a one-shot-sized mailbox of
+  the group serves too); the embedding path is one-shot only.
 """
 
 from __future__ import annotations
@@ -37,8 +51,8 @@ from .finalize_publish import (FinalizeTuning, check_finalize_options,
                                finalize_ctas_per_token)
 from .mailbox import Diagnosis, Mailbox, RankErrors, diagnose, require_multicast
 from .norm import norm_threads
-from .protocol import ERR_DEFAULT_RECORDS
-from .publish import TRANSPORTS, publish_ctas_per_token
+from .protocol import ERR_DEFAULT_RECORDS, MODES, owner_capacity, owner_rows
+from .publish import TRANSPORTS, check_owner_transport, publish_ctas_per_token
 
 
 class LamportTimeout(RuntimeError):
@@ -56,6 +70,7 @@ class AllReduceNormOptions:
     eps: float
     transport: str = "unicast"
     watchdog_ns: int = 0
+    mode: str = "one_shot"
 
     def validate(self) -> None:
         norm_threads(self.hidden_size)  # ValueError with the values
@@ -66,13 +81,41 @@ class AllReduceNormOptions:
         require_choice("transport", self.transport, TRANSPORTS)
         if self.watchdog_ns < 0:
             raise ValueError(f"watchdog_ns must be >= 0, got {self.watchdog_ns}")
+        require_choice("mode", self.mode, MODES)
+        check_owner_transport(self.mode == "owner", self.transport)
+
+    def mailbox_rows(self, tp: int) -> int:
+        """Rows per source rank in a mailbox of this mode (the owner capacity
+        ``ceil(max_num_tokens / tp)`` in owner mode)."""
+        return owner_capacity(self.max_num_tokens, tp) if self.mode == "owner" \
+            else self.max_num_tokens
+
+    def check_mailbox(self, tp: int, capacity: int, hidden: int) -> None:
+        """A given mailbox fits this mode: hidden equal, capacity equal to
+        max_num_tokens (one-shot) or at least the owner capacity (owner mode:
+        the row stride is the mailbox's, so a one-shot-sized mailbox of the
+        same group serves owner calls too). ValueError naming the values."""
+        rows = self.mailbox_rows(tp)
+        fits = capacity >= rows if self.mode == "owner" else capacity == rows
+        if hidden != self.hidden_size or not fits:
+            raise ValueError(
+                f"mailbox is capacity={capacity} hidden={hidden}, expected capacity "
+                f"{'>= ' if self.mode == 'owner' else ''}{rows} hidden={self.hidden_size} "
+                f"(mode={self.mode!r}, max_num_tokens={self.max_num_tokens}, tp={tp})")
+
+
+def output_rows(mode: str, m: int, tp: int) -> int:
+    """Rows of ``residual`` / the outputs for an M-token call."""
+    return owner_rows(m, tp) if mode == "owner" else m
 
 
 def validate_inputs(x, residual, norm_weight, out=None, *, hidden: int, capacity: int,
-                    device=None, top_k: int | None = None, fragment_bytes: int = 16) -> int:
+                    device=None, top_k: int | None = None, fragment_bytes: int = 16,
+                    mode: str = "one_shot", tp: int = 1) -> int:
     """Check one rank's call arguments (ValueError naming the argument and
     the values); returns the token count M. No CUDA calls. ``x`` may be a
-    :class:`MoEOutput` (see :func:`validate_moe`)."""
+    :class:`MoEOutput` (see :func:`validate_moe`). In owner mode ``residual``
+    and ``out`` hold ``ceil(M / tp)`` rows."""
     if isinstance(x, MoEOutput):
         m = validate_moe(x, hidden=hidden, capacity=capacity, device=device, top_k=top_k,
                          fragment_bytes=fragment_bytes)
@@ -81,7 +124,8 @@ def validate_inputs(x, residual, norm_weight, out=None, *, hidden: int, capacity
                            device=device)
         m = x.shape[0]
         require_range("x.shape[0] (tokens)", m, 1, capacity)
-    require_tensor("residual", residual, dtype=torch.bfloat16, shape=(m, hidden), align=16,
+    rows = output_rows(mode, m, tp)
+    require_tensor("residual", residual, dtype=torch.bfloat16, shape=(rows, hidden), align=16,
                    device=device)
     require_tensor("norm_weight", norm_weight, dtype=torch.bfloat16, shape=(hidden,),
                    align=16, device=device)
@@ -89,7 +133,7 @@ def validate_inputs(x, residual, norm_weight, out=None, *, hidden: int, capacity
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise ValueError(f"out must be a (norm_out, residual_out) pair, got {out!r:.80}")
         for name, t in zip(("out[0] (norm_out)", "out[1] (residual_out)"), out):
-            require_tensor(name, t, dtype=torch.bfloat16, shape=(m, hidden), align=16,
+            require_tensor(name, t, dtype=torch.bfloat16, shape=(rows, hidden), align=16,
                            device=device)
     return m
 
@@ -231,7 +275,7 @@ class AllReduceNorm(LamportGroupMember):
                  allow_multicast: bool = False,
                  error_records: int = ERR_DEFAULT_RECORDS, top_k: int | None = None,
                  routed_scaling_factor: float = 1.0,
-                 finalize_tuning: FinalizeTuning | None = None) -> None:
+                 finalize_tuning: FinalizeTuning | None = None, mode: str = "one_shot") -> None:
         finalize_tuning = FinalizeTuning() if finalize_tuning is None else finalize_tuning
         if top_k is not None:
             finalize_tuning.validate(top_k)
@@ -240,34 +284,36 @@ class AllReduceNorm(LamportGroupMember):
                 routed_scaling_factor=float(routed_scaling_factor), shared="after",
                 prefetch_group=finalize_tuning.prefetch_group or top_k, transport=transport)
         self.options = AllReduceNormOptions(hidden_size, max_num_tokens, float(eps),
-                                            transport, int(watchdog_ns))
+                                            transport, int(watchdog_ns), mode)
         self.options.validate()
         self._group = group
         if mailbox is None:
             if group is not None:
-                mailbox = Mailbox.symmetric(group=group, capacity=max_num_tokens,
+                import torch.distributed as dist
+
+                rows = self.options.mailbox_rows(dist.get_world_size(group))
+                mailbox = Mailbox.symmetric(group=group, capacity=rows,
                                             hidden=hidden_size, device=device,
                                             error_records=error_records)
             else:
                 (mailbox,) = Mailbox.virtual_ranks(tp=1, capacity=max_num_tokens,
                                                    hidden=hidden_size, device=device,
                                                    error_records=error_records)
-        elif (mailbox.capacity, mailbox.hidden) != (max_num_tokens, hidden_size):
-            raise ValueError(
-                f"mailbox is capacity={mailbox.capacity} hidden={mailbox.hidden}, "
-                f"expected capacity={max_num_tokens} hidden={hidden_size}")
+        else:
+            self.options.check_mailbox(mailbox.tp, mailbox.capacity, mailbox.hidden)
         self._mailbox = mailbox
         self.tp, self.rank, self.device = mailbox.tp, mailbox.rank, mailbox.device
         self.hidden_size, self.capacity, self.eps = hidden_size, max_num_tokens, float(eps)
         self.transport, self.watchdog_ns = transport, int(watchdog_ns)
+        self.mode = mode
         if transport == "multicast":
             self._destination = require_multicast(opt_in=allow_multicast,
                                                   multicast_ptr=mailbox.multicast_ptr)
         else:
             self._destination = mailbox.peer_table_ptr
-        self._publish = cached(PublishConfig(tp=self.tp, transport=transport))
+        self._publish = cached(PublishConfig(tp=self.tp, transport=transport, mode=mode))
         self._norm = cached(NormConfig(hidden=hidden_size, tp=self.tp,
-                                       watchdog_ns=self.watchdog_ns))
+                                       watchdog_ns=self.watchdog_ns, mode=mode))
         self._ctas = publish_ctas_per_token(hidden_size)
         self._virtual_peers = False  # set by VirtualRanks for tp > 1
         # MoE finalize publish: one compile per (weight dtype, shared expert or not).
@@ -284,7 +330,7 @@ class AllReduceNorm(LamportGroupMember):
                         routed_scaling_factor=self.routed_scaling_factor,
                         shared=("before" if t.load_shared_before_pdl else "after")
                         if has_shared else "none",
-                        prefetch_group=t.prefetch_group, transport=transport))
+                        prefetch_group=t.prefetch_group, transport=transport, mode=mode))
             self._finalize_ctas = finalize_ctas_per_token(hidden_size,
                                                           t.elements_per_thread)
         # Embedding: weight.data_ptr() -> (weight, start, rows, eps).
@@ -311,7 +357,8 @@ class AllReduceNorm(LamportGroupMember):
         """All checks before any launch; returns M."""
         return validate_inputs(x, residual, norm_weight, out, hidden=self.hidden_size,
                                capacity=self.capacity, device=self.device, top_k=self.top_k,
-                               fragment_bytes=2 * self.finalize_tuning.elements_per_thread)
+                               fragment_bytes=2 * self.finalize_tuning.elements_per_thread,
+                               mode=self.mode, tp=self.tp)
 
     # -- launches (no validation: __call__ validates)
     def publish(self, x: torch.Tensor | MoEOutput, *,
@@ -323,7 +370,7 @@ class AllReduceNorm(LamportGroupMember):
             return
         mb = self._mailbox
         self._publish(x.data_ptr(), mb.stage_state_ptr, self._destination, mb.error_ptr,
-                      self.rank, self.capacity, self.hidden_size, self._ctas, x.shape[0],
+                      self.rank, mb.capacity, self.hidden_size, self._ctas, x.shape[0],
                       _stream_handle(stream))
 
     def _publish_moe(self, moe: MoEOutput, stream) -> None:
@@ -334,20 +381,23 @@ class AllReduceNorm(LamportGroupMember):
         kernel(r.gemm2_permuted.data_ptr(), r.expert_weights.data_ptr(),
                r.expanded_idx_to_permuted_idx.data_ptr(),
                0 if shared is None else shared.data_ptr(), r.gemm2_permuted.shape[0],
-               mb.stage_state_ptr, self._destination, mb.error_ptr, self.rank, self.capacity,
+               mb.stage_state_ptr, self._destination, mb.error_ptr, self.rank, mb.capacity,
                self.hidden_size, self._finalize_ctas, r.expert_weights.shape[0],
                _stream_handle(stream))
 
     def consume(self, residual: torch.Tensor, norm_weight: torch.Tensor,
                 out: tuple[torch.Tensor, torch.Tensor], *,
-                stream: torch.cuda.Stream | None = None) -> None:
-        """Launch this rank's consumer (spin + sum + residual + RMSNorm)."""
+                stream: torch.cuda.Stream | None = None, tokens: int | None = None) -> None:
+        """Launch this rank's consumer (spin + sum + residual + RMSNorm) of a
+        ``tokens``-token call (default ``residual.shape[0]``; owner mode needs
+        it: its residual holds only the owned rows)."""
         mb = self._mailbox
         norm_out, residual_out = out
+        m = residual.shape[0] if tokens is None else tokens
         self._norm(mb.buffer_ptr, residual.data_ptr(), norm_weight.data_ptr(),
                    residual_out.data_ptr(), norm_out.data_ptr(), mb.stage_state_ptr,
-                   mb.error_ptr, self.capacity, mb.error_records, self.eps,
-                   residual.shape[0], _stream_handle(stream))
+                   mb.error_ptr, mb.capacity, mb.error_records, self.eps,
+                   m, self.rank, _stream_handle(stream))
 
     def __call__(self, x: torch.Tensor | MoEOutput, residual: torch.Tensor,
                  norm_weight: torch.Tensor, *,
@@ -358,17 +408,19 @@ class AllReduceNorm(LamportGroupMember):
 
         ``x``: [M, hidden] BF16 TP-partial, or a :class:`MoEOutput` whose
         routed top-k reduction is finalized inside the publish (FP32 or BF16
-        weights pick the compiled kernel)."""
+        weights pick the compiled kernel). ``residual`` and the outputs are
+        [M, hidden] (one-shot) or this rank's owned rows [ceil(M / tp),
+        hidden] (owner mode; row j = token j * tp + rank)."""
         if self._virtual_peers:
             raise RuntimeError(
                 f"rank {self.rank} of tp={self.tp} virtual ranks: call the VirtualRanks group "
                 "(one stream per rank); a lone rank's consumer would wait forever for peers "
                 "queued behind it on the same stream")
-        self.validate(x, residual, norm_weight, out)
+        m = self.validate(x, residual, norm_weight, out)
         if out is None:
             out = (torch.empty_like(residual), torch.empty_like(residual))
         self.publish(x)
-        self.consume(residual, norm_weight, out)
+        self.consume(residual, norm_weight, out, tokens=m)
         return out
 
     # -- embedding (the MTP draft's input)
@@ -379,6 +431,9 @@ class AllReduceNorm(LamportGroupMember):
         ids ``[start, start + rows)``; ``eps`` (default the instance's) is
         the enorm / hnorm epsilon. Call once per shard before
         :meth:`embed_norm` (and before capturing it in a graph)."""
+        if self.mode != "one_shot":
+            raise ValueError(f"the embedding path is one-shot only (every rank needs every "
+                             f"token's embedding); this instance has mode={self.mode!r}")
         start, rows, eps = validate_embedding_shard(
             weight, start, rows, self.eps if eps is None else eps, hidden=self.hidden_size,
             device=self.device)
@@ -461,21 +516,25 @@ class VirtualRanks:
                  transport: str = "unicast", watchdog_ns: int = 0, device=None,
                  error_records: int = ERR_DEFAULT_RECORDS, top_k: int | None = None,
                  routed_scaling_factor: float = 1.0,
-                 finalize_tuning: FinalizeTuning | None = None) -> None:
+                 finalize_tuning: FinalizeTuning | None = None, mode: str = "one_shot") -> None:
         if transport != "unicast":
             raise ValueError(f"virtual ranks support transport='unicast' only, got {transport!r}")
-        AllReduceNormOptions(hidden_size, max_num_tokens, float(eps), transport,
-                             int(watchdog_ns)).validate()
-        boxes = Mailbox.virtual_ranks(tp=tp, capacity=max_num_tokens, hidden=hidden_size,
-                                      device=device, error_records=error_records)
+        options = AllReduceNormOptions(hidden_size, max_num_tokens, float(eps), transport,
+                                       int(watchdog_ns), mode)
+        options.validate()
+        if tp not in (1, 2, 4, 8):
+            raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+        boxes = Mailbox.virtual_ranks(tp=tp, capacity=options.mailbox_rows(tp),
+                                      hidden=hidden_size, device=device,
+                                      error_records=error_records)
         self.ranks = [AllReduceNorm(hidden_size=hidden_size, max_num_tokens=max_num_tokens,
                                     eps=eps, transport=transport, watchdog_ns=watchdog_ns,
                                     mailbox=b, top_k=top_k,
                                     routed_scaling_factor=routed_scaling_factor,
-                                    finalize_tuning=finalize_tuning) for b in boxes]
+                                    finalize_tuning=finalize_tuning, mode=mode) for b in boxes]
         for r in self.ranks:
             r._virtual_peers = tp > 1
-        self.tp, self.device = tp, boxes[0].device
+        self.tp, self.device, self.mode = tp, boxes[0].device, mode
         self.capacity, self.hidden_size = max_num_tokens, hidden_size
         self._streams = [torch.cuda.Stream(device=self.device) for _ in range(tp)]
 
@@ -486,7 +545,9 @@ class VirtualRanks:
                  norm_weight: torch.Tensor, *, outs=None, skip_publish: Sequence[int] = ()):
         """Run every rank; returns a list of ``(norm_out, residual_out)``.
 
-        ``xs``: one ``[M, hidden]`` tensor or :class:`MoEOutput` per rank.
+        ``xs``: one ``[M, hidden]`` tensor or :class:`MoEOutput` per rank;
+        ``residuals[r]`` (and ``outs[r]``): ``[M, hidden]``, or in owner mode
+        rank r's owned rows ``[ceil(M / tp), hidden]``.
         ``skip_publish``: ranks whose publish is not launched (fault
         injection; use a watchdog variant).
         """
@@ -499,10 +560,11 @@ class VirtualRanks:
             raise ValueError(f"every rank must pass the same token count, got {sorted(ms)}")
         if outs is None:
             outs = [(torch.empty_like(res), torch.empty_like(res)) for res in residuals]
+        (m,) = ms
         self._fork_join(
             lambda rank, stream: rank.publish(xs[rank.rank], stream=stream),
             lambda rank, stream: rank.consume(residuals[rank.rank], norm_weight,
-                                              outs[rank.rank], stream=stream),
+                                              outs[rank.rank], stream=stream, tokens=m),
             [*_moe_tensors(xs), *residuals, norm_weight, *(o for pair in outs for o in pair)],
             skip_publish)
         return outs

@@ -25,6 +25,7 @@ class PublishConfig:
     tp: int
     transport: str = "unicast"
     arch: str = ""  # "" = the current device / CUTE_DSL_ARCH
+    mode: str = "one_shot"  # kernels.lamport.protocol.MODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,7 @@ class NormConfig:
     tp: int
     watchdog_ns: int = 0
     arch: str = ""
+    mode: str = "one_shot"
 
 
 _cache: dict[Any, Any] = {}
@@ -57,7 +59,8 @@ def compile_publish(config: PublishConfig, *, dump_dir: str | None = None):
 
     from .publish import PublishKernel
 
-    kernel = PublishKernel(tp=config.tp, transport=config.transport)
+    kernel = PublishKernel(tp=config.tp, transport=config.transport,
+                           owner=config.mode == "owner")
     return cute.compile(kernel, Int64(0), Int64(0), Int64(0), Int64(0), Int32(0),
                         Int32(1), Int32(VEC_BF16), Int32(1), Int32(1),
                         make_fake_stream(), options=_options(config.arch, dump_dir))
@@ -71,9 +74,11 @@ def compile_norm(config: NormConfig, *, dump_dir: str | None = None):
 
     from .norm import NormKernel
 
-    kernel = NormKernel(hidden=config.hidden, tp=config.tp, watchdog_ns=config.watchdog_ns)
+    kernel = NormKernel(hidden=config.hidden, tp=config.tp, watchdog_ns=config.watchdog_ns,
+                        owner=config.mode == "owner")
     return cute.compile(kernel, *([Int64(0)] * 7), Int32(1), Int32(1), Float32(1e-6),
-                        Int32(1), make_fake_stream(), options=_options(config.arch, dump_dir))
+                        Int32(1), Int32(0), make_fake_stream(),
+                        options=_options(config.arch, dump_dir))
 
 
 def cached(config):
@@ -104,6 +109,7 @@ class FinalizePublishConfig:
     prefetch_group: int | None = None  # None = top_k
     transport: str = "unicast"
     arch: str = ""
+    mode: str = "one_shot"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +138,8 @@ def compile_finalize_publish(config: FinalizePublishConfig, *, dump_dir: str | N
     kernel = FinalizePublishKernel(
         tp=config.tp, top_k=config.top_k, elements_per_thread=config.elements_per_thread,
         fp32_weights=config.fp32_weights, routed_scaling_factor=config.routed_scaling_factor,
-        shared=config.shared, prefetch_group=config.prefetch_group, transport=config.transport)
+        shared=config.shared, prefetch_group=config.prefetch_group, transport=config.transport,
+        owner=config.mode == "owner")
     return cute.compile(kernel, *([Int64(0)] * 4), Int32(1), *([Int64(0)] * 3), Int32(0),
                         Int32(1), Int32(VEC_BF16), Int32(1), Int32(1), make_fake_stream(),
                         options=_options(config.arch, dump_dir))

@@ -52,6 +52,16 @@ between its two CTAs' stores) is reported as "unsanitized" (some lanes
 written) rather than "missing".
 
 Stage bounds check as in :mod:`kernels.lamport.publish`.
+
+Owner mode (``owner=True``, the seed's ``owner_capacity``; compile time): as
+the owner-mode plain publish (:mod:`kernels.lamport.publish`), token ``t``
+goes to its owner ``t % tp`` only, at slot ``(stage, rank, t // tp)`` of the
+owner's mailbox (``capacity`` = the owner capacity), one ``st.relaxed.sys``
+a fragment half instead of tp; the grid covers ``max(M, tp)`` tokens and
+tokens ``t >= M`` stage every route as -1 and load no shared expert, so they
+publish +0.0. The multicast question does not arise: a token has one
+destination, so owner mode is unicast by nature (``transport="multicast"``
+with ``owner=True`` is a ValueError).
 """
 
 from __future__ import annotations
@@ -61,12 +71,13 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Boolean, Float32, Int32, Int64, Uint32
 import cuda.bindings.driver as cuda
 
 from . import primitives as prim
-from .protocol import ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS, NEXT_STAGE, slot_index
-from .publish import TRANSPORTS
+from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS, NEXT_STAGE,
+                       owner_slot_index, slot_index)
+from .publish import TRANSPORTS, check_owner_transport, publish_grid_tokens
 
 FINALIZE_THREADS = 128
 ELEMENTS_PER_THREAD = (4, 8)
@@ -112,12 +123,14 @@ class FinalizePublishKernel:
     def __init__(self, *, tp: int, top_k: int, elements_per_thread: int = 4,
                  fp32_weights: bool = True, routed_scaling_factor: float = 1.0,
                  shared: str = "after", prefetch_group: int | None = None,
-                 transport: str = "unicast") -> None:
+                 transport: str = "unicast", owner: bool = False) -> None:
         prefetch_group = top_k if prefetch_group is None else prefetch_group
         check_finalize_options(tp=tp, top_k=top_k, elements_per_thread=elements_per_thread,
                                routed_scaling_factor=routed_scaling_factor, shared=shared,
                                prefetch_group=prefetch_group, transport=transport)
+        check_owner_transport(owner, transport)
         self.tp, self.top_k, self.transport = tp, top_k, transport
+        self.owner = bool(owner)
         self.elements = elements_per_thread
         self.words = elements_per_thread // 2
         self.fp32_weights = bool(fp32_weights)
@@ -151,29 +164,39 @@ class FinalizePublishKernel:
                  rank: Int32, capacity: Int32, hidden: Int32, ctas_per_token: Int32,
                  m: Int32, stream: cuda.CUstream) -> None:
         self.kernel(routed, weights, indices, shared, routed_rows, stage_state,
-                    destination, error, rank, capacity, hidden).launch(
-            grid=(ctas_per_token, m, 1), block=(self.threads, 1, 1), stream=stream,
-            use_pdl=True)
+                    destination, error, rank, capacity, hidden, m).launch(
+            grid=(ctas_per_token, publish_grid_tokens(self, m), 1),
+            block=(self.threads, 1, 1), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, routed: Int64, weights: Int64, indices: Int64, shared: Int64,
                routed_rows: Int32, stage_state: Int64, destination: Int64, error: Int64,
-               rank: Int32, capacity: Int32, hidden: Int32):
+               rank: Int32, capacity: Int32, hidden: Int32, m: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         cta, token, _ = cute.arch.block_idx()
         column = Int64(cta * self.threads + tidx) * self.elements
         hidden64 = Int64(hidden)
 
         peers = []
-        if cutlass.const_expr(self.transport == "unicast"):
+        if cutlass.const_expr(self.owner):
+            peers.append(prim.load_u64(destination + Int64(token % self.tp) * 8))
+        elif cutlass.const_expr(self.transport == "unicast"):
             for p in cutlass.range_constexpr(self.tp):
                 peers.append(prim.load_u64(destination + p * 8))
+        # Owner mode publishes tokens M .. tp-1 (M < tp) as +0.0.
+        real = Boolean(True)
+        if cutlass.const_expr(self.owner):
+            real = token < m
 
         # Routing metadata -> shared memory, one thread a route.
         smem = cutlass.memory.SmemAllocator()
         staged_rows = smem.allocate_array(Int32, self.top_k)
         staged_weights = smem.allocate_array(Float32, self.top_k)
-        if tidx < self.top_k:
+        if cutlass.const_expr(self.owner):
+            if (tidx < self.top_k) & (token >= m):
+                cute.arch.store((staged_rows + tidx).llvm_ptr, Int32(-1))
+                cute.arch.store((staged_weights + tidx).llvm_ptr, Float32(0.0))
+        if (tidx < self.top_k) & real:
             element = Int64(token) * self.top_k + Int64(tidx)
             row = prim.load_s32(indices + element * 4)
             if cutlass.const_expr(self.fp32_weights):
@@ -194,7 +217,7 @@ class FinalizePublishKernel:
         shared_words = cute.make_rmem_tensor(cute.make_layout((self.words,)), Uint32)
         shared_words.fill(Uint32(0))
         if cutlass.const_expr(self.shared == "before"):
-            if column < hidden64:
+            if (column < hidden64) & real:
                 loaded = self._load(shared + (Int64(token) * hidden64 + column) * 2)
                 for i in cutlass.range_constexpr(self.words):
                     shared_words[i] = loaded[i]
@@ -203,7 +226,7 @@ class FinalizePublishKernel:
         cute.arch.griddepcontrol_launch_dependents()
 
         if cutlass.const_expr(self.shared == "after"):
-            if column < hidden64:
+            if (column < hidden64) & real:
                 loaded = self._load(shared + (Int64(token) * hidden64 + column) * 2)
                 for i in cutlass.range_constexpr(self.words):
                     shared_words[i] = loaded[i]
@@ -244,13 +267,19 @@ class FinalizePublishKernel:
             words = [prim.sanitize_u32(prim.f32x2_to_bf16x2_rn(acc[2 * w], acc[2 * w + 1]))
                      for w in range(self.words)]
             if stage_ok:
-                offset = slot_index(Int64(stage), self.tp, Int64(rank), Int64(capacity),
-                                    Int64(token), hidden64, column) * 2
-                if cutlass.const_expr(self.transport == "unicast"):
-                    for p in cutlass.range_constexpr(self.tp):
-                        self._store_unicast(peers[p] + offset, words)
+                if cutlass.const_expr(self.owner):
+                    offset = owner_slot_index(Int64(stage), self.tp, Int64(rank),
+                                              Int64(capacity), Int64(token), hidden64,
+                                              column) * 2
+                    self._store_unicast(peers[0] + offset, words)
                 else:
-                    self._store_multicast(destination + offset, words)
+                    offset = slot_index(Int64(stage), self.tp, Int64(rank), Int64(capacity),
+                                        Int64(token), hidden64, column) * 2
+                    if cutlass.const_expr(self.transport == "unicast"):
+                        for p in cutlass.range_constexpr(self.tp):
+                            self._store_unicast(peers[p] + offset, words)
+                    else:
+                        self._store_multicast(destination + offset, words)
         if (cta == 0) & (token == 0) & (tidx == 0):
             prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
             if not stage_ok:

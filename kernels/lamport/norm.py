@@ -22,6 +22,16 @@ continues with NaN as its sum. It still passes the block barrier, writes
 the sentinel back and writes its outputs: NaN in its residual_out fragment
 and, through the reduction, NaN in the token's whole norm_out row.
 
+Owner mode (``owner=True``, compile time; :mod:`kernels.lamport.protocol`):
+the grid is ``ceil(M / tp)`` CTAs, CTA ``j`` of rank ``rank`` computes token
+``t = j * tp + rank`` from mailbox row ``j`` of every source (a mailbox of
+``capacity`` = the owner capacity rows). ``residual``, ``residual_out`` and
+``norm_out`` are ``[ceil(M / tp), hidden]`` (row ``j`` = token ``j * tp +
+rank``). A row with ``t >= M`` holds no token: it spins only when it is row 0
+(then every source published +0.0 there, keeping the stage rotation in
+lockstep), skips its residual and writes +0.0 (NaN if its spin timed out).
+NEXT_STAGE is written by CTA 0, which every owner has.
+
 An ACTIVE_STAGE >= 3 (corrupt, or copied there by publish's bounds check)
 is never used as an address: no spin, no sentinel write-back,
 ``ERR_BAD_STAGE`` set, NaN outputs, NEXT_STAGE left unchanged. This holds in
@@ -57,7 +67,8 @@ def norm_threads(hidden: int) -> int:
 class NormKernel:
     """Lamport consume + residual add + RMSNorm for ``[M, hidden]``."""
 
-    def __init__(self, *, hidden: int, tp: int, watchdog_ns: int = 0) -> None:
+    def __init__(self, *, hidden: int, tp: int, watchdog_ns: int = 0,
+                 owner: bool = False) -> None:
         if tp not in (1, 2, 4, 8):
             raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
         if watchdog_ns < 0:
@@ -65,6 +76,7 @@ class NormKernel:
         self.hidden = hidden
         self.tp = tp
         self.watchdog_ns = int(watchdog_ns)
+        self.owner = bool(owner)
         self.threads = norm_threads(hidden)
         self.warps = self.threads // WARP_SIZE
 
@@ -72,24 +84,27 @@ class NormKernel:
     def __call__(self, mailbox: Int64, residual: Int64, gamma: Int64,
                  residual_out: Int64, norm_out: Int64, stage_state: Int64,
                  error: Int64, capacity: Int32, error_records: Int32,
-                 eps: Float32, m: Int32, stream: cuda.CUstream) -> None:
+                 eps: Float32, m: Int32, rank: Int32, stream: cuda.CUstream) -> None:
+        rows = m
+        if cutlass.const_expr(self.owner):
+            rows = (m + Int32(self.tp - 1)) // Int32(self.tp)
         self.kernel(mailbox, residual, gamma, residual_out, norm_out,
-                    stage_state, error, capacity, error_records, eps).launch(
-            grid=(m, 1, 1), block=(self.threads, 1, 1), stream=stream,
+                    stage_state, error, capacity, error_records, eps, m, rank).launch(
+            grid=(rows, 1, 1), block=(self.threads, 1, 1), stream=stream,
             use_pdl=True)
 
     @cute.kernel
     def kernel(self, mailbox: Int64, residual: Int64, gamma: Int64,
                residual_out: Int64, norm_out: Int64, stage_state: Int64,
                error: Int64, capacity: Int32, error_records: Int32,
-               eps: Float32):
+               eps: Float32, m: Int32, rank: Int32):
         hidden = self.hidden
         tidx, _, _ = cute.arch.thread_idx()
-        token, _, _ = cute.arch.block_idx()
+        row, _, _ = cute.arch.block_idx()  # the token, or the owned row in owner mode
         lane = cute.arch.lane_idx()
         warp = cute.arch.warp_idx()
         column = Int64(tidx) * VEC_BF16
-        element = Int64(token) * hidden + column
+        element = Int64(row) * hidden + column
 
         # Written before the producer of this call's publish started.
         residual_values = prim.unpack_bf16x8(
@@ -100,8 +115,19 @@ class NormKernel:
         cute.arch.griddepcontrol_wait()
 
         reduced = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
-        failed = self._consume(mailbox, stage_state, error, capacity, error_records,
-                               token, tidx, column, reduced)
+        if cutlass.const_expr(self.owner):
+            token = row * Int32(self.tp) + rank
+            valid = token < m
+            owned = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
+            owned.store(residual_values)
+            failed = self._consume(mailbox, stage_state, error, capacity, error_records,
+                                   row, tidx, column, reduced, token, valid | (row == 0))
+            if not valid:
+                owned.fill(Float32(0.0))
+            residual_values = owned.load()
+        else:
+            failed = self._consume(mailbox, stage_state, error, capacity, error_records,
+                                   row, tidx, column, reduced)
 
         if failed:
             reduced.fill(Float32(float("nan")))
@@ -131,7 +157,7 @@ class NormKernel:
     @cute.jit
     def _consume(self, mailbox: Int64, stage_state: Int64, error: Int64,
                  capacity: Int32, error_records: Int32, token, tidx, column,
-                 reduced) -> Boolean:
+                 reduced, record_token=None, active=None) -> Boolean:
         """The Lamport consume of one fragment (steps 1-4 of the protocol),
         shared by every consumer kernel: volatile ACTIVE_STAGE load (bounds
         checked), one spin per source rank in rank order (watchdog deadline
@@ -139,7 +165,12 @@ class NormKernel:
         NEXT_STAGE store (token 0 thread 0), ``launch_dependents``, sentinel
         write-back. Call it right after ``griddepcontrol.wait``. Returns
         True where the fragment could not be computed (timeout or bad stage);
-        the caller writes NaN then."""
+        the caller writes NaN then.
+
+        ``token`` is the mailbox row (the token itself outside owner mode);
+        owner mode passes the token id for the error record
+        (``record_token``) and ``active``, False for a row nobody published
+        (no spin, no sentinel write-back, ``reduced`` stays +0.0)."""
         hidden = self.hidden
         stage = prim.load_volatile_u32(stage_state + ACTIVE_STAGE * 4)
         stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
@@ -149,6 +180,11 @@ class NormKernel:
         failed = Boolean(True)
         if stage_ok:
             failed = Boolean(False)
+        reading = stage_ok
+        if cutlass.const_expr(active is not None):
+            reading = stage_ok & active
+        if cutlass.const_expr(record_token is None):
+            record_token = token
 
         reduced.fill(0.0)
         deadline = Int64(0)
@@ -162,7 +198,7 @@ class NormKernel:
             w1 = Uint32(0)
             w2 = Uint32(0)
             w3 = Uint32(0)
-            pending = Boolean(stage_ok)
+            pending = Boolean(reading)
             timed_out = Boolean(False)
             while pending:
                 w0, w1, w2, w3 = prim.load_volatile_u32x4(address)
@@ -175,7 +211,7 @@ class NormKernel:
             if cutlass.const_expr(self.watchdog_ns > 0):
                 if timed_out:
                     failed = Boolean(True)
-                    self._record(error, error_records, token, source, tidx,
+                    self._record(error, error_records, record_token, source, tidx,
                                  stage, [w0, w1, w2, w3])
             reduced.store(reduced.load()
                           + prim.unpack_bf16x8([w0, w1, w2, w3]).to(Float32))
@@ -187,7 +223,7 @@ class NormKernel:
             else:
                 prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
         cute.arch.griddepcontrol_launch_dependents()
-        if stage_ok:
+        if reading:
             for source in cutlass.range_constexpr(self.tp):
                 prim.store_sentinel_u32x4(
                     mailbox + slot_index(safe_stage, self.tp, source,

@@ -98,6 +98,69 @@ def slot_index(stage, tp, source, capacity, token, hidden, column):
     return ((stage * tp + source) * capacity + token) * hidden + column
 
 
+# ---------------------------------------------------------------- owner mode
+# Owner mode (the seed finalize publish's ``owner_capacity``; a reduce-scatter):
+# token ``t`` is owned by rank ``t % tp``; rank ``r`` sends its row ``t`` only
+# to that owner, into slot ``(stage, r, t // tp, column)`` of the owner's
+# mailbox ``[LAMPORT_GENERATIONS, tp, owner_capacity, hidden]`` (the peer's
+# base address read from the peer table at index ``t % tp``). Each rank sends
+# each token once instead of tp times; it is unicast by nature (every token
+# has one destination), so there is no multicast owner publish.
+#
+# Owner ``o`` computes the rows of the tokens it owns: its row ``j`` is token
+# ``j * tp + o``. Every owner has ``ceil(M / tp)`` output rows; where
+# ``j * tp + o >= M`` (the last row of the owners ``o >= M % tp`` when tp does
+# not divide M, and row 0 of every owner ``o >= M`` when M < tp) the row holds
+# no token and is written as +0.0.
+#
+# Rotation (why padding tokens are published): the three-generation argument
+# of the module docstring needs every rank's consumer to wait for every
+# rank's publish of each call. With M >= tp every owner owns a token and so
+# hears from every source. With M < tp the owners ``o >= M`` would own
+# nothing and could run ahead by more than two calls; so every publish covers
+# ``max(M, tp)`` tokens, the tokens ``M .. tp-1`` carrying +0.0, and every
+# owner's row 0 is always published and consumed.
+
+
+MODES = ("one_shot", "owner")
+"""``one_shot``: every rank sends every token to every rank (all-reduce);
+``owner``: every token goes to its owner only (reduce-scatter)."""
+
+
+def owner_capacity(capacity: int, tp: int) -> int:
+    """Rows a source rank may fill in an owner's mailbox: ``ceil(capacity /
+    tp)`` (at least 1). ValueError naming the values when either is < 1."""
+    if capacity < 1 or tp < 1:
+        raise ValueError(f"owner_capacity needs capacity >= 1 and tp >= 1, got "
+                         f"capacity={capacity}, tp={tp}")
+    return -(-capacity // tp)
+
+
+def owner_slot_index(stage, tp, source, owner_capacity, token, hidden, column):
+    """Element index of token ``token``'s fragment from ``source`` in its
+    owner's (rank ``token % tp``) flat mailbox: slot ``(stage, source, token //
+    tp, column)`` of ``[LAMPORT_GENERATIONS, tp, owner_capacity, hidden]``.
+    Plain arithmetic like :func:`slot_index` (host ints or DSL integers)."""
+    return slot_index(stage, tp, source, owner_capacity, token // tp, hidden, column)
+
+
+def owner_rows(m: int, tp: int) -> int:
+    """Output rows of every owner for an M-token call: ``ceil(M / tp)``."""
+    return -(-m // tp)
+
+
+def owner_published_tokens(m: int, tp: int) -> int:
+    """Tokens each rank's owner-mode publish stores: ``max(M, tp)`` (see the
+    rotation note above)."""
+    return max(m, tp)
+
+
+def owned_tokens(m: int, tp: int, owner: int) -> range:
+    """Token ids owner ``owner`` computes, in row order: row ``j`` is token
+    ``j * tp + owner``."""
+    return range(owner, m, tp)
+
+
 def mailbox_shape(tp: int, capacity: int, hidden: int) -> tuple[int, int, int, int]:
     return (LAMPORT_GENERATIONS, tp, capacity, hidden)
 

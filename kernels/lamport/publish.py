@@ -14,6 +14,13 @@ state) nothing is stored through the peer table / multicast address, block
 bad value into ACTIVE_STAGE, so this rank's consumer sees it, records it and
 writes NaN without spinning; the other ranks' consumers see this rank as
 missing (their watchdog names it).
+
+Owner mode (``owner=True``, compile time; unicast only, see
+:mod:`kernels.lamport.protocol`): the grid covers ``max(M, tp)`` tokens;
+token ``t`` goes only to its owner ``t % tp`` (peer address loaded from the
+table before ``griddepcontrol.wait``), into slot ``(stage, rank, t // tp)``
+of a mailbox with ``capacity`` = the owner capacity; tokens ``t >= M``
+publish +0.0 without loading ``x``.
 """
 
 from __future__ import annotations
@@ -25,10 +32,25 @@ import cuda.bindings.driver as cuda
 
 from . import primitives as prim
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS,
-                       NEXT_STAGE, VEC_BF16, slot_index)
+                       NEXT_STAGE, VEC_BF16, owner_slot_index, slot_index)
 
 PUBLISH_THREADS = 128
 TRANSPORTS = ("unicast", "multicast")
+
+
+def check_owner_transport(owner: bool, transport: str) -> None:
+    """Owner mode is unicast by nature (one destination a token)."""
+    if owner and transport != "unicast":
+        raise ValueError(f"mode='owner' sends every token to one rank (unicast by nature): "
+                         f"transport must be 'unicast', got {transport!r}")
+
+
+def publish_grid_tokens(kernel, m):
+    """Grid rows of a publish (in ``@cute.jit`` code): M, or ``max(M, tp)``
+    in owner mode (:func:`kernels.lamport.protocol.owner_published_tokens`)."""
+    if not kernel.owner:
+        return m
+    return cutlass.max(m, Int32(kernel.tp))
 
 
 def publish_ctas_per_token(hidden: int) -> int:
@@ -44,13 +66,15 @@ class PublishKernel:
     the multicast base address of the mailbox.
     """
 
-    def __init__(self, *, tp: int, transport: str = "unicast") -> None:
+    def __init__(self, *, tp: int, transport: str = "unicast", owner: bool = False) -> None:
         if tp not in (1, 2, 4, 8):
             raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        check_owner_transport(owner, transport)
         self.tp = tp
         self.transport = transport
+        self.owner = bool(owner)
         self.threads = PUBLISH_THREADS
 
     @cute.jit
@@ -58,13 +82,13 @@ class PublishKernel:
                  error: Int64, rank: Int32, capacity: Int32, hidden: Int32,
                  ctas_per_token: Int32, m: Int32, stream: cuda.CUstream) -> None:
         self.kernel(x, stage_state, destination, error, rank, capacity,
-                    hidden).launch(grid=(ctas_per_token, m, 1),
-                                   block=(self.threads, 1, 1),
-                                   stream=stream, use_pdl=True)
+                    hidden, m).launch(grid=(ctas_per_token, publish_grid_tokens(self, m), 1),
+                                      block=(self.threads, 1, 1),
+                                      stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, x: Int64, stage_state: Int64, destination: Int64,
-               error: Int64, rank: Int32, capacity: Int32, hidden: Int32):
+               error: Int64, rank: Int32, capacity: Int32, hidden: Int32, m: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         cta, token, _ = cute.arch.block_idx()
         column = Int64(cta * self.threads + tidx) * VEC_BF16
@@ -73,7 +97,9 @@ class PublishKernel:
         # The peer table is written once at construction: load it into
         # registers before the wait and before the store loop.
         peers = []
-        if cutlass.const_expr(self.transport == "unicast"):
+        if cutlass.const_expr(self.owner):
+            peers.append(prim.load_u64(destination + Int64(token % self.tp) * 8))
+        elif cutlass.const_expr(self.transport == "unicast"):
             for p in cutlass.range_constexpr(self.tp):
                 peers.append(prim.load_u64(destination + p * 8))
 
@@ -83,17 +109,34 @@ class PublishKernel:
         stage = prim.load_volatile_u32(stage_state + NEXT_STAGE * 4)
         stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
         if column < hidden64:
-            words = prim.sanitize_u32x4(
-                prim.load_u32x4(x + (Int64(token) * hidden64 + column) * 2))
+            if cutlass.const_expr(self.owner):
+                # Tokens M .. tp-1 (M < tp) carry +0.0 and load nothing.
+                words = cute.make_rmem_tensor(cute.make_layout((4,)), Uint32)
+                words.fill(Uint32(0))
+                if token < m:
+                    loaded = prim.sanitize_u32x4(
+                        prim.load_u32x4(x + (Int64(token) * hidden64 + column) * 2))
+                    for i in cutlass.range_constexpr(4):
+                        words[i] = loaded[i]
+                payload = [words[i] for i in range(4)]
+            else:
+                payload = prim.sanitize_u32x4(
+                    prim.load_u32x4(x + (Int64(token) * hidden64 + column) * 2))
             if stage_ok:
-                offset = slot_index(Int64(stage), self.tp, Int64(rank),
-                                    Int64(capacity), Int64(token), hidden64,
-                                    column) * 2
-                if cutlass.const_expr(self.transport == "unicast"):
-                    for p in cutlass.range_constexpr(self.tp):
-                        prim.store_relaxed_sys_u32x4(peers[p] + offset, words)
+                if cutlass.const_expr(self.owner):
+                    offset = owner_slot_index(Int64(stage), self.tp, Int64(rank),
+                                              Int64(capacity), Int64(token), hidden64,
+                                              column) * 2
+                    prim.store_relaxed_sys_u32x4(peers[0] + offset, payload)
                 else:
-                    prim.store_multicast_bf16x8(destination + offset, words)
+                    offset = slot_index(Int64(stage), self.tp, Int64(rank),
+                                        Int64(capacity), Int64(token), hidden64,
+                                        column) * 2
+                    if cutlass.const_expr(self.transport == "unicast"):
+                        for p in cutlass.range_constexpr(self.tp):
+                            prim.store_relaxed_sys_u32x4(peers[p] + offset, payload)
+                    else:
+                        prim.store_multicast_bf16x8(destination + offset, payload)
         if (cta == 0) & (token == 0) & (tidx == 0):
             prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
             if not stage_ok:

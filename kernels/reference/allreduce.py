@@ -8,6 +8,12 @@ Contract (DESIGN.md, "Numerical contract"):
 - ``rms_norm``: FP32 ``x * rsqrt(mean(x^2) + eps) * weight``, rounded to BF16.
   Kernels reduce the squares in their own order and use a fast rsqrt, so
   their norm output is held to 1 BF16 ULP of this, not bit-exactness.
+
+Owner mode (``AllReduceNorm(mode="owner")``, a reduce-scatter + RMSNorm):
+owner ``o`` of a tp group computes only the tokens ``t`` with ``t % tp ==
+o``; its row ``j`` is token ``j * tp + o``. Every step above is row-wise, so
+:func:`owner_all_reduce_norm` is exactly the one-shot reference's rows for
+the owned tokens (tested on CPU), padded to ``ceil(M / tp)`` rows with +0.0.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.validation import require_multiple, require_tensor
+from kernels.lamport.protocol import owned_tokens, owner_rows
+from kernels.validation import require_multiple, require_range, require_tensor
 
 
 def stack_partials(partials: Sequence[torch.Tensor] | torch.Tensor, name: str = "partials") -> torch.Tensor:
@@ -87,3 +94,38 @@ def all_reduce_norm(partials: Sequence[torch.Tensor] | torch.Tensor, residual: t
     reduced = all_reduce_sum(partials, order)
     residual_out = add_residual(reduced, residual)
     return rms_norm(residual_out, norm_weight, eps), residual_out
+
+
+def owner_view(x: torch.Tensor, tp: int, owner: int) -> torch.Tensor:
+    """Owner ``owner``'s rows of a token-indexed ``[M, ...]`` tensor:
+    ``[ceil(M / tp), ...]``, row ``j`` = ``x[j * tp + owner]``, rows past the
+    owner's last token +0.0 (:func:`kernels.lamport.protocol.owned_tokens`)."""
+    require_range("owner", owner, 0, tp - 1)
+    m = x.shape[0]
+    out = torch.zeros((owner_rows(m, tp), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    tokens = owned_tokens(m, tp, owner)
+    out[:len(tokens)] = x[owner::tp]
+    return out
+
+
+def owner_all_reduce_norm(partials: Sequence[torch.Tensor] | torch.Tensor,
+                          residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, *,
+                          owner: int, order: Sequence[int] | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm_out, residual_out)`` of owner ``owner`` in owner mode, both
+    ``[ceil(M / tp), H]`` BF16: :func:`all_reduce_norm` of the owned tokens
+    (``partials[r][owner::tp]`` and this owner's ``residual``, ``[ceil(M / tp),
+    H]``, row j = token j * tp + owner), rows holding no token +0.0."""
+    stacked = stack_partials(partials)
+    tp, m, hidden = stacked.shape
+    require_range("owner", owner, 0, tp - 1)
+    rows = owner_rows(m, tp)
+    require_tensor("residual", residual, dtype=torch.bfloat16, shape=(rows, hidden),
+                   contiguous=False)
+    count = len(owned_tokens(m, tp, owner))
+    norm = torch.zeros(rows, hidden, dtype=torch.bfloat16, device=stacked.device)
+    res = torch.zeros_like(norm)
+    if count:
+        norm[:count], res[:count] = all_reduce_norm(stacked[:, owner::tp], residual[:count],
+                                                    norm_weight, eps, order)
+    return norm, res

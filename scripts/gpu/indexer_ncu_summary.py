@@ -1,0 +1,123 @@
+"""Compact text of an Nsight Compute report of the indexer kernels.
+
+    python3 scripts/gpu/indexer_ncu_summary.py LAUNCHES DETAILS_CSV RAW_CSV
+
+LAUNCHES: the ``ncu launch: ...`` lines ``benchmarks.indexer --ncu-calls N``
+printed (each label stands for N launches, in order); DETAILS_CSV and RAW_CSV:
+``ncu -i REPORT --csv --page details`` / ``--page raw``. Prints per profiled
+launch its label, grid/block/cluster, duration, achieved DRAM read bandwidth,
+occupancy and waves, and the largest stall reasons (warps stalled per issued
+instruction). Metric names missing from a report are skipped, not guessed.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+
+#: Metrics of the details page, by display name (section shown in brackets).
+DETAILS = ("Duration", "DRAM Throughput", "Memory Throughput", "L2 Cache Throughput",
+           "Compute (SM) Throughput", "Grid Size", "Block Size", "Cluster Size",
+           "Registers Per Thread", "Dynamic Shared Memory Per Block", "Waves Per SM",
+           "Theoretical Occupancy", "Achieved Occupancy", "Warp Cycles Per Issued Instruction",
+           "Issued Warp Per Scheduler", "No Eligible", "Active Warps Per Scheduler",
+           "Eligible Warps Per Scheduler", "L2 Hit Rate")
+#: Raw metrics (exact names), when the report has them.
+RAW = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_read.sum.per_second",
+       "dram__bytes_write.sum", "launch__grid_size", "launch__cluster_dim_x",
+       "launch__thread_block_size", "launch__waves_per_multiprocessor",
+       "device__attribute_multiprocessor_count", "sm__cycles_active.avg")
+STALL = re.compile(r"issue_stalled_(\w+?)(?:_per_\w+)?\.ratio$")
+TOP_STALLS = 8
+
+
+def launch_labels(path: str) -> list[str]:
+    """One label per profiled launch (``... xN`` expands to N)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("ncu launch: "):
+                label, _, count = line[len("ncu launch: "):].strip().rpartition(" x")
+                out += [label] * int(count)
+    return out
+
+
+def details(path: str) -> dict[str, list[tuple[str, str, str]]]:
+    """ID -> [(metric name, value, unit)] of the selected details metrics."""
+    out: dict[str, list] = {}
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    head = next((i for i, r in enumerate(rows) if "ID" in r and "Metric Name" in r), None)
+    if head is None:
+        return out
+    cols = {n: i for i, n in enumerate(rows[head])}
+    seen = set()
+    for r in rows[head + 1:]:
+        if len(r) < len(cols):
+            continue
+        name = r[cols["Metric Name"]]
+        key = (r[cols["ID"]], name)
+        if name in DETAILS and key not in seen:
+            seen.add(key)
+            out.setdefault(r[cols["ID"]], []).append(
+                (name, r[cols["Metric Value"]], r[cols.get("Metric Unit", cols["Metric Value"])]))
+    return out
+
+
+def raw(path: str) -> list[dict[str, str]]:
+    """One dict a launch: metric name -> 'value unit' (raw page: header, a
+    units row whose ID cell is empty, then one row a launch)."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    head = next((i for i, r in enumerate(rows) if "ID" in r), None)
+    if head is None:
+        return []
+    names, rest = rows[head], rows[head + 1:]
+    id_col = names.index("ID")
+    units = [""] * len(names)
+    if rest and not rest[0][id_col].strip().isdigit():
+        units, rest = rest[0], rest[1:]
+    return [{n: f"{v} {u}".strip() for n, v, u in zip(names, r, units)} for r in rest]
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text.split()[0].replace(",", ""))
+    except (ValueError, IndexError):
+        return float("nan")
+
+
+def summary(labels, det, launches) -> str:
+    lines = []
+    ids = sorted(det, key=int) if det else [str(i) for i in range(len(launches))]
+    for n, launch_id in enumerate(ids):
+        label = labels[n] if n < len(labels) else "?"
+        lines.append(f"[{launch_id}] {label}")
+        for name, value, unit in det.get(launch_id, []):
+            lines.append(f"    {name}: {value} {unit}".rstrip())
+        r = launches[n] if n < len(launches) else {}
+        for name in RAW:
+            if name in r:
+                lines.append(f"    {name}: {r[name]}")
+        stalls = [(STALL.search(k).group(1), _number(v)) for k, v in r.items() if STALL.search(k)]
+        stalls = sorted((s for s in stalls if s[1] == s[1]), key=lambda s: -s[1])[:TOP_STALLS]
+        if stalls:
+            lines.append("    stalls (warps per issue): "
+                         + ", ".join(f"{s} {v:.2f}" for s, v in stalls))
+    if len(labels) != len(ids):
+        lines.append(f"note: {len(labels)} launches listed, {len(ids)} profiled")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print(summary(launch_labels(argv[0]), details(argv[1]), raw(argv[2])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
