@@ -17,6 +17,7 @@ the rank to it, never through the driver.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import ray
 
@@ -52,10 +53,21 @@ class CallBarrier:
         slot["event"].set()
 
 
+_handles: dict[str, object] = {}
+_lock = threading.Lock()
+
+
 def call_barrier():
-    """This driver's barrier actor (started on first use, on this node)."""
+    """This driver's barrier actor (started on first use, on this node). The
+    handle is kept for the Ray job's lifetime: an actor whose last handle
+    goes away is destroyed, even a named one, and a group's ranks would
+    then meet a dead barrier."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    return CallBarrier.options(
-        name=NAME, get_if_exists=True,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(
-            ray.get_runtime_context().get_node_id(), soft=True)).remote()
+    job = ray.get_runtime_context().get_job_id()
+    with _lock:
+        if job not in _handles:
+            _handles[job] = CallBarrier.options(
+                name=NAME, get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=True)).remote()
+        return _handles[job]
