@@ -4,7 +4,7 @@ the unfused torch path, and the tuning sweep that justifies
 
     python -m benchmarks.all_reduce_mhc [--tokens 1,8,16,64] [--hidden 5120,7168]
         [--hc 4] [--calls 50] [--replays 200] [--watchdog-ns 1000000000]
-        [--markdown PATH]
+        [--markdown PATH] [--results DIR]
     python -m benchmarks.all_reduce_mhc --sweep [--hidden 5120,7168] [--tokens 1,16,64]
         [--sweep-tp 1,8] [--clusters 5,7] [--threads 128,256] [--rank-lanes 1,2]
         [--markdown PATH]
@@ -41,10 +41,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from pathlib import Path
 
 import torch
 
-from benchmarks.timing import int_list, median_p10_p90, rotating, rotation_sets, time_graph
+from benchmarks import int_list
+from cluster.measure.graph import rotating, rotation_sets, time_graph
+from cluster.measure.stats import median_p10_p90
 
 
 def _inputs(sets, m, hc, hidden, seed):
@@ -77,17 +80,6 @@ def _sets(rotate_mb, m, hc, hidden, tp=1):
     return (sets if tp == 1 else min(sets, VIRTUAL_MAX_CALLS)), set_bytes
 
 
-def torch_mhc(x, residual, post, comb, pre, weight, eps):
-    """The unfused path: post-mix + comb-weighted streams, collapse, RMSNorm."""
-    m, hc, hidden = residual.shape
-    mixed = x.float().unsqueeze(1) * post.view(m, hc, 1) + torch.bmm(
-        comb.transpose(1, 2), residual.float())
-    res_out = mixed.to(torch.bfloat16)
-    collapse = torch.bmm(pre.view(m, 1, hc), res_out.float()).view(m, hidden)
-    return res_out, torch.nn.functional.rms_norm(collapse.to(torch.bfloat16), (hidden,),
-                                                 weight, eps)
-
-
 def _check(res_out, layer, xs, data, i, eps, rank_lanes=1):
     from kernels.reference.mhc import all_reduce_mhc
     from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
@@ -100,47 +92,32 @@ def _check(res_out, layer, xs, data, i, eps, rank_lanes=1):
 
 
 def compare(args) -> list[str]:
-    from kernels.all_reduce_mhc import AllReduceMHC
+    """Default mode, thin over the harness (:func:`cluster.measure.harness.measure_tp1`,
+    the profile job's tp=1 path): the fused op (outputs checked first), its
+    watchdog build and the torch path."""
+    from benchmarks.rows import BenchmarkRows
 
+    rows = BenchmarkRows(args.results, "python -m benchmarks.all_reduce_mhc")
     header = (f"{'hidden':>6} {'hc':>2} {'M':>4} {'tuning':>12} {'fused_us':>9} {'p10':>7} "
               f"{'p90':>7} {'torch_us':>9} {'ratio':>6} {'watchdog_us':>11} {'wd_overhead':>11} "
               f"{'rotated_mb':>10}")
     lines = [header, "-" * len(header)]
     print(header, lines[1], sep="\n")
-    cap = max(args.tokens)
     for hidden in args.hidden:
-        plain = AllReduceMHC(hidden_size=hidden, hc_mult=args.hc, max_num_tokens=cap)
-        wd = AllReduceMHC(hidden_size=hidden, hc_mult=args.hc, max_num_tokens=cap,
-                          watchdog_ns=args.watchdog_ns)
-        t = plain.tuning
         for m in args.tokens:
-            sets, set_bytes = _sets(args.rotate_mb, m, args.hc, hidden)
-            calls = max(args.calls, sets)
-            d = _inputs(sets, m, args.hc, hidden, seed=m)
-
-            def fused(op):
-                return lambda i: op(d["x"][i], d["residual"][i], d["post"][i], d["comb"][i],
-                                    d["pre"][i], d["weight"], args.eps,
-                                    out=(d["res_out"][i], d["layer"][i]))
-
-            fused(plain)(0)
-            torch.cuda.synchronize()
-            _check(d["res_out"][0], d["layer"][0], [d["x"][0]], d, 0, args.eps)
-
-            def unfused(i):
-                torch_mhc(d["x"][i], d["residual"][i], d["post"][i], d["comb"][i],
-                          d["pre"][i], d["weight"], args.eps)
-
-            f = median_p10_p90(time_graph(rotating(fused(plain), sets), calls, args.replays))
-            w = median_p10_p90(time_graph(rotating(fused(wd), sets), calls, args.replays))
-            r = median_p10_p90(time_graph(rotating(unfused, sets), calls, args.replays))
-            assert plain.mailbox.is_all_sentinel() and wd.mailbox.is_all_sentinel()
-            row = (f"{hidden:>6} {args.hc:>2} {m:>4} "
-                   f"{f'{t.cluster_size}x{t.threads}R{t.rank_lanes}':>12} {f[0]:>9.2f} "
+            spec = dict(op="all_reduce_mhc", hidden=hidden, tokens=m, hc=args.hc,
+                        calls=args.calls, replays=args.replays, rotate_mb=args.rotate_mb,
+                        eps=args.eps, seed=m, watchdog_ns=0, baselines=["unfused"])
+            plain, _ = rows.plain_and_watchdog(spec, args.watchdog_ns)
+            f, r, w = plain["stats"]
+            tuning = plain["impls"]["fused"]["extra"]["tuning"]
+            row = (f"{hidden:>6} {args.hc:>2} {m:>4} {tuning:>12} {f[0]:>9.2f} "
                    f"{f[1]:>7.2f} {f[2]:>7.2f} {r[0]:>9.2f} {f[0] / r[0]:>6.2f} {w[0]:>11.2f} "
-                   f"{(w[0] / f[0] - 1) * 100:>10.1f}% {sets * set_bytes / 2**20:>10.0f}")
+                   f"{(w[0] / f[0] - 1) * 100:>10.1f}% "
+                   f"{plain['sets'] * plain['set_bytes'] / 2**20:>10.0f}")
             print(row, flush=True)
             lines.append(row)
+    rows.close()
     return lines
 
 
@@ -252,6 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--rank-lanes", type=int_list, default=None,
                    help="sweep: only these rank lanes (default every one dividing tp)")
     p.add_argument("--markdown", default=None, help="also write the table here")
+    p.add_argument("--results", type=Path, default=None,
+                   help="compare mode: also write the timings as profile rows here")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmark needs a CUDA GPU", file=sys.stderr)

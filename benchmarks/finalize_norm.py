@@ -26,7 +26,10 @@ import sys
 
 import torch
 
-from benchmarks.timing import int_list, median_p10_p90, rotating, rotation_sets, time_graph
+from benchmarks import int_list
+from cluster.measure.graph import rotating, rotation_sets, time_graph
+from cluster.measure.stats import median_p10_p90
+from cluster.measure.workloads.norm import torch_finalize
 
 
 def main(argv=None) -> int:
@@ -95,11 +98,7 @@ def main(argv=None) -> int:
                     return lambda i: op(moes[i], residual[i], nw, out=(outs[0, i], outs[1, i]))
 
                 def torch_path(i):
-                    ix = idx[i].long()
-                    rows = gemm2[i][ix]                              # [M, K, H] gather
-                    routed = (rows.float() * weights[i].float().unsqueeze(-1)).sum(1)
-                    moe_out = (routed + shared[i].float()).to(torch.bfloat16)
-                    s = moe_out + residual[i]
+                    s = torch_finalize(gemm2[i], weights[i], idx[i], shared[i]) + residual[i]
                     return torch.nn.functional.rms_norm(s, (hidden,), nw, args.eps), s
 
                 t_fused = median_p10_p90(time_graph(rotating(fused(ops[4]), sets), calls, args.replays))

@@ -48,12 +48,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import statistics
 import sys
 
 import torch
 
-from benchmarks.timing import int_list
+from benchmarks import int_list
+from cluster.measure.graph import rotating, time_graph
+from cluster.measure.stats import median_p10_p90
 
 #: (warps, split) of the projection sweep: the table's, then finer split-K
 #: (more CTAs in flight: 40 CTAs x 16 warps up to 640 CTAs x 2 warps at K 7168).
@@ -63,28 +64,12 @@ SWEEP_TACTICS = ((16, 1), (8, 1), (16, 2), (8, 2), (4, 4), (8, 4), (4, 8), (2, 8
 HBM_PEAK = 4.8e12
 
 
-def _time_graph(step, calls: int, replays: int, warmup: int = 3) -> float:
-    """Median microseconds per call of ``step(i)`` for i in 0..calls-1."""
-    for i in range(calls):  # compile, load, allocate
+def _time_graph(step, calls: int, replays: int) -> float:
+    """Median microseconds per call of ``step(i)``, i = 0..calls-1 captured
+    in one graph (the harness's :func:`~cluster.measure.graph.time_graph`)."""
+    for i in range(calls):  # every module's first call eagerly (compile, occupancy query)
         step(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            step(i)
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    del graph
-    return statistics.median(times)
+    return median_p10_p90(time_graph(rotating(step, calls), calls, max(2, replays)))[0]
 
 
 def read_bandwidth(gib: float = 2.0, replays: int = 10) -> float:

@@ -7,13 +7,12 @@ RMSNorm) on a process-per-GPU TP group over NVLink, in one run.
 Spawns ``--tp`` processes, one per GPU (NCCL + torch symmetric memory
 mailboxes). Per hidden size and token count M, each rank builds both
 ``AllReduceNorm(mode="one_shot")`` and ``AllReduceNorm(mode="owner")`` (the
-plain consumer, as production runs it) on the same group and times each as
-:mod:`cluster.gpu.timing` times the profile job's fused op: one CUDA graph of
+plain consumer, as production runs it) on the same group and times each with
+the harness the profile job uses (:mod:`cluster.measure`): one CUDA graph of
 back-to-back calls over rotating input sets spanning ``--rotate-mb`` per
-rank (:mod:`benchmarks.timing`), ``--replays`` replays each started after
-an NCCL barrier, and per replay the max over ranks
-(:func:`cluster.gpu.timing.max_over_ranks`); reported: median, p10 and p90
-of those maxima in microseconds per call.
+rank, ``--replays`` replays each started after the group's barrier, and per
+replay the max over ranks (:func:`cluster.measure.stats.max_over_ranks`);
+reported: median, p10 and p90 of those maxima in microseconds per call.
 
 The two modes do different work by design: one-shot leaves every token's
 rows on every rank (each rank stores every token tp times), owner mode leaves
@@ -32,16 +31,17 @@ import argparse
 import datetime
 import os
 import socket
-import statistics
 import sys
 import tempfile
+
+from cluster.measure.stats import median_p10_p90
 
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512)
 MODES = ("one_shot", "owner")
 
 
 def _parse(argv):
-    from benchmarks.timing import int_list
+    from benchmarks import int_list
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.owner_crossover")
     p.add_argument("--tp", type=int, default=2)
@@ -89,8 +89,9 @@ def _rank(rank: int, args, port: int, result_path: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from benchmarks.timing import rotating, rotation_sets, time_graph
-    from cluster.gpu.timing import max_over_ranks
+    from cluster.measure.graph import graph_calls, rotating, rotation_sets, time_graph
+    from cluster.measure.stats import max_over_ranks
+    from cluster.measure.workload import RankContext
     from kernels.all_reduce_norm import AllReduceNorm
     from kernels.lamport.protocol import owner_rows
 
@@ -101,11 +102,8 @@ def _rank(rank: int, args, port: int, result_path: str) -> None:
     dist.init_process_group("nccl", rank=rank, world_size=tp, device_id=device)
     group = dist.group.WORLD
 
-    def barrier():
-        dist.barrier(device_ids=[device.index])
-        torch.cuda.synchronize(device)
-
     cap = max(args.tokens)
+    barrier = RankContext(rank=rank, tp=tp, device=device, capacity=cap, dist=True).barrier
     rows = []
     for hidden in args.hidden:
         ops = {mode: AllReduceNorm(hidden_size=hidden, max_num_tokens=cap, eps=args.eps,
@@ -118,7 +116,7 @@ def _rank(rank: int, args, port: int, result_path: str) -> None:
         for m in args.tokens:
             g = torch.Generator().manual_seed(m * 7919 + rank)
             sets = rotation_sets(args.rotate_mb, 4 * m * hidden * 2)
-            calls = max(args.calls, sets)
+            calls = graph_calls(args.calls, sets)
             xs = torch.randn(sets, m, hidden, generator=g).to(torch.bfloat16).to(device)
             weight = (1 + 0.1 * torch.randn(hidden, generator=g)).to(torch.bfloat16).to(device)
             result = {"hidden": hidden, "m": m, "sets": sets, "calls": calls}
@@ -154,13 +152,8 @@ HEADER = (f"{'hidden':>6} {'M':>4} {'one_shot_us':>11} {'p10':>7} {'p90':>7} "
           f"{'owner_us':>9} {'p10':>7} {'p90':>7} {'speedup':>7} {'calls':>5}")
 
 
-def _stats(times):
-    q = statistics.quantiles(times, n=10)
-    return statistics.median(times), q[0], q[-1]
-
-
 def _format_row(r) -> str:
-    a, b = _stats(r["one_shot"]), _stats(r["owner"])
+    a, b = median_p10_p90(r["one_shot"]), median_p10_p90(r["owner"])
     return (f"{r['hidden']:>6} {r['m']:>4} {a[0]:>11.2f} {a[1]:>7.2f} {a[2]:>7.2f} "
             f"{b[0]:>9.2f} {b[1]:>7.2f} {b[2]:>7.2f} {a[0] / b[0]:>7.2f} {r['calls']:>5}")
 
@@ -172,7 +165,8 @@ def summarize(rows) -> list[str]:
     out = []
     for hidden in sorted({r["hidden"] for r in rows}):
         mine = sorted((r for r in rows if r["hidden"] == hidden), key=lambda r: r["m"])
-        speed = {r["m"]: _stats(r["one_shot"])[0] / _stats(r["owner"])[0] for r in mine}
+        speed = {r["m"]: median_p10_p90(r["one_shot"])[0] / median_p10_p90(r["owner"])[0]
+                 for r in mine}
         crossover = None
         for r in reversed(mine):
             if speed[r["m"]] <= 1.0:

@@ -27,6 +27,7 @@ import torch
 
 from kernels.reference import numerics
 from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
+from kernels.validation import require_choice, require_int, require_number
 
 OPS = ("all_reduce_norm",)
 INPUTS = {
@@ -48,18 +49,19 @@ def make_case(*, capacity: int, **fields) -> dict:
     if unknown:
         raise ValueError(f"unknown case fields {sorted(unknown)}; known: {sorted([*DEFAULTS, 'tokens'])}")
     case = {**DEFAULTS, **fields}
-    if case["op"] not in OPS:
-        raise ValueError(f"unknown op {case['op']!r}; known: {list(OPS)}")
-    if case["inputs"] not in INPUTS:
-        raise ValueError(f"unknown inputs {case['inputs']!r}; known: {sorted(INPUTS)}")
-    if "tokens" not in case or not 1 <= int(case["tokens"]) <= capacity:
-        raise ValueError(f"tokens must be in 1..capacity={capacity}, got {case.get('tokens')}")
-    if case["residual"] not in RESIDUALS:
-        raise ValueError(f"unknown residual {case['residual']!r}; known: {list(RESIDUALS)}")
-    if not case["eps"] > 0:
-        raise ValueError(f"eps must be > 0, got {case['eps']}")
-    if not int(case["budget_ns"]) > 0:
-        raise ValueError(f"budget_ns must be > 0, got {case['budget_ns']}")
+    require_int("capacity", capacity, low=1)
+    require_choice("op", case["op"], OPS)
+    require_choice("inputs", case["inputs"], sorted(INPUTS))
+    if "tokens" not in case:
+        raise ValueError(f"tokens must be in 1..capacity={capacity}, got None")
+    try:
+        require_int("tokens", case["tokens"], low=1, high=capacity)
+    except ValueError:
+        raise ValueError(f"tokens must be in 1..capacity={capacity}, got {case['tokens']}") from None
+    require_choice("residual", case["residual"], RESIDUALS)
+    require_int("seed", case["seed"], low=0, high=2**31 - 2)
+    require_number("eps", case["eps"], positive=True)
+    require_int("budget_ns", case["budget_ns"], low=1, high=2**63 - 1)
     return case
 
 

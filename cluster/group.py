@@ -23,6 +23,8 @@ exceed the watchdog budget plus any injected delay), every other ``ray.get``
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,6 +41,8 @@ from cluster.cases import check_outputs, make_case
 from cluster.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
 from cluster.injection import validate_injection
+from kernels.lamport.protocol import VEC_BF16
+from kernels.validation import require_int, require_multiple, require_number, require_tp
 
 CONTROL_TIMEOUT_S = 30.0
 """Bound on control calls (close, state, recover, kill confirmation)."""
@@ -73,6 +77,17 @@ class GroupCall:
 
 
 PLACEMENTS = ("cpu", "process_per_gpu", "shared_gpu")
+RUN_TAG_ENV = "LAMPORT_RUN_TAG"
+"""The driver's run (set by ``jobs``); it names every group's mailboxes."""
+
+
+def new_group_id() -> str:
+    """``<run tag>.p<driver pid>-<12 hex>``: the run (LAMPORT_RUN_TAG, else
+    ``adhoc``) and the driver that made the group, so what a group leaves
+    behind (``/dev/shm/ll-<group id>-r<rank>``) can be traced to a run and
+    swept once its driver is gone (``cluster.emulated.segment``)."""
+    tag = re.sub(r"[^A-Za-z0-9_-]", "_", os.environ.get(RUN_TAG_ENV) or "adhoc")[:32]
+    return f"{tag}.p{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 class NodeLost(RuntimeError):
@@ -108,13 +123,17 @@ class TPGroup:
                  gpus_per_rank: float = 0.0, setup_timeout_s: float = 60.0,
                  call_timeout_s: float = 10.0, backend_options: Mapping | None = None,
                  node_id: str | None = None) -> None:
-        if tp < 1:
-            raise ValueError(f"tp must be >= 1, got {tp}")
-        if not 0 <= gpus_per_rank <= 1:
+        require_tp("tp", tp)
+        require_multiple("hidden", hidden, VEC_BF16)
+        require_int("capacity", capacity, low=1)
+        require_number("gpus_per_rank", gpus_per_rank, nonnegative=True)
+        if not gpus_per_rank <= 1:
             raise ValueError(f"gpus_per_rank must be in [0, 1], got {gpus_per_rank}")
-        if setup_timeout_s <= 0 or call_timeout_s <= 0:
-            raise ValueError(f"timeouts must be > 0, got setup_timeout_s={setup_timeout_s}, "
-                             f"call_timeout_s={call_timeout_s}")
+        require_number("setup_timeout_s", setup_timeout_s, positive=True)
+        require_number("call_timeout_s", call_timeout_s, positive=True)
+        if backend_options is not None and not isinstance(backend_options, Mapping):
+            raise TypeError(f"backend_options must be a mapping, got "
+                            f"{type(backend_options).__name__}")
         self.tp, self.hidden, self.capacity = tp, hidden, capacity
         self.backend = require_backend(backend)
         self.gpus_per_rank = gpus_per_rank
@@ -126,7 +145,7 @@ class TPGroup:
         self._rendezvous = needs_rendezvous(self.backend)
         self._prepared: set = set()
         self.setup_timeout_s, self.call_timeout_s = setup_timeout_s, call_timeout_s
-        self.group_id = uuid.uuid4().hex[:12]
+        self.group_id = new_group_id()
         self.builds = 0
         self.work_s = 0.0
         """Summed over calls, the slowest rank's publish + consume time (the
@@ -314,7 +333,7 @@ class TPGroup:
 
     def time(self, spec: Mapping, timeout_s: float) -> list[dict]:
         """Every rank times the fused op and its baselines at once
-        (:func:`cluster.gpu.timing.time_rank`, process per GPU only);
+        (:func:`cluster.measure.harness.time_case`, process per GPU only);
         returns the per-rank results, rank order. A rank past ``timeout_s``
         is a TimeoutError naming it (the caller then closes the group: a
         timed graph cannot be recovered mid-replay)."""

@@ -308,6 +308,47 @@ class Topology:
         return cls(tuple(nodes))
 
 
+def brief(summary: Mapping | str | None) -> str:
+    """One line for people from a :meth:`Topology.summary` (or its JSON, as
+    the results' ``topology`` column holds it), e.g. "1 node, 2x H200,
+    NVLink between all 2, multicast capable"; a JSON object of another shape
+    (the jobs' fallback when discovery failed) as its ``key=value`` pairs;
+    "—" for nothing."""
+    if summary is None or summary == "":
+        return "—"
+    if isinstance(summary, str):
+        try:
+            summary = json.loads(summary)
+        except json.JSONDecodeError:
+            return summary
+    if not isinstance(summary, Mapping):
+        return str(summary)
+    nodes = summary.get("nodes")
+    if not isinstance(nodes, list):
+        return ", ".join(f"{k}={v}" for k, v in summary.items() if v is not None and k != "note")
+    parts = [f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"]
+    models: dict[str, int] = {}
+    for node in nodes:
+        for gpu in node.get("gpus", ()):
+            name = str(gpu.get("name", "GPU")).removeprefix("NVIDIA ")
+            models[name] = models.get(name, 0) + 1
+    if not models:
+        return parts[0] + ", no GPU"
+    parts += [f"{n}x {name}" for name, n in sorted(models.items())]
+    links = {link for node in nodes for row in node.get("p2p", ()) for link in row} - {"self"}
+    total = sum(models.values())
+    domains = summary.get("nvlink_domains") or []
+    largest = max((len(d) for d in domains), default=0)
+    if "nvlink" in links:
+        parts.append(f"NVLink between all {total}" if largest == total and len(domains) == 1
+                     else f"NVLink domains of {', '.join(str(len(d)) for d in domains)} GPUs")
+    elif total > 1:
+        parts.append("PCIe only" if "pcie" in links else "no peer links")
+    mc = summary.get("multicast_supported")
+    parts.append({True: "multicast capable", False: "no multicast"}.get(mc, "multicast unknown"))
+    return ", ".join(parts)
+
+
 def _node_order(topo: Topology):
     order = {n.node_id: k for k, n in enumerate(topo.nodes)}
     return lambda g: (order[g[0]], g[1])

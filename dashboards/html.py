@@ -137,6 +137,30 @@ def table(headers: Sequence[Any], rows: Iterable[Sequence[Any]], *, cls: str = "
                cls=f"data sortable {cls}".strip(), **attrs)
 
 
+def topology(text: str | None) -> Markup:
+    """A results ``topology`` value for people: its one-line summary
+    (:func:`cluster.topology.brief`) with the recorded JSON folded away
+    behind a disclosure."""
+    from cluster.topology import brief
+    if not text:
+        return esc(None)
+    try:
+        pretty = json.dumps(json.loads(text), indent=1, sort_keys=True)
+    except json.JSONDecodeError:
+        return esc(text)
+    return Markup(tag("details", join([tag("summary", brief(text)),
+                                       tag("pre", pretty, cls="json")]), cls="topology"))
+
+
+def repro(command: str | None) -> Markup:
+    """A repro command as copyable code with a copy button (dashboard.js)."""
+    if not command:
+        return esc(None)
+    return Markup(tag("div", join([tag("code", command, cls="repro"),
+                                   tag("button", "copy", type="button", cls="copy",
+                                       title="copy the command")]), cls="repro"))
+
+
 def no_data(message: str) -> Markup:
     return tag("p", join([Markup("<strong>No data.</strong> "), message]), cls="no-data")
 
@@ -188,6 +212,25 @@ def chart(chart_id: str, data: list[dict], layout: dict, *, height: int = 360) -
     script = Markup(f'<script type="application/json" id="{esc(chart_id)}-spec">'
                     f"{safe_json(spec)}</script>")
     return Markup(div + script)
+
+
+def log_ticks(values: Iterable[float]) -> dict:
+    """Tick values and labels for a log axis over ``values``: 1, 2, 5 of
+    each decade, each labelled with its value ("20", not plotly's "2" for
+    the second tick of a decade). Empty for no positive value."""
+    vals = [v for v in values if v is not None and v > 0]
+    if not vals:
+        return {}
+    lo, hi = min(vals) / 1.25, max(vals) * 1.25
+    ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+             for m in (1, 2, 5)]
+    inside = [t for t in ticks if lo <= t <= hi]
+    if len(inside) < 2:  # a narrow range: the ticks either side of it too
+        below = [t for t in ticks if t < lo][-1:]
+        above = [t for t in ticks if t > hi][:1]
+        inside = below + inside + above
+    return {"tickmode": "array", "tickvals": inside,
+            "ticktext": [f"{t:,.0f}" if t >= 1 else f"{t:.3g}" for t in inside]}
 
 
 def plot_text(value: Any) -> str:

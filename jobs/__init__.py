@@ -4,7 +4,7 @@
 - :mod:`jobs.harness`: Ray session, backend and placement choice, result rows,
   the table and progress bar every job shares;
 - :mod:`jobs.correctness`, :mod:`jobs.faults`, :mod:`jobs.profile`
-  (:mod:`jobs.profiling` is its GPU side): the jobs;
+  (timed through :mod:`cluster.measure`): the jobs;
 - :mod:`jobs.regression`: the regression rule against the nightly history;
 - :mod:`jobs.report`: print or compare runs;
 - :mod:`jobs.selfcheck`, :mod:`jobs.compile_check`: the golden self-check and

@@ -5,7 +5,7 @@ Commands:
   nightly        every job of the suite(s) (reference self-check, compile check,
                  correctness, faults, profile) on the cluster's backend, then
                  regression detection against the nightly history, then the
-                 dashboard (when ``dashboards.build`` exists)
+                 dashboard (``python -m dashboards build``, its own process)
   correctness    the numerical contract through TP groups of rank actors
   faults         DESIGN.md's fault table: expected vs seen, per kind, op and tp
   profile        latency against same-run baselines (GPU only; skipped rows elsewhere)
@@ -16,6 +16,8 @@ Commands:
   smoke          the same as ``nightly --suite smoke``
   submit         ``ray job submit --working-dir .`` of one of the above, with the
                  git commit passed along (the uploaded tree has no .git)
+  head           start / stop a local Ray head to submit to
+  schema         the results columns, as docs/results-schema.md lists them
 
 Cluster: no ``--address`` and no RAY_ADDRESS starts an embedded local Ray
 cluster for the run; either joins that cluster. ``--backend auto`` runs on
@@ -43,42 +45,17 @@ from collections import Counter
 from pathlib import Path
 
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
-from jobs.options import DEFAULT_RESULTS, add_results_arguments, open_results, report
+from jobs.head import DEFAULT_HEAD_DIR, HEAD_DIR_ENV
+from jobs.options import (DEFAULT_RESULTS, add_results_arguments, int_list, open_results,
+                          positive_number, positive_seconds, report, str_list)
 
 DEFAULT_SITE = Path("site")
 
 
 # ----------------------------------------------------------------- options
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _strs(text: str) -> tuple[str, ...]:
-    values = tuple(t.strip() for t in text.split(",") if t.strip())
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
-    return values
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
 def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str) -> None:
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--suite", type=_strs, default=None,
+    which.add_argument("--suite", type=str_list(), default=None,
                        help=f"bundled suite(s), comma-separated: {', '.join(bundled_suites())} "
                             f"(default: {suite})")
     which.add_argument("--config", type=Path, action="append", default=None, metavar="PATH",
@@ -96,21 +73,34 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
     p.add_argument("--backend", default="auto", choices=("auto", "gpu", "emulated"),
                    help="rank backend (default: %(default)s: gpu when the cluster has GPUs and "
                         "a gpu backend is registered, else emulated)")
-    p.add_argument("--timeout", type=_positive, default=None, metavar="S",
+    p.add_argument("--timeout", type=positive_seconds, default=None, metavar="S",
                    help="host deadline per collective call in seconds (default: the suite's "
                         "timeout_s); must exceed the watchdog budget")
-    f = p.add_argument_group("filters (comma-separated; a case passes when its value is listed)")
-    f.add_argument("--ops", type=_strs)
-    f.add_argument("--tp", type=_ints)
-    f.add_argument("--hidden", type=_ints)
-    f.add_argument("--tokens", type=_ints, help="M values")
-    f.add_argument("--top-k", type=_ints, dest="top_k")
-    f.add_argument("--hc", type=_ints)
-    f.add_argument("--variant", type=_strs)
-    f.add_argument("--transport", type=_strs)
-    f.add_argument("--placement", type=_strs)
-    f.add_argument("--inputs", type=_strs, help="correctness inputs kinds")
-    f.add_argument("--faults", type=_strs, help="fault kinds (cluster.faults.FAULT_KINDS)")
+    p.add_argument("--memory-limit-gb", type=positive_number, default=None, metavar="GIB",
+                   help="refuse a TP group whose estimated memory per node exceeds this "
+                        "(default: LAMPORT_MEMORY_LIMIT_GB, else the suite's memory_limit_gb, "
+                        "else half of this machine's RAM or /dev/shm; see jobs/sizing.py)")
+    from cluster.faults import FAULT_KINDS
+    from jobs.config import INPUTS, OPS, PLACEMENTS, TRANSPORTS, VARIANTS
+    f = p.add_argument_group(
+        "filters", "comma-separated values; a case is run when its value is listed (a filter "
+                   "on a field the case does not have leaves it in)")
+    for flag, choices, what in (("--ops", OPS, "operations"),
+                                ("--variant", VARIANTS, "kernel variants"),
+                                ("--transport", TRANSPORTS, "mailbox transports"),
+                                ("--placement", PLACEMENTS, "rank placements (auto: the best "
+                                 "the cluster offers)"),
+                                ("--inputs", INPUTS, "correctness input kinds"),
+                                ("--faults", tuple(FAULT_KINDS), "fault kinds (faults job)")):
+        f.add_argument(flag, type=str_list(choices), metavar="A,B",
+                       help=f"{what}: {', '.join(choices)}")
+    for flag, what in (("--tp", "ranks per TP group, e.g. 1,2,4"),
+                       ("--hidden", "elements per token, e.g. 1024"),
+                       ("--tokens", "tokens per call (M), e.g. 1,3,8"),
+                       ("--top-k", "experts per token (finalize ops), e.g. 8"),
+                       ("--hc", "mHC streams, e.g. 4")):
+        f.add_argument(flag, type=int_list, metavar="N,M", dest=flag[2:].replace("-", "_"),
+                       help=f"{what}; positive integers")
 
 
 def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
@@ -140,6 +130,9 @@ def _plan(args, jobs: tuple[str, ...]):
     starts or a row is written; ConfigError otherwise."""
     from kernels.reference.cases import GOLDEN_CASES
 
+    from kernels.validation import require_name
+
+    from jobs import sizing
     from jobs.harness import check_backend_request
     paths = args.config or [suite_path(n) for n in (args.suite or (args.default_suite,))]
     filters = Filters(**{name: getattr(args, name) for name in Filters.FIELDS})
@@ -161,6 +154,7 @@ def _plan(args, jobs: tuple[str, ...]):
                     f"{case.label()}: the host deadline {timeout} s must exceed "
                     f"{'3 x ' if case.job == 'faults' else ''}the watchdog budget "
                     f"{budget_s} s (late faults sleep 2 budgets); raise --timeout")
+        sizing.check(cases, cli_gb=args.memory_limit_gb, suite_gb=suite.memory_limit_gb)
         plan.append((suite, cases))
     names = [s.name for s, _ in plan]
     if len(set(names)) != len(names):
@@ -169,6 +163,11 @@ def _plan(args, jobs: tuple[str, ...]):
             ("selfcheck" in jobs and s.selfcheck) or ("compile-check" in jobs and s.compile_check)
             for s, _ in plan):
         raise ConfigError(f"suite(s) {names} have no {'/'.join(jobs)} case")
+    if args.run_id is not None:
+        try:
+            require_name("--run-id", args.run_id)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from None
     if not args.no_results and args.results.exists() and not args.results.is_dir():
         raise ConfigError(f"--results {args.results} exists and is not a directory")
     check_backend_request(args.backend)
@@ -214,6 +213,7 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
         if nightly:
             regressed = _regression_part(run, rule, args)
     failing = run.summary()
+    run.finish(compact=nightly)
     if nightly:
         failing += _dashboard_part(args)
     return 1 if failing or regressed else 0
@@ -258,22 +258,24 @@ def _regression_part(run, rule, args) -> int:
 
 
 def _dashboard_part(args) -> int:
-    """Build the dashboard when ``dashboards.build.build_site`` exists; 1 if
-    the build failed."""
+    """Build the dashboard with ``python -m dashboards build`` (a separate
+    process: jobs sit below dashboards and never import them); 1 if the
+    build failed."""
     if args.no_results or args.no_dashboard:
         print("dashboard: not built (" + ("--no-results" if args.no_results else "--no-dashboard") + ")")
         return 0
-    try:
-        from dashboards.build import build_site
-    except ImportError as err:
-        print(f"dashboard: not built: dashboards.build.build_site is not available ({err})")
-        return 0
-    try:
-        index = build_site(Path(args.results), Path(args.site))
-    except Exception as err:
-        print(f"dashboard: FAILED to build from {args.results} into {args.site}: "
-              f"{type(err).__name__}: {err}")
+    argv = [sys.executable, "-m", "dashboards", "build", "--results", str(args.results),
+            "--out", str(args.site)]
+    repo = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(argv, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path})
+    if done.returncode != 0:
+        print(f"dashboard: FAILED to build from {args.results} into {args.site} "
+              f"({' '.join(argv[1:])}, exit {done.returncode}): "
+              f"{(done.stderr or done.stdout).strip()[-600:]}")
         return 1
+    index = done.stdout.strip().rpartition("site: ")[2] or args.site
     print(f"dashboard: built {index}")
     return 0
 
@@ -319,23 +321,92 @@ def _compact(args) -> int:
     return 0 if before == after else 1
 
 
+def _schema(args) -> int:
+    from jobs.results.schema import SCHEMA_VERSION, markdown_table
+    print(f"results schema version {SCHEMA_VERSION}\n\n{markdown_table()}")
+    return 0
+
+
 def _submit(args) -> int:
-    """``ray job submit --working-dir <repo>`` with LAMPORT_GIT_COMMIT set."""
+    """``ray job submit --working-dir <repo>`` of a job command: the job is
+    checked here first (bad usage: exit 2 before anything is sent), the head
+    reached and its authentication settled (jobs.head.job_server_auth), the
+    commit passed in LAMPORT_GIT_COMMIT; the entrypoint runs ``--python``
+    (default: this interpreter, the project's environment)."""
+    import shlex
+
+    from jobs import head as hd
     from jobs.results import git_commit
-    if not args.command:
-        raise ConfigError("submit: give the job command after '--', e.g. "
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ConfigError("give the job command after '--', e.g. "
                           "python -m jobs submit -- nightly --suite smoke")
-    command = args.command[1:] if args.command[0] == "--" else args.command
+    if command[0] in ("submit", "head"):
+        raise ConfigError(f"{command[0]!r} runs on this side, not as a Ray job")
+    job = _parse_job(command)
+    if job is None:
+        return 2
+    for name in ("results", "site"):
+        path = getattr(job, name, None)
+        if path is not None and not getattr(job, "no_results", False) and not path.is_absolute():
+            raise ConfigError(f"--{name} {path}: give an absolute path; a submitted job runs "
+                              f"in a temporary copy of the tree, which Ray deletes")
+    head = hd.head_dir(args.dir)
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        state = hd.read_state(head)
+        if state is None:
+            raise ConfigError(f"no head to submit to: none recorded in {head} (start one with "
+                              f"`python -m jobs head start`), no --address, no RAY_ADDRESS")
+        address = state["dashboard"]
+    if not address.startswith(("http://", "https://")):
+        raise ConfigError(f"--address {address!r}: give the job server's URL, "
+                          f"e.g. http://HEAD:8265 (the head's dashboard port)")
+    address = address.rstrip("/")
+    auth = hd.job_server_auth(address, head)
     repo = Path(__file__).resolve().parents[1]
     ray_bin = Path(sys.executable).with_name("ray")
     env_vars = {"LAMPORT_GIT_COMMIT": os.environ.get("LAMPORT_GIT_COMMIT") or git_commit() or "unknown"}
     argv = [str(ray_bin) if ray_bin.exists() else (shutil.which("ray") or "ray"), "job", "submit",
-            "--working-dir", str(repo), "--runtime-env-json", json.dumps({"env_vars": env_vars})]
-    if args.address:
-        argv += ["--address", args.address]
-    argv += ["--", args.python, "-m", "jobs", *command]
-    print("submitting:", " ".join(argv), flush=True)
-    return subprocess.call(argv)
+            "--address", address, "--working-dir", str(repo),
+            "--runtime-env-json", json.dumps({"env_vars": env_vars})]
+    if args.submission_id:
+        argv += ["--submission-id", args.submission_id]
+    argv += ["--", args.python or sys.executable, "-m", "jobs", *command]
+    print(f"auth: {auth.why}\nsubmitting: {shlex.join(argv)}", flush=True)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(auth.env)
+    return subprocess.call(argv, env=env)
+
+
+def _parse_job(command: list[str]):
+    """The job command's arguments as the job will parse them; None (after
+    argparse printed why) on bad usage."""
+    if command[0] == "compile-check":
+        from jobs import compile_check
+        parser = compile_check.build_parser()
+    else:
+        parser, command = build_parser(), command
+    try:
+        return parser.parse_args(command[1:] if command[0] == "compile-check" else command)
+    except SystemExit as exit_:
+        if exit_.code:
+            return None
+        raise
+
+
+def _head(args) -> int:
+    from jobs import head as hd
+    where = hd.head_dir(args.dir)
+    if args.action == "stop":
+        print(hd.stop(where))
+        return 0
+    state = hd.start(where, num_cpus=args.num_cpus, wait_s=args.wait)
+    print(f"ray head: {state['dashboard']} (job server, token auth; token in "
+          f"{state['token_path']}), GCS {state['address']}, {state['num_cpus']} CPUs\n"
+          f"  submit: python -m jobs submit -- nightly --suite smoke --results \"$PWD/ray-results\"\n"
+          f"  stop:   python -m jobs head stop" + (f" --dir {args.dir}" if args.dir else ""))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -374,6 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     p.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
     p.set_defaults(func=_compact)
+    p = sub.add_parser("schema", help="print the results columns (docs/results-schema.md)")
+    p.set_defaults(func=_schema)
     p = sub.add_parser("selfcheck", help="recompute the golden vectors")
     add_results_arguments(p, suite="selfcheck")
     from jobs import selfcheck
@@ -381,12 +454,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_selfcheck)
     sub.add_parser("compile-check", help="compile kernel variants and check the PTX "
                    "(see python -m jobs compile-check --help)")
-    p = sub.add_parser("submit", help="ray job submit --working-dir . of a job command")
-    p.add_argument("--address", default=None,
-                   help="Ray dashboard / job server, e.g. http://127.0.0.1:8265 (default: RAY_ADDRESS)")
-    p.add_argument("--python", default="python", help="interpreter on the cluster (default: %(default)s)")
+    p = sub.add_parser("submit", help="ray job submit --working-dir . of a job command",
+                       description="Submit a job command to a Ray head (README: 'Ray: a head "
+                                   "and a submitted job'). Token authentication is settled "
+                                   "before submitting: the head's token file, RAY_AUTH_TOKEN, "
+                                   "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, whichever the "
+                                   "head accepts.")
+    p.add_argument("--address", default=None, metavar="URL",
+                   help="the head's job server, e.g. http://10.0.0.1:8265 (default: RAY_ADDRESS, "
+                        "else the head `python -m jobs head start` recorded in --dir)")
+    p.add_argument("--dir", type=Path, default=None,
+                   help=f"head directory (default: ${{{HEAD_DIR_ENV}}} or {DEFAULT_HEAD_DIR})")
+    p.add_argument("--python", default=None, metavar="PATH",
+                   help="the job's interpreter (default: this one, %(const)s, so the job runs in "
+                        "the project's environment; on a cluster whose nodes have the project "
+                        "installed elsewhere give that path, e.g. /opt/lamport/.venv/bin/python)")
+    p.set_defaults(**{})
+    p.add_argument("--submission-id", default=None, help="Ray's job id (default: Ray picks one)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job command")
     p.set_defaults(func=_submit)
+    p = sub.add_parser("head", help="start or stop a local Ray head for `submit`",
+                       description="A local Ray head with token authentication on 127.0.0.1, "
+                                   "free ports, and its job agent up before this returns "
+                                   "(jobs/head.py).")
+    p.add_argument("action", choices=("start", "stop"))
+    p.add_argument("--dir", type=Path, default=None,
+                   help=f"where the head's token, log and address live (default: "
+                        f"${{{HEAD_DIR_ENV}}} or {DEFAULT_HEAD_DIR})")
+    p.add_argument("--num-cpus", type=int, default=None, metavar="N",
+                   help="CPUs the head offers (default: this machine's, at least 2)")
+    p.add_argument("--wait", type=positive_seconds, default=180.0, metavar="S",
+                   help="how long to wait for the job agent (default: %(default)s s)")
+    p.set_defaults(func=_head)
     return parser
 
 

@@ -24,7 +24,7 @@ A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
     placement = "auto"
     dtype = "bfloat16"
     tp = [1, 2, 4]
-    hidden = [64]
+    hidden = [256]
     tokens = [1, 3, 8]            # in order: a group runs its cases as one M sequence
     top_k = 8                     # finalize ops only
     hc = 4                        # mHC only
@@ -44,6 +44,14 @@ A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
 
 Every key is checked: an unknown key, a wrong type or a value outside its
 choices is a :class:`ConfigError` naming the file, the table and the key.
+What the kernels accept is enforced here too, from the rules the kernels
+themselves use (:mod:`kernels.validation`): ``tp`` in ``TP_SIZES`` (1, 2, 4,
+8), ``hidden`` a multiple of 8 whose fragments are whole warps, positive
+finite numbers for budgets and timeouts, ASCII names (a suite name is a
+results partition key). A file larger than ``MAX_CONFIG_BYTES`` is refused
+unread. Optional top-level ``memory_limit_gb``: the per-node memory ceiling
+of :mod:`jobs.sizing` (``--memory-limit-gb`` and LAMPORT_MEMORY_LIMIT_GB
+override it).
 Command-line filters (:class:`Filters`) then narrow the expanded cases.
 """
 
@@ -56,7 +64,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernels.validation import require_lamport_hidden, require_name, require_number, require_tp
+
 FORMAT = 1
+MAX_CONFIG_BYTES = 1 << 20
+"""A suite file is a page of TOML; anything larger is refused unread."""
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 
 OPS = ("all_reduce_norm", "finalize_publish", "all_reduce_mhc", "embed_norm", "indexer")
@@ -67,7 +79,7 @@ AUTO_RESOLVES_TO = ("process-per-gpu", "shared-gpu", "emulated")
 """What ``placement = "auto"`` can become (virtual ranks are only ever asked for)."""
 DTYPES = ("bfloat16",)
 INPUTS = ("random", "order_sensitive", "sentinel_pattern")
-BASELINES = ("unfused", "symm_mem", "flashinfer")
+BASELINES = ("unfused", "symm_mem", "flashinfer", "stock")
 JOBS = ("correctness", "faults", "profile")
 
 
@@ -117,7 +129,19 @@ def _int(v):
 
 
 def _num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    try:
+        require_number("value", v, positive=True)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _kernel_rule(rule, key: str):
+    """A check that raises the kernels' own error (ValueError/TypeError)."""
+    def check(v):
+        rule(key, v)
+        return True
+    return check
 
 
 _SWEEP_KEYS: dict[str, tuple[Any, Any]] = {
@@ -127,8 +151,8 @@ _SWEEP_KEYS: dict[str, tuple[Any, Any]] = {
     "transport": ("unicast", TRANSPORTS),
     "placement": ("auto", PLACEMENTS),
     "dtype": ("bfloat16", DTYPES),
-    "tp": (None, _int),
-    "hidden": (None, _int),
+    "tp": (None, _kernel_rule(require_tp, "tp")),
+    "hidden": (None, _kernel_rule(require_lamport_hidden, "hidden")),
     "tokens": (None, _int),
     "top_k": (None, _int),
     "hc": (None, _int),
@@ -138,11 +162,12 @@ _SCALAR_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
                     "budget_ms": (1000, _num), "timeout_s": (10.0, _num)},
     "faults": {"repeats": (1, _int), "kinds": ("all", None), "rank": ("last", None),
                "budget_ms": (200, _num), "timeout_s": (2.0, _num)},
-    "profile": {"repeats": (1, _int), "baselines": (list(BASELINES), BASELINES),
+    "profile": {"repeats": (1, _int), "baselines": (list(BASELINES[:3]), BASELINES),
                 "calls": (50, _int), "replays": (200, _int), "watchdog_ns": (1_000_000_000, _int),
                 "rotate_mb": (120, _num), "timeout_s": (600.0, _num)},
 }
-_TOP_KEYS = {"format", "name", "version", "description", "selfcheck", "compile_check", *JOBS}
+_TOP_KEYS = {"format", "name", "version", "description", "memory_limit_gb", "selfcheck",
+             "compile_check", *JOBS}
 _SELFCHECK_KEYS = {"cases"}
 _COMPILE_KEYS = {"arch", "hidden", "tp", "ops"}
 
@@ -156,6 +181,7 @@ class Suite:
     selfcheck: dict | None
     compile_check: dict | None
     cases: tuple[Case, ...]
+    memory_limit_gb: float | None = None
 
     @property
     def source(self) -> str:
@@ -186,7 +212,12 @@ def load_suite(path: str | Path) -> Suite:
     """Parse and validate one suite file; ConfigError says what is wrong."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config {path}: larger than {MAX_CONFIG_BYTES} bytes; "
+                              "a suite file is a page of TOML")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as err:
@@ -199,8 +230,14 @@ def load_suite(path: str | Path) -> Suite:
         raise ConfigError(f"{where}: format = {data.get('format')!r}; this version of "
                           f"lamport-lab reads format = {FORMAT}")
     name = data.get("name")
-    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
-        raise ConfigError(f"{where}: name = {name!r} must be a word (letters, digits, - and _)")
+    try:
+        require_name("name", name)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err} (it names the results partition)") from None
+    memory_limit_gb = data.get("memory_limit_gb")
+    if memory_limit_gb is not None and not _num(memory_limit_gb):
+        raise ConfigError(f"{where}: memory_limit_gb = {memory_limit_gb!r} must be a positive "
+                          "finite number of GiB")
     version = data.get("version")
     if not _int(version):
         raise ConfigError(f"{where}: version = {version!r} must be a positive integer")
@@ -216,6 +253,10 @@ def load_suite(path: str | Path) -> Suite:
             "tp": _int_list(compile_check.get("tp", [2]), f"{w} tp"),
             "ops": _str_list(compile_check.get("ops", []), f"{w} ops"),
         }
+        from jobs.compile_check import DEFAULT_ARCHS
+        bad = [a for a in compile_check["arch"] if a not in DEFAULT_ARCHS]
+        if bad:
+            raise ConfigError(f"{w} arch: {bad} not supported; allowed: {list(DEFAULT_ARCHS)}")
     cases: list[Case] = []
     for job in JOBS:
         sweeps = data.get(job, [])
@@ -224,7 +265,8 @@ def load_suite(path: str | Path) -> Suite:
         for index, sweep in enumerate(sweeps, 1):
             cases += _expand(job, sweep, f"{where}: [[{job}]] #{index}")
     return Suite(name=name, version=version, description=str(data.get("description", "")),
-                 path=path, selfcheck=selfcheck, compile_check=compile_check, cases=tuple(cases))
+                 path=path, selfcheck=selfcheck, compile_check=compile_check, cases=tuple(cases),
+                 memory_limit_gb=memory_limit_gb)
 
 
 def _no_unknown(table: Mapping, known: Iterable[str], where: str) -> None:
@@ -258,10 +300,16 @@ def _int_list(value, where: str) -> list[int]:
 
 def _check(value, check, where: str) -> None:
     if isinstance(check, tuple):
-        if value not in check:
+        if not isinstance(value, (str, int, float)) or value not in check:
             raise ConfigError(f"{where} = {value!r} is not one of {list(check)}")
-    elif check is not None and not check(value):
-        raise ConfigError(f"{where} = {value!r} must be a positive number")
+    elif check is not None:
+        try:
+            ok = check(value)
+        except (TypeError, ValueError) as err:  # a kernel rule: its own words
+            raise ConfigError(f"{where} = {value!r}: {err}") from None
+        if not ok:
+            what = "integer" if check is _int else "finite number"
+            raise ConfigError(f"{where} = {value!r} must be a positive {what}")
 
 
 def _values(sweep: Mapping, key: str, default, check, where: str, *, listable: bool) -> list:

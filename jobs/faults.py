@@ -77,11 +77,31 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
             run.add_work(group.work_s, work_kind(run.backend))
 
 
+KILLS = {"die_after_publish": "exits after its publish, on purpose",
+         "hang": "hangs on purpose and is killed past the host deadline"}
+"""Injections that end the faulty rank's process: Ray then reports a dead
+worker (a raylet line about "worker died"), which the campaign announces
+first."""
+
+
+def kill_notice(case: Case, budget_ns: int) -> str | None:
+    """The line that announces a deliberate rank kill, or None."""
+    from cluster.faults import FAULT_KINDS
+    how = KILLS.get((FAULT_KINDS[case.fault].injection(budget_ns) or {}).get("kind"))
+    if how is None:
+        return None
+    return (f"{case.fault}: rank {case.rank} of tp={case.tp} {how}; Ray reports its worker as "
+            f"died or killed next; that is expected")
+
+
 def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:
     from cluster.faults import FAULT_KINDS, run_fault
     started = now()
     budget_ns = int(case.param("budget_ms") * 1e6)
     expected = FAULT_KINDS[case.fault].expected
+    notice = kill_notice(case, budget_ns)
+    if notice:
+        run.announce(notice)
     verdicts = []
     try:
         for repeat in range(case.repeats):

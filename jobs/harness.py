@@ -5,8 +5,9 @@ failing one with its one-command repro), the fixed-width table, the
 progress bar and the failure count.
 
 Ray: with no ``--address`` and no ``RAY_ADDRESS`` an embedded local cluster
-is started (``num_cpus`` = this machine's cores, no dashboard) and stopped
-at the end; with either, the job joins that cluster (this is what happens
+is started (``num_cpus`` = this machine's cores, no dashboard, loopback
+only, token authentication; :mod:`jobs.embedded`) and stopped at the end,
+with everything it started, also on SIGTERM/SIGINT or a killed driver; with either, the job joins that cluster (this is what happens
 under ``ray job submit``, which sets ``RAY_ADDRESS``). A Ray already
 initialised in this process (tests) is used as it is.
 
@@ -94,12 +95,10 @@ def ray_session(address: str | None) -> Iterator[str]:
             raise UsageError(f"cannot join the Ray cluster at {address!r}: {err}") from None
         how = f"joined the Ray cluster at {address}"
     else:
-        cpus = max(2, os.cpu_count() or 2)
-        # address="local": a fresh cluster even where another one runs on
-        # this machine (plain ray.init() would join the latest `ray start`).
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-        how = f"started an embedded local Ray cluster (num_cpus={cpus}, no dashboard)"
+        from jobs.embedded import embedded_cluster
+        with embedded_cluster(max(2, os.cpu_count() or 2)) as how:
+            yield how
+        return
     try:
         yield how
     finally:
@@ -282,11 +281,13 @@ def case_seed(case: Case, repeat: int = 0) -> int:
                       f"{case.fault}/{repeat}".encode()) & 0x7FFFFFFF
 
 
-def repro_command(case: Case, suite: Suite, backend: str) -> str:
+def repro_command(case: Case, suite: Suite, backend: str, placement: str | None = None) -> str:
+    """One command that reruns exactly ``case`` (every filter of its
+    identity; ``placement`` where the run resolved ``auto``)."""
     parts = ["python -m jobs", case.job, suite.source, "--backend", backend,
              "--ops", case.op, "--tp", str(case.tp), "--hidden", str(case.hidden),
              "--tokens", str(case.tokens), "--variant", case.variant,
-             "--transport", case.transport, "--placement", case.placement]
+             "--transport", case.transport, "--placement", placement or case.placement]
     if case.top_k is not None:
         parts += ["--top-k", str(case.top_k)]
     if case.hc is not None:
@@ -338,12 +339,18 @@ class Run:
         from jobs.results import new_run_id
         self.results = results
         self.trigger = trigger
+        from cluster.group import RUN_TAG_ENV
         self.run_id = run_id or new_run_id()
+        os.environ[RUN_TAG_ENV] = self.run_id  # names the run's mailbox segments
         self.backend = backend
         self.environment = dict(environment or {})
         self.counts: Counter[str] = Counter()
         self.failing: list[dict] = []
         self.rows_written = 0
+        self._beat = 0.0
+        if results is not None:
+            from jobs.results import runs
+            runs.begin(results, self.run_id, trigger=trigger, facts=self.environment)
         self._writers: dict[str, Any] = {}
         self._table: Table | None = None
         self._bar = None
@@ -353,7 +360,9 @@ class Run:
         self.accounting: list[dict] = []
         """Per job section: wall_s, work_s (timed GPU work, or on the emulated
         backend the summed case compute time), overhead (wall / work), cases,
-        peak_groups; also in the run's metadata (:meth:`metadata`)."""
+        peak_groups; also in the run's manifest (``accounting``, :meth:`finish`)."""
+        self._skips: dict[str, list] = {}
+        """A section's skip reasons: reason -> [footnote mark, cases]."""
 
     def writer(self, suite: str):
         from jobs.results import ResultsWriter
@@ -379,11 +388,16 @@ class Run:
         self._bar = tqdm(total=total, file=sys.stderr, leave=False, unit="case",
                          disable=not sys.stderr.isatty() or total < 2, dynamic_ncols=True)
         self._table = Table(COLUMNS, out=None if self._bar.disable else _BarOut(self._bar))
+        self._skips = {}
         try:
             yield
         finally:
             self._bar.close()
             self._bar = None
+            if self._skips:
+                print("   skipped, by reason:")
+                for reason, (mark, n) in self._skips.items():
+                    print(f"   [{mark}] {n} case(s): {reason}")
             sec, self._section = self._section, None
             wall = time.monotonic() - t0
             entry = {"job": job, "wall_s": round(wall, 3), "cases": sec["done"],
@@ -419,10 +433,6 @@ class Run:
         finally:
             self._tags.extra = old
 
-    def metadata(self) -> dict:
-        """The run's accounting, JSON-serialisable (for the run's metadata)."""
-        return {"run_id": self.run_id, "backend": self.backend, "jobs": list(self.accounting)}
-
     def _progress(self) -> None:
         """One case done: the bar, or off a terminal a plain line with the ETA
         every 10% of the job's cases."""
@@ -439,6 +449,12 @@ class Run:
             eta = elapsed / sec["done"] * (sec["total"] - sec["done"])
             print(f"   [{sec['job']}] {sec['done']}/{sec['total']} cases, {elapsed:.0f} s, "
                   f"ETA {eta:.0f} s", file=sys.stderr, flush=True)
+
+    def announce(self, text: str) -> None:
+        """A line in the table, before a case runs (e.g. a rank killed on
+        purpose, so the Ray message that follows is expected)."""
+        out = self._table.out if self._table is not None else sys.stdout
+        print(f"   >> {text}", file=out, flush=True)
 
     def record(self, case: Case | None, suite: Suite, **kwargs: Any) -> dict:
         """Append one row (as the case ends), print its table line; returns
@@ -457,9 +473,12 @@ class Run:
                            hidden=case.hidden, tokens=case.tokens, top_k=case.top_k, hc=case.hc,
                            dtype=case.dtype, backend=self.backend)
         columns.update(fields)
-        if outcome in FAILING and case is not None and not columns.get("repro_command"):
-            columns["repro_command"] = repro_command(case, suite, self.backend)
-        info = {"job": case.job if case else None, "suite_version": suite.version,
+        if case is not None:
+            columns.setdefault("job", case.job)
+            if outcome != "pass" and not columns.get("repro_command"):
+                columns["repro_command"] = repro_command(case, suite, self.backend,
+                                                         columns["placement"])
+        info = {"suite_version": suite.version, "inputs": case.inputs if case else None,
                 **getattr(self._tags, "extra", {}), **(extra or {})}
         row = make_row(started_at=started_at, finished_at=now(), outcome=outcome, reason=reason,
                        extra={k: v for k, v in info.items() if v is not None},
@@ -468,12 +487,17 @@ class Run:
         if writer is not None:
             writer.append(row)
             self.rows_written += 1
+            self.heartbeat()
         self.counts[outcome] += 1
         if outcome in FAILING:
             self.failing.append({**row, "suite": suite.name})
+        if outcome == "skipped" and reason and self._table is not None:
+            mark = self._skips.setdefault(reason, [len(self._skips) + 1, 0])
+            mark[1] += 1
+            note = note or f"see [{mark[0]}] below"
         if self._table is not None:
             what = (case.inputs or case.fault or ",".join(case.param("baselines", ()) or ())) if case else ""
-            self._table.row([case.job if case else info.get("job", "-"), columns.get("op"), columns.get("tp"),
+            self._table.row([columns.get("job", "-"), columns.get("op"), columns.get("tp"),
                              columns.get("hidden"), columns.get("tokens"), columns.get("placement"),
                              what, columns.get("t_n") or (case.repeats if case else None),
                              columns.get("mismatches"), columns.get("max_ulp"),
@@ -481,6 +505,31 @@ class Run:
                              note or reason or ""])
         self._progress()
         return row
+
+    def heartbeat(self) -> None:
+        """Refresh the run manifest's heartbeat (at most every
+        ``runs.HEARTBEAT_EVERY_S``)."""
+        import time
+
+        from jobs.results import runs
+        if self.results is not None and time.monotonic() - self._beat > runs.HEARTBEAT_EVERY_S:
+            runs.heartbeat(self.results, self.run_id)
+            self._beat = time.monotonic()
+
+    def finish(self, *, compact: bool = False) -> None:
+        """Mark the run finished in its manifest (a run is ``incomplete``
+        until then, once its driver is gone); ``compact``: first rewrite its
+        rows as one file per partition (``jobs.results.compact_run``)."""
+        if self.results is None:
+            return
+        from jobs.results import compact_run, runs
+        files = []
+        if compact and self._writers:
+            files = compact_run(self.results, self.run_id)
+        runs.finish(self.results, self.run_id, counts=dict(self.counts),
+                    accounting=list(self.accounting))
+        if files:
+            print(f"results: run {self.run_id} compacted into {len(files)} file(s)", flush=True)
 
     def count_external(self, outcome_counts: Counter[str]) -> None:
         """Fold in the counts of parts that write their own rows (selfcheck,
@@ -506,7 +555,7 @@ class Run:
                       f"M={row['tokens']}: {row['reason'] or ''}")
                 print(f"      {row['repro_command']}")
         counts = ", ".join(f"{counts[o]} {o}" for o in ("pass", "fail", "hang", "error", "skipped"))
-        where = (f"results in {self.results} (run {self.run_id})" if self.results is not None
-                 else "no results written")
+        where = (f"rows written to {self.results}/ (run {self.run_id})"
+                 if self.results is not None else "no rows written (--no-results)")
         print(f"\n{counts}; {where}", flush=True)
         return n

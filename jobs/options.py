@@ -4,9 +4,64 @@ the run."""
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 DEFAULT_RESULTS = Path("results")
+
+
+def _items(text: str) -> list[str]:
+    """The comma-separated items of ``text``; an empty item (``2,,4``, a
+    trailing comma) or no item at all is an error naming the text."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list without empty items, got {text!r}")
+    return items
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """Positive integers, comma-separated (``1,2,4``)."""
+    try:
+        values = tuple(int(t) for t in _items(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def str_list(choices: Sequence[str] | None = None) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: comma-separated names, each one of ``choices``
+    when given."""
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(_items(text))
+        bad = [v for v in values if choices is not None and v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown value(s) {bad} in {text!r}; allowed: {', '.join(choices)}")
+        return values
+    parse.__name__ = "list"  # argparse names the type in its messages
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0 (``inf`` and ``nan`` are refused: a
+    deadline must end)."""
+    return positive_number(text, "seconds")
+
+
+def positive_number(text: str, what: str = "") -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number{' of ' + what if what else ''}, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text!r}")
+    return value
 
 
 def add_results_arguments(p: argparse.ArgumentParser, *, suite: str) -> None:
@@ -24,11 +79,19 @@ def open_results(args: argparse.Namespace):
     from jobs.results import ResultsWriter, env_info
     if args.no_results:
         return None, {}
+    from jobs.results import runs
     writer = ResultsWriter(args.results, suite=args.suite, trigger=args.trigger, run_id=args.run_id)
-    return writer, env_info()
+    environment = env_info()
+    if args.run_id is None:  # a run of its own (not one joined with --run-id): manifest it
+        runs.begin(args.results, writer.run_id, trigger=args.trigger, facts=environment)
+    return writer, environment
 
 
 def report(writer, failures: int) -> None:
-    """The closing line of a job."""
-    where = f"results in {writer.directory} (run {writer.run_id})" if writer else "no results written"
+    """The closing line of a job; marks a run this process began finished."""
+    if writer is not None:
+        from jobs.results import runs
+        runs.finish(writer.root, writer.run_id)
+    where = (f"rows written to {writer.directory}/ (run {writer.run_id})" if writer
+             else "no rows written (--no-results)")
     print(f"{'FAILED' if failures else 'OK'}: {failures} failing case(s); {where}", flush=True)

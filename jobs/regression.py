@@ -14,7 +14,7 @@ The case is
 A case is the results' case identity: suite, op, variant, transport,
 placement, backend, tp, hidden, tokens, top_k, hc, dtype and the GPU model
 (emulated and GPU figures never mix). Timed rows are those of the profile
-job (``extra.job == "profile"``) with outcome pass and a ``t_median_us``;
+job (``job == "profile"``) with outcome pass and a ``t_median_us``;
 baselines (``variant`` ``baseline:*``) are compared too but only reported,
 never failing the run: they measure torch, not our kernels.
 
@@ -25,11 +25,12 @@ row (fail, hang, error) fails the run on its own (the jobs count them).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from jobs.results.schema import row_job
 
 KEY = ("suite", "op", "variant", "transport", "placement", "backend", "tp", "hidden", "tokens",
        "top_k", "hc", "dtype", "gpu_model")
@@ -96,18 +97,16 @@ def timed_rows(table) -> list[dict]:
     for row in table.to_pylist():
         if row.get("outcome") != "pass" or row.get(METRIC) is None:
             continue
-        try:
-            job = json.loads(row.get("extra") or "{}").get("job")
-        except json.JSONDecodeError:
-            job = None
-        if job == "profile":
+        if row_job(row) == "profile":
             out.append(row)
     return out
 
 
 def detect(results: str | Path, run_id: str, rule: Rule = Rule()) -> list[Verdict]:
-    """Verdicts for every timed case of run ``run_id`` under ``results``."""
+    """Verdicts for every timed case of run ``run_id`` under ``results``;
+    history is earlier nightly runs that finished (never an incomplete one)."""
     from jobs.results import read_results
+    from jobs.results.runs import BASELINE_STATUSES
     table = read_results(results)
     rows = timed_rows(table)
     current = [r for r in rows if r["run_id"] == run_id]
@@ -116,7 +115,8 @@ def detect(results: str | Path, run_id: str, rule: Rule = Rule()) -> list[Verdic
     started = min(r["started_at"] for r in current)
     by_case: dict[tuple, dict[str, list[tuple]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r["run_id"] != run_id and r["trigger"] == "nightly" and r["started_at"] < started:
+        if r["run_id"] != run_id and r["trigger"] == "nightly" and r["started_at"] < started \
+                and r.get("run_status", "unrecorded") in BASELINE_STATUSES:
             by_case[tuple(r[k] for k in KEY)][r["run_id"]].append((r["started_at"], r[METRIC]))
     verdicts = []
     for key, values in _per_case(current).items():

@@ -54,5 +54,5 @@ def run(args: argparse.Namespace, writer: ResultsWriter | None, environment: dic
                 outcome=outcome, reason=reason, mismatches=verdict.mismatches,
                 elements=verdict.elements, max_ulp=verdict.max_ulp,
                 repro_command=f"python -m jobs selfcheck --case {name}",
-                extra={"job": "selfcheck"}, **environment))
+                job="selfcheck", **environment))
     return failures

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from benchmarks.timing import int_list
+from benchmarks import int_list
 
 
 def main() -> None:

@@ -1,10 +1,22 @@
 """Markers: `gpu` tests skip where no CUDA GPU is present, `multigpu` tests
-where fewer than two are; CPU tests never need a GPU."""
+where fewer than two are; CPU tests never need a GPU.
+
+Parallel runs (``pytest -n 2 --dist loadgroup``, the README's command): each
+module is one unit of work (its module-scoped fixtures, e.g. compiled
+kernels, are built once), and the modules that start Ray clusters
+(``pytestmark = pytest.mark.xdist_group("ray")``) run one after another on
+one worker, so two clusters never compete for the cores mid-deadline.
+Nothing here depends on the environment's Ray: RAY_ADDRESS is dropped, so
+no test joins a cluster that happens to run on the machine."""
+
+import os
 
 import os
 import tempfile
 
 import pytest
+
+os.environ.pop("RAY_ADDRESS", None)
 
 
 def pytest_configure(config):
@@ -23,6 +35,7 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     devices = _cuda_devices()
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is present")
@@ -32,3 +45,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(few_gpus)
         elif "gpu" in item.keywords and devices < 1:
             item.add_marker(no_gpu)
+        if not any(True for _ in item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

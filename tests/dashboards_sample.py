@@ -15,6 +15,9 @@ the 6 tp=2 all_reduce_norm cases. The latest run also has:
   regression);
 - a new driver version;
 - text meant to inject HTML in a variant, a reason and a diagnosis.
+Rows carry their ``job`` (the timed cases as correctness rows, the
+baseline's as profile rows, the injected faults as fault rows) and the
+topology JSON of a made-up node of 8 NVLinked H200s.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import datetime as dt
 import math
 from pathlib import Path
 
+from cluster.topology import Topology, fake_node
 from jobs.results import ResultsWriter
 
 INJECT = '<img src=x onerror="window.__xss=1">'
@@ -39,7 +43,9 @@ BASELINE_ROWS = 6  # per run
 
 ENV = dict(nodes=1, gpu_model="NVIDIA H200", gpu_count=8, cuda="13.0", torch="2.11.0",
            cute_dsl="4.8.1", ray="2.60.0", pyarrow="26.0.1", python="3.11.7",
-           hostname="h200-a", topology="8x H200 NVLink4 NVSwitch", multicast_supported=True)
+           hostname="h200-a", multicast_supported=True,
+           topology=Topology((fake_node("h200-a", 8, multicast=True),)).to_json())
+TOPOLOGY_BRIEF = "1 node, 8x H200, NVLink between all 8, multicast capable"
 
 
 def latency(op: str, tp: int, transport: str, tokens: int, run: int) -> float:
@@ -79,7 +85,7 @@ def write_sample(root: Path) -> list[str]:
                         row = dict(case, started_at=clock, finished_at=clock + dt.timedelta(seconds=1),
                                    variant=FP_VARIANT if op == "finalize_publish" else "fused/default",
                                    backend="gpu", placement="process-per-gpu", hidden=7168,
-                                   dtype="bfloat16", outcome="pass", max_ulp=1.0,
+                                   job="correctness", dtype="bfloat16", outcome="pass", max_ulp=1.0,
                                    max_abs_err=0.0078, mismatches=0,
                                    elements=tokens * 7168 * tp, **env)
                         if latest and case == FAILED:
@@ -94,7 +100,7 @@ def write_sample(root: Path) -> list[str]:
                         if op == "all_reduce_norm" and tp == 2:
                             slow = 1.3 if latest and transport == "unicast" and tokens == 1 else 1
                             base = latency(op, tp, transport, tokens, run) * 1.6 * slow
-                            rows.append(dict(row, variant=BASELINE, outcome="pass",
+                            rows.append(dict(row, variant=BASELINE, outcome="pass", job="profile",
                                              t_n=100, t_median_us=base, t_p99_us=base * 1.1,
                                              baseline=None, baseline_median_us=None, ratio=None,
                                              max_ulp=None, mismatches=None))
@@ -103,6 +109,7 @@ def write_sample(root: Path) -> list[str]:
             rows.append(dict(op="all_reduce_norm", variant="fused/default", backend="gpu",
                              placement="process-per-gpu", transport="multicast", tp=16,
                              hidden=7168, tokens=1, dtype="bfloat16", outcome="skipped",
+                             job="correctness",
                              reason="needs 16 GPUs, 8 present", started_at=clock, **env))
         writer = ResultsWriter(root, suite="nightly", run_id=run_id, trigger="nightly",
                                date=when.date())
@@ -110,7 +117,7 @@ def write_sample(root: Path) -> list[str]:
         if latest:
             fault = dict(op="all_reduce_norm", variant="fused/watchdog", backend="gpu",
                          placement="process-per-gpu", transport="multicast", tp=8, hidden=7168,
-                         tokens=32, dtype="bfloat16", **env)
+                         tokens=32, dtype="bfloat16", job="faults", **env)
             clock += dt.timedelta(seconds=2)
             faults = [
                 dict(fault, started_at=clock, outcome="hang", fault_kind="kill_rank",

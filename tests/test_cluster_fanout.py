@@ -13,6 +13,8 @@ import pytest
 
 from cluster.fanout import Fanout, Span, Task, peak_overlap
 
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
 
 def _task(label, units, log, hold=0.05):
     def run(node):

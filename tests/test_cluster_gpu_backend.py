@@ -21,6 +21,8 @@ from kernels.lamport.protocol import (ERR_BAD_STAGE, ERR_COUNT, ERR_HEADER_WORDS
                                       ERR_MISSING_MASK, ERR_RECORD_WORDS, ERR_UNSANITIZED_MASK,
                                       SENTINEL_WORD, error_buffer_words)
 
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
 HIDDEN, CAPACITY = 64, 4
 
 

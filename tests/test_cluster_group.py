@@ -16,6 +16,8 @@ from cluster.group import TPGroup
 from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
 from kernels.reference.numerics import assert_bit_exact
 
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
 HIDDEN, CAPACITY = 64, 8
 BUDGET_NS = 300_000_000
 CALL_TIMEOUT_S = 1.5

@@ -138,3 +138,37 @@ def test_compare_page_follows_its_url(browser, built):
                 document.getElementById('run-a').value];
     }""")
     assert same == ["0", str(22 + sample.BASELINE_ROWS), run_ids[1]]
+
+
+def test_log_axis_ticks_read_their_values(browser, built):
+    _, site, _ = built
+    shown = browser.evaluate((site / "latency.html").as_uri(), """() => {
+        const gd = document.getElementById('latency-all_reduce_norm');
+        return [Array.from(gd.querySelectorAll('.ytick text')).map(t => t.textContent),
+                gd.layout.yaxis.tickvals];
+    }""")
+    labels, values = shown
+    assert labels == [f"{v:,.0f}" for v in values] and "20" in labels, labels
+
+
+def test_repro_copy_button_and_topology_disclosure(browser, built):
+    _, site, _ = built
+    # The clipboard answers asynchronously (or refuses headless; then the
+    # fallback copies): wait for the button to say so.
+    copied = browser.evaluate((site / "details-all_reduce_norm.html").as_uri(), """async () => {
+        const b = document.querySelector('div.repro button.copy');
+        b.click();
+        for (let i = 0; i < 50 && !b.dataset.copied; i++)
+            await new Promise(r => setTimeout(r, 100));
+        return [b.textContent, b.dataset.copied,
+                getComputedStyle(document.querySelector('div.reason')).whiteSpace];
+    }""")
+    assert copied == ["copied", "1", "normal"]
+    opened = browser.evaluate((site / "index.html").as_uri(), """() => {
+        const d = document.querySelector('#by-topology details.topology');
+        const shown = () => d.querySelector('pre').checkVisibility();
+        const closed = shown();
+        d.querySelector('summary').click();
+        return [d.querySelector('summary').textContent, closed, d.open, shown()];
+    }""")
+    assert opened == [sample.TOPOLOGY_BRIEF, False, True, True]

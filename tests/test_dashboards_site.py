@@ -169,10 +169,12 @@ def test_correctness_matrix_cells_link_to_their_detail_rows(site):
     matrix = doc.find("table", cls="matrix", data_op="all_reduce_norm")
     cells = matrix.find_all("td", cls="cell")
     filled = [c for c in cells if "empty" not in c.attrs["class"]]
-    # 18 timed cases + the skipped tp=16 cell + the fault cell (tp=8 multicast tokens=32)
-    assert len(filled) == 20
+    # 18 timed cases + the skipped tp=16 cell; the fault rows (tp=8 multicast
+    # tokens=32) and the baseline's profile rows are not correctness rows.
+    assert len(filled) == 19
     assert sorted(c.attrs["data-outcome"] for c in filled if c.attrs["data-outcome"] != "pass") \
-        == ["fail", "hang", "skipped"]
+        == ["fail", "skipped"]
+    assert int(sum(int(c.attrs["data-cases"]) for c in filled)) == 19
     details = parse(site / "details-all_reduce_norm.html")
     row_ids = {tr.attrs.get("id") for tr in details.find_all("tr")}
     for cell in filled:
@@ -297,8 +299,11 @@ def test_partial_dataset_without_timings_or_faults(tmp_path):
     site = tmp_path / "site"
     for name in ("trends.html", "latency.html", "faults.html"):
         assert "No data." in (site / name).read_text(), name
-    doc = parse(site / "correctness.html")
-    assert len(doc.find_all("td", cls="cell")) == 5
+    doc = parse(site / "correctness.html")  # compile and self-check rows: no matrix
+    assert not doc.find_all("td", cls="cell")
+    assert "no correctness rows in the latest run" in (site / "correctness.html").read_text()
+    details = parse(site / "details-all_reduce_norm.html").find("table", id="details")
+    assert len(details.find("tbody").find_all("tr")) == 4
     cards = {n.attrs["data-count"]: n.find("div", cls="value").text
              for n in parse(site / "index.html").find_all("div", cls="card")}
     assert cards["cases"] == "5" and cards["errors"] == "1"
@@ -316,6 +321,24 @@ def test_rebuild_replaces_the_site_but_not_a_foreign_folder(site, dataset, tmp_p
     with pytest.raises(FileExistsError):
         build_site(dataset, foreign)
     assert (foreign / "keep.txt").exists()
+    # an index.html alone does not make a folder a site built here
+    (foreign / "index.html").write_text("<p>mine</p>")
+    with pytest.raises(FileExistsError, match="marker"):
+        build_site(dataset, foreign)
+    assert sorted(p.name for p in foreign.iterdir()) == ["index.html", "keep.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert build_site(dataset, empty).is_file()
+
+
+def test_cli_build_refuses_a_foreign_directory(tmp_path, dataset, capsys):
+    foreign = tmp_path / "docs"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("x")
+    (foreign / "notes.md").write_text("y")
+    assert cli(["build", "--results", str(dataset), "--out", str(foreign)]) == 2
+    assert "refusing to replace" in capsys.readouterr().err
+    assert (foreign / "notes.md").read_text() == "y"
 
 
 def test_cli_build_and_bad_results(tmp_path, dataset, capsys):
@@ -359,3 +382,58 @@ def test_serve_is_loopback_only_and_bounded(site):
     assert not thread.is_alive(), "serve() did not stop after its time limit"
     with pytest.raises(FileNotFoundError, match="index.html"):
         make_server(site.parent / "missing", 0)
+
+
+def test_latency_draws_every_baseline_row_of_a_series():
+    """Each baseline the profile timed (its own ``baseline:<impl>`` row) is a
+    dashed trace of its series, one dash pattern each; rows of another
+    series (here tp=4) are not drawn there."""
+    from dashboards.pages.latency import latency_traces
+    case = dict(op="all_reduce_norm", tp=2, transport="unicast", placement="process-per-gpu",
+                hidden=7168, dtype="bfloat16", top_k=None, hc=None, backend="gpu")
+    fused = [dict(case, variant="watchdog", tokens=m, t_median_us=3.0 + m, ratio=0.3)
+             for m in (1, 8)]
+    bases = [dict(case, variant=f"baseline:{impl}", tokens=m, t_median_us=t + m)
+             for impl, t in (("unfused", 10.0), ("symm_mem", 8.0), ("flashinfer_oneshot", 4.0))
+             for m in (1, 8)] + [dict(case, tp=4, variant="baseline:unfused", tokens=1,
+                                      t_median_us=99.0)]
+    traces = latency_traces("all_reduce_norm", fused, bases)
+    dashed = [t for t in traces if t["line"].get("dash")]
+    assert [t["name"].split(" · ")[1] for t in dashed] == ["flashinfer_oneshot", "symm_mem",
+                                                           "unfused"]
+    assert len({t["line"]["dash"] for t in dashed}) == 3
+    assert [t["y"] for t in dashed] == [[5.0, 12.0], [9.0, 16.0], [11.0, 18.0]]
+    assert len(traces) == 1 + 3 + 1  # latency, three baselines, ratio
+
+
+def test_topology_reads_as_a_summary_with_its_json_folded(site):
+    for page, table_id in (("index.html", "by-topology"), ("environment.html", "environment")):
+        details = parse(site / page).find("table", id=table_id).find_all("details", cls="topology")
+        assert details, page
+        for d in details:
+            assert d.find("summary").text == sample.TOPOLOGY_BRIEF
+            assert json.loads(d.find("pre", cls="json").text)["gpu_count"] == 8
+    data = json.loads(parse(site / "compare.html").find("script", id="compare-data").text)
+    assert {r["env"]["topology"] for r in data["runs"]} == {sample.TOPOLOGY_BRIEF}
+    assert all(json.loads(r["env_detail"]["topology"])["gpu_count"] == 8 for r in data["runs"])
+
+
+def test_details_rows_wrap_reasons_and_copy_repro_commands(site):
+    doc = parse(site / "details-all_reduce_norm.html")
+    table = doc.find("table", id="details")
+    assert "details" in table.attrs["class"]
+    fail = next(tr for tr in table.find("tbody").find_all("tr")
+                if tr.find("span", cls="badge").text == "fail")
+    assert fail.find("div", cls="reason").text.startswith("17 elements beyond 1 ULP")
+    repro = fail.find("div", cls="repro")
+    assert repro.find("code").text.startswith("python -m jobs correctness")
+    assert repro.find("button", cls="copy").text == "copy"
+
+
+def test_log_ticks_label_every_tick_with_its_value():
+    from dashboards.html import log_ticks
+    ticks = log_ticks([12.0, 180.0])
+    assert ticks["tickvals"] == [10, 20, 50, 100, 200]
+    assert ticks["ticktext"] == ["10", "20", "50", "100", "200"]
+    assert log_ticks([0.3, 0.9])["ticktext"] == ["0.5", "1"]
+    assert log_ticks([]) == {}

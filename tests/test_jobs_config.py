@@ -22,7 +22,7 @@ version = 3
 [[correctness]]
 op = "all_reduce_norm"
 tp = [2, 4]
-hidden = 64
+hidden = 256
 tokens = [1, 3]
 inputs = ["random"]
 """
@@ -77,12 +77,12 @@ def test_filters_narrow_and_an_empty_selection_is_an_error():
     ("format = 1\nname='x'\nversion=1\nbogus=1", r"unknown key\(s\) \['bogus'\]"),
     (GOOD.replace("tokens = [1, 3]", "tokens = [1, 3]\ntpp = 2"), r"\[\[correctness\]\] #1: unknown key\(s\) \['tpp'\]"),
     (GOOD.replace('op = "all_reduce_norm"', 'op = "allreduce"'), "op = 'allreduce' is not one of"),
-    (GOOD.replace("hidden = 64", "hidden = -64"), "hidden = -64 must be a positive number"),
-    (GOOD.replace("hidden = 64\n", ""), "hidden is required"),
+    (GOOD.replace("hidden = 256", "hidden = -64"), "hidden = -64: hidden must be a positive multiple of 8"),
+    (GOOD.replace("hidden = 256\n", ""), "hidden is required"),
     (GOOD.replace('inputs = ["random"]', 'inputs = ["randn"]'), "inputs = 'randn' is not one of"),
-    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=64\ntokens=4\nkinds=['nap']",
+    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=256\ntokens=4\nkinds=['nap']",
      r"unknown fault kind\(s\) \['nap'\]"),
-    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=64\ntokens=4\nrank=5",
+    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=256\ntokens=4\nrank=5",
      r"rank = 5 is outside 0..1"),
     ("format = 1\nname = 'x'\nversion = 1\n[[correctness]\n", "not valid TOML"),
 ])
@@ -104,7 +104,10 @@ def _main(capsys, *argv):
     (["correctness", "--tp", "two"], "expected comma-separated integers"),
     (["correctness", "--tp", "16"], "select no correctness case"),
     (["correctness", "--ops", "allreduce"], "--ops: unknown value"),
-    (["faults", "--faults", "nap"], "--faults: unknown fault kind"),
+    (["faults", "--faults", "nap"], "--faults: unknown value(s) ['nap']"),
+    (["correctness", "--tp", "2,,4"], "--tp: expected a comma-separated list without empty items"),
+    (["correctness", "--hidden", "1024,"], "without empty items"),
+    (["correctness", "--placement", "moon"], "allowed: auto, process-per-gpu"),
     (["correctness", "--timeout", "0.5"], "host deadline 0.5 s must exceed"),
     (["faults", "--timeout", "0.5"], "must exceed 3 x the watchdog budget"),
     (["correctness", "--timeout", "-1"], "must be > 0"),

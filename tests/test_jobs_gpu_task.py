@@ -12,6 +12,8 @@ ray = pytest.importorskip("ray")
 
 from jobs.harness import gpu_task  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
 
 def echo(spec):
     return {"got": spec, "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}

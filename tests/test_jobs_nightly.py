@@ -4,6 +4,8 @@ fault campaign's verdicts, the report of the run."""
 
 import datetime as dt
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +18,11 @@ from jobs.config import load_suite, suite_path
 from jobs.harness import Run
 from jobs.results import COLUMNS, read_results
 
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
 REPO = Path(__file__).resolve().parents[1]
 
-IDENTITY = {"run_id", "started_at", "finished_at", "trigger", "git_commit", "suite", "op",
+IDENTITY = {"run_id", "started_at", "finished_at", "trigger", "git_commit", "suite", "job", "op",
             "outcome", "hostname", "python", "torch", "pyarrow", "ray", "cute_dsl", "extra"}
 CLUSTER = IDENTITY | {"variant", "transport", "placement", "backend", "tp", "hidden", "tokens",
                       "dtype", "nodes", "gpu_count", "topology", "multicast_supported"}
@@ -26,10 +30,10 @@ APPLIES = {
     "correctness": CLUSTER | {"max_ulp", "mismatches", "elements"},
     "faults": CLUSTER | {"fault_kind", "fault_expected", "fault_seen", "missing_ranks",
                          "diagnosis"},
-    "profile": CLUSTER | {"reason"},
-    "selfcheck": IDENTITY | {"variant", "backend", "placement", "elements", "mismatches",
-                             "max_ulp", "repro_command"},
-    "compile": IDENTITY | {"variant", "backend"},
+    "profile": CLUSTER | {"reason", "repro_command"},
+    "selfcheck": IDENTITY - {"extra"} | {"variant", "backend", "placement", "elements",
+                                         "mismatches", "max_ulp", "repro_command"},
+    "compile-check": IDENTITY | {"variant", "backend"},
 }
 NOT_ON_CPU = {
     # Timings and GPU state: the profile job records `skipped` off GPUs.
@@ -55,7 +59,6 @@ def smoke(tmp_path_factory):
     rows = read_results(root / "results").to_pylist() if (root / "results").is_dir() else []
     for r in rows:
         r["x"] = json.loads(r["extra"] or "{}")
-        r["job"] = r["x"].get("job") or {"compile": "compile", "cpu-reference": "selfcheck"}[r["backend"]]
     return done, rows, root
 
 
@@ -68,9 +71,18 @@ def test_nightly_smoke_passes_on_an_embedded_cluster(smoke):
     assert "regression: no timed case in this run" in out
     assert "dashboard: built" in out or "dashboard: not built" in out
     assert "0 fail, 0 hang, 0 error" in out
+    assert f"rows written to {root / 'results'}/ (run " in out
+    # Skip reasons: in full, each distinct one once with its count, after its table.
+    skipped = [r for r in rows if r["outcome"] == "skipped"]
+    for reason in {r["reason"] for r in skipped}:
+        n = sum(r["reason"] == reason for r in skipped)
+        assert len(re.findall(rf"   \[\d+\] {n} case\(s\): {re.escape(reason)}\n", out)) == 1, reason
+    # The rank killed on purpose is announced before Ray reports it.
+    assert re.search(r">> dirty_mailbox: rank \d of tp=\d exits after its publish, on purpose; "
+                     r"Ray reports its worker as died or killed next", out), out[-4000:]
     suite = load_suite(suite_path("smoke"))
     jobs = {r["job"] for r in rows}
-    assert jobs == {"selfcheck", "compile", "correctness", "faults", "profile"}
+    assert jobs == {"selfcheck", "compile-check", "correctness", "faults", "profile"}
     assert len({r["run_id"] for r in rows}) == 1
     assert sum(r["job"] in ("correctness", "faults", "profile") for r in rows) == len(suite.cases)
 
@@ -90,7 +102,8 @@ def test_rows_carry_every_schema_field_that_applies(smoke):
         assert r["trigger"] == "ci" and r["suite"] == "smoke"
         if r["job"] in ("correctness", "faults", "profile"):
             assert r["backend"] == "emulated" and r["placement"] == "emulated"
-            assert r["multicast_supported"] is False and r["x"]["suite_version"] == 2
+            assert r["multicast_supported"] is False
+            assert r["x"]["suite_version"] == load_suite(suite_path("smoke")).version
     for r in rows:
         if r["job"] == "profile":
             assert r["outcome"] == "skipped" and "emulated backend" in r["reason"]
@@ -106,7 +119,7 @@ def test_the_fault_campaign_meets_every_expected_outcome(smoke):
     assert set(faults) == set(FAULT_KINDS)
     for kind, r in faults.items():
         assert r["outcome"] == "pass", (kind, r["reason"])
-        assert r["fault_expected"] and r["fault_seen"] and r["repro_command"] is None
+        assert r["fault_expected"] and r["fault_seen"]
     skip = faults["skip_publish"]
     assert skip["missing_ranks"] == [skip["tp"] - 1] and skip["x"]["call_outcome"] == "hang"
     assert "missing ranks: {3}" in skip["diagnosis"]
@@ -143,3 +156,25 @@ def test_failing_rows_carry_their_repro_command(tmp_path, capsys):
         f"--tp {case.tp} --hidden {case.hidden} --tokens {case.tokens} --variant watchdog "
         f"--transport unicast --placement auto --inputs {case.inputs}")
     assert row["repro_command"] in capsys.readouterr().out
+
+
+def test_every_row_not_passing_reruns_exactly_its_case(smoke):
+    """Each repro command, parsed by the CLI's parser and planned as the job
+    would plan it, selects exactly the row's case."""
+    _, rows, _ = smoke
+    not_passing = [r for r in rows if r["outcome"] != "pass"]
+    assert not_passing and all(r["repro_command"] for r in not_passing)
+    for r in not_passing:
+        argv = shlex.split(r["repro_command"])
+        assert argv[:3] == ["python", "-m", "jobs"]
+        if argv[3] not in ("correctness", "faults", "profile"):
+            continue  # selfcheck --case NAME / compile-check: one case by construction
+        args = cli.build_parser().parse_args(argv[3:])
+        assert args.jobs == (r["job"],)
+        ((_, cases),) = cli._plan(args, args.jobs)
+        wanted = args.placement
+        hits = [c for c in cases if c.placement in wanted or c.placement == "auto"]
+        assert len(hits) == 1 and len(wanted) == 1, (r["repro_command"], hits)
+        (case,) = hits
+        assert (case.op, case.tp, case.hidden, case.tokens, case.inputs, case.fault) == (
+            r["op"], r["tp"], r["hidden"], r["tokens"], r["x"].get("inputs"), r["fault_kind"])

@@ -1,38 +1,37 @@
-"""The profile job: timing statistics (CPU), and on a GPU the tp=1
-measurement against its same-run baselines (``gpu``-marked: skipped here)."""
+"""The profile job: rows from the harness's per-rank results (CPU), skip
+reasons, TP groups shared by cases, and on a GPU the tp=1 measurement
+against its same-run baselines (``gpu``-marked: skipped here)."""
 
 import dataclasses
 import json
-import statistics
 
 import pytest
 
+from cluster.measure.nvtx import NVTX_DOMAIN
+from cluster.measure.stats import stats
+from cluster.measure.workloads import PROFILED_OPS
 from jobs import __main__ as cli
-from jobs.profiling import NVTX_DOMAIN, stats
 
-
-def test_stats_are_the_results_timing_columns():
-    times = [float(x) for x in range(1, 101)]
-    s = stats(times)
-    assert s["t_n"] == 100 and s["t_min_us"] == 1.0 and s["t_median_us"] == 50.5
-    assert s["t_mean_us"] == 50.5 and s["t_p90_us"] == 90.0 and s["t_p99_us"] == 99.0
-    assert s["t_stdev_us"] == pytest.approx(statistics.stdev(times))
-    assert stats([3.0])["t_stdev_us"] == 0.0
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
 
 
 @pytest.mark.gpu
-def test_measure_tp1_times_fused_and_baselines_on_one_gpu():
-    from jobs.profiling import measure_tp1
-    out = measure_tp1({"op": "all_reduce_norm", "variant": "watchdog", "hidden": 7168,
-                       "tokens": 8, "calls": 10, "replays": 20, "watchdog_ns": 1_000_000_000,
-                       "rotate_mb": 16, "baselines": ["unfused", "symm_mem", "flashinfer"]})
+@pytest.mark.parametrize("op", PROFILED_OPS)
+def test_measure_tp1_times_fused_and_baselines_on_one_gpu(op):
+    from cluster.measure.harness import measure_tp1
+    out = measure_tp1({"op": op, "hidden": 7168, "tokens": 8, "hc": 4, "top_k": 8,
+                       "calls": 10, "replays": 20, "watchdog_ns": 1_000_000_000, "eps": 1e-6,
+                       "rotate_mb": 16, "seed": 8,
+                       "baselines": ["unfused", "symm_mem", "flashinfer", "stock"]})
     impls = out["impls"]
-    for name in ("fused", "unfused"):
+    for name in ("fused", "stock" if op == "indexer" else "unfused"):
         s = stats(impls[name]["times_us"])
         assert s["t_n"] == 20 and 0.5 < s["t_median_us"] < 500, (name, s)
         assert impls[name]["compile_s"] > 0
-    assert "times_us" in impls["symm_mem"] or "symmetric memory" in impls["symm_mem"]["skipped"]
-    assert "skipped" in impls["flashinfer"]
+    if op == "all_reduce_norm":
+        assert "times_us" in impls["symm_mem"], impls["symm_mem"]
+        for mode in ("oneshot", "twoshot"):  # FlashInfer needs a TP group of >= 2
+            assert "skipped" in impls[f"flashinfer_{mode}"]
     assert NVTX_DOMAIN == "lamport-lab"
 
 
@@ -57,11 +56,19 @@ def test_profile_job_records_timings_with_baselines(tmp_path, capsys):
     assert any(r["variant"] == "baseline:unfused" and r["t_median_us"] for r in rows)
 
 
+def _rank(r: int, impls: dict) -> dict:
+    """A harness result of rank r (cluster.measure.harness.time_case)."""
+    state = {"sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "temp_c": 40 + r}
+    return {"rank": r, "impls": impls, "sets": 120, "set_bytes": 2**20, "calls": 120,
+            "bytes_moved": 8 * 5120 * 2, "bus_factor": 1.0, "collective": True,
+            "before": state, "after": state, "device": "NVIDIA H200"}
+
+
 def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
-    """tp > 1 (cluster.gpu.timing's per-rank results): the timing columns are
-    the per-iteration max over ranks, per-rank medians go to extra, a
-    baseline one rank could not run is a skipped row."""
-    from cluster.gpu.timing import max_over_ranks
+    """tp > 1 (the harness's per-rank results): the timing columns are the
+    per-iteration max over ranks, per-rank medians go to extra, a baseline
+    one rank could not run is a skipped row, one beyond its tolerance a
+    fail row, FlashInfer's rows name its version and mode."""
     from jobs.config import load_suite, suite_path
     from jobs.harness import Placement, Run, now
     from jobs.profile import record_impls
@@ -70,15 +77,19 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     case = next(c for c in suite.of("profile") if c.tp == 2 and c.tokens == 8)
     r0 = {"fused": {"times_us": [3.0, 5.0, 3.0], "compile_s": 1.0},
           "unfused": {"times_us": [9.0, 9.0, 12.0], "compile_s": 0.1},
-          "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"}}
+          "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"},
+          "flashinfer_oneshot": {"times_us": [5.0, 5.0, 5.0], "compile_s": 3.0,
+                                 "extra": {"flashinfer_version": "0.7.2.post1", "mode": "oneshot",
+                                           "contract_diff": {"residual_out_differs": 7}}},
+          "flashinfer_twoshot": {"failed": "flashinfer_twoshot: beyond its tolerance"}}
     r1 = {"fused": {"times_us": [4.0, 3.0, 3.5], "compile_s": 2.0},
           "unfused": {"times_us": [10.0, 8.0, 8.0], "compile_s": 0.1},
-          "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"}}
-    assert max_over_ranks([r0["fused"]["times_us"], r1["fused"]["times_us"]]) == [4.0, 5.0, 3.5]
-    with pytest.raises(ValueError, match="different replay counts"):
-        max_over_ranks([[1.0], [1.0, 2.0]])
+          "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"},
+          "flashinfer_oneshot": {"times_us": [6.0, 5.0, 5.0], "compile_s": 3.0},
+          "flashinfer_twoshot": {"skipped": "flashinfer_twoshot could not run on 1 other rank(s)"}}
     run = Run(results=tmp_path, trigger="ci", backend="gpu")
-    record_impls(run, suite, case, Placement("process-per-gpu", 1.0, True), [r0, r1], {}, now())
+    record_impls(run, suite, case, Placement("process-per-gpu", 1.0, True),
+                 [_rank(0, r0), _rank(1, r1)], now())
     rows = {r["variant"]: r for r in read_results(tmp_path).to_pylist()}
     fused = rows["watchdog"]
     assert fused["t_median_us"] == fused["t_max_over_ranks_median_us"] == 4.0
@@ -87,8 +98,19 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     extra = json.loads(fused["extra"])
     assert extra["rank_median_us"] == [3.0, 3.5] and extra["compile_s"] == 2.0
     assert extra["collective_speed"] is True
+    assert extra["bytes"] == 8 * 5120 * 2 and extra["algbw_GBps"] == pytest.approx(81920 / 4e3)
+    assert extra["nvtx_range"] == "all_reduce_norm/fused tp=2 hidden=5120 M=8"
+    assert fused["sm_clock_mhz_before"] == 1980 and fused["gpu_model"] == "NVIDIA H200"
+    assert extra["ratios"]["flashinfer_oneshot"] == pytest.approx(4.0 / 5.0)  # max over ranks: 6, 5, 5
     assert rows["baseline:symm_mem"]["outcome"] == "skipped"
     assert "unavailable" in rows["baseline:symm_mem"]["reason"]
+    fi = rows["baseline:flashinfer_oneshot"]
+    assert fi["outcome"] == "pass" and fi["t_median_us"] == 5.0
+    fi_extra = json.loads(fi["extra"])
+    assert (fi_extra["flashinfer_version"], fi_extra["mode"]) == ("0.7.2.post1", "oneshot")
+    assert fi_extra["contract_diff"] == {"residual_out_differs": 7}
+    two = rows["baseline:flashinfer_twoshot"]
+    assert two["outcome"] == "fail" and "beyond its tolerance" in two["reason"]
 
 
 class FakeView:
@@ -146,15 +168,16 @@ def test_tp_groups_share_a_group_and_a_case_that_hangs_gets_a_fresh_one(tmp_path
     assert all(r["ratio"] == 0.25 for r in rows if r["outcome"] == "pass" and r["baseline"])
 
 
-def test_mhc_at_tp1_and_shared_gpu_groups_are_skipped_with_why(tmp_path):
+def test_every_op_is_profiled_and_what_cannot_be_timed_says_why(tmp_path):
     from jobs import profile
     from jobs.config import load_suite, suite_path
     from jobs.harness import Placement, Run
     from jobs.results import read_results
     suite = load_suite(suite_path("nightly"))
+    assert {c.op for c in suite.of("profile")} == set(PROFILED_OPS)
+    assert {c.tp for c in suite.of("profile") if c.op == "all_reduce_mhc"} == {1, 2, 4, 8}
     norm2 = next(c for c in suite.of("profile") if c.op == "all_reduce_norm" and c.tp == 2)
-    mhc2 = next(c for c in suite.of("profile") if c.op == "all_reduce_mhc")
-    mhc1 = dataclasses.replace(mhc2, tp=1)
+    idx2 = dataclasses.replace(next(c for c in suite.of("profile") if c.op == "indexer"), tp=2)
 
     class SharedView:
         def resolve(self, case):
@@ -162,61 +185,38 @@ def test_mhc_at_tp1_and_shared_gpu_groups_are_skipped_with_why(tmp_path):
                              1.0 / case.tp, case.tp == 1)
 
     run = Run(results=tmp_path, trigger="ci", backend="gpu")
-    profile.run(run, suite, [mhc1, norm2], view=SharedView())
+    profile.run(run, suite, [idx2, norm2], view=SharedView())
     rows = {(r["op"], r["tp"]): r for r in read_results(tmp_path).to_pylist()}
     assert all(r["outcome"] == "skipped" for r in rows.values())
-    assert "benchmarks.all_reduce_mhc" in rows[("all_reduce_mhc", 1)]["reason"]
+    assert rows[("indexer", 2)]["reason"] == profile.LOCAL_OPS["indexer"]
     assert rows[("all_reduce_norm", 2)]["reason"] == profile.MULTI_RANK_REASON
+    assert profile.skip_reason("emulated", norm2, None) == profile.EMULATED_REASON
 
 
-@pytest.mark.parametrize("op", ["all_reduce_norm", "all_reduce_mhc"])
-def test_timing_workloads_check_the_fused_outputs_against_the_reference(op):
-    """cluster.gpu.timing's per-op pieces on CPU tensors: a 'fused op' that
-    writes the reference passes the check, one off by a BF16 ULP in the
-    residual fails it; the unfused tail after an all-reduce matches too."""
-    import torch
+def test_timing_spec_carries_the_case():
+    from jobs.config import load_suite, suite_path
+    from jobs.profile import timing_spec
+    from cluster.measure.workload import Spec
+    suite = load_suite(suite_path("nightly"))
+    fin = next(c for c in suite.of("profile") if c.op == "finalize_publish" and c.tp == 4)
+    spec = Spec.of(timing_spec(fin))
+    assert spec.top_k == 8 and spec.watchdog_ns == 1_000_000_000 and spec.seed == fin.tokens
+    assert spec.baselines == ("unfused", "symm_mem")
 
-    from cluster.gpu import timing
-    from kernels.reference.allreduce import all_reduce_norm
-    from kernels.reference.mhc import all_reduce_mhc
-    m, hidden, hc, eps, tp = 3, 64, 4, 1e-6, 2
-    gens = [torch.Generator().manual_seed(7 * 1009 + r) for r in range(tp)]
-    works = []
-    for r in range(tp):
-        common = dict(m=m, hidden=hidden, eps=eps, device="cpu", sets=2, mine=gens[r],
-                      shared=torch.Generator().manual_seed(7))
-        works.append(timing.norm_workload(**common) if op == "all_reduce_norm"
-                     else timing.mhc_workload(hc=hc, **common))
-    partials = [w.x[0] for w in works]
-    work = works[0]
-    assert timing.set_bytes(op, m, hidden, hc) > 4 * m * hidden
 
-    class Reference:
-        """Writes the reference outputs over all ranks' partials of set i."""
-        tuning = type("T", (), {"rank_lanes": 1})
-        wrong = False
-
-        def __call__(self, x, *args, out):
-            i = next(k for k in range(2) if work.x[k].data_ptr() == x.data_ptr())
-            xs = [w.x[i] for w in works]
-            if op == "all_reduce_norm":
-                norm, res = all_reduce_norm(xs, *args[:2], eps)
-                out[0].copy_(norm), out[1].copy_(res)
-            else:
-                res, layer = all_reduce_mhc(xs, *args[:5], eps)
-                out[0].copy_(res), out[1].copy_(layer)
-            if self.wrong:
-                bits = out[1 if op == "all_reduce_norm" else 0].view(torch.int16)
-                bits.view(-1)[5] += 1
-
-    fused = Reference()
-    call = work.fused(fused)
-    call(0)
-    work.check(partials)
-    fused.wrong = True
-    call(0)
-    with pytest.raises(AssertionError, match="residual_out"):
-        work.check(partials)
-    reduced = (partials[0].float() + partials[1].float()).to(torch.bfloat16)
-    tail = work.tail(reduced, 0)
-    assert all(t.dtype == torch.bfloat16 and t.shape[0] == m for t in tail)
+def test_benchmark_results_are_written_as_profile_rows(tmp_path):
+    """benchmarks --results: a harness result becomes the rows the profile
+    job writes (suite benchmarks, variant plain / watchdog, baselines)."""
+    from benchmarks.rows import BenchmarkRows
+    from jobs.results import read_results
+    spec = dict(op="all_reduce_norm", hidden=64, tokens=3, calls=50, replays=2, rotate_mb=1.0,
+                eps=1e-6, seed=3, watchdog_ns=0, baselines=["unfused"])
+    rows = BenchmarkRows(tmp_path, "python -m benchmarks.all_reduce_norm")
+    rows.record(spec, _rank(0, {"fused": {"times_us": [3.0, 3.0], "compile_s": 1.0},
+                                "unfused": {"times_us": [9.0, 9.0], "compile_s": 0.1}}))
+    rows.record({**spec, "watchdog_ns": 10, "baselines": []},
+                _rank(0, {"fused": {"times_us": [4.0, 4.0], "compile_s": 1.0}}))
+    got = {r["variant"]: r for r in read_results(tmp_path).to_pylist()}
+    assert sorted(got) == ["baseline:unfused", "plain", "watchdog"]
+    assert got["plain"]["ratio"] == pytest.approx(3.0 / 9.0) and got["plain"]["suite"] == "benchmarks"
+    assert got["watchdog"]["t_median_us"] == 4.0 and got["watchdog"]["tp"] == 1

@@ -1,119 +1,157 @@
-"""The smoke suite through ``ray job submit --working-dir .`` on a local Ray
-head started for this module (dashboard / job server on 127.0.0.1) and
-stopped after: the job joins the head's cluster, its status is SUCCEEDED,
-its rows are in the results with the commit passed from the submitting side.
+"""``python -m jobs head`` / ``submit``: the README's Ray section run as
+written against a real local head (its own free ports, its own directory,
+stopped at the end whatever happens), and submit's checks before anything is
+sent: the job command, the head's address, Ray's token authentication."""
 
-The head runs with its own ``--temp-dir`` (so no other Ray on this machine
-sees it as "the latest cluster") and ``RAY_AUTH_MODE=disabled`` (a
-throwaway cluster on the loopback interface); it is stopped by its process
-group: SIGTERM, then SIGKILL (never ``ray stop``, which would stop every
-Ray on the machine).
-"""
-
+import http.server
 import os
-import shutil
-import signal
-import socket
+import re
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
+import threading
 from pathlib import Path
 
 import pytest
 
+from jobs.__main__ import main
+from jobs.config import ConfigError
+from jobs.head import job_server_auth
 from jobs.results import read_results
 
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
 REPO = Path(__file__).resolve().parents[1]
-RAY = Path(sys.executable).with_name("ray")
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SECTION = "## Ray: a head and a submitted job"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def readme_block() -> str:
+    """The first bash block under the README's Ray section."""
+    text = (REPO / "README.md").read_text()
+    assert SECTION in text, f"README.md has no section {SECTION!r}"
+    block = re.search(r"```bash\n(.*?)```", text[text.index(SECTION):], re.S)
+    assert block, f"no bash block under {SECTION!r}"
+    return block.group(1)
 
 
-@pytest.fixture(scope="module")
-def head():
-    temp_dir = tempfile.mkdtemp(prefix="rayh", dir="/tmp")
-    gcs, dash = _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_AUTH_MODE="disabled", PATH=f"{RAY.parent}{os.pathsep}{env.get('PATH', '')}")
-    log = open(Path(temp_dir) / "head.log", "w")
-    proc = subprocess.Popen(
-        [str(RAY), "start", "--head", "--block", "--port", str(gcs), "--dashboard-host",
-         "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true",
-         "--num-cpus", "2", "--disable-usage-stats", "--temp-dir", temp_dir],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{dash}"
+def test_readme_ray_section_runs_as_written(tmp_path):
+    # The block runs in a scratch directory standing in for the repo root
+    # (its .venv is this interpreter's environment, PYTHONPATH this checkout),
+    # so the head's directory, results and site are this test's own.
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "LAMPORT_HEAD_DIR", "LAMPORT_GIT_COMMIT", "RAY_AUTH_TOKEN",
+                        "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
+    env["PYTHONPATH"] = str(REPO)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/version", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"ray head did not start: {(Path(temp_dir) / 'head.log').read_text()[-3000:]}")
-                time.sleep(0.5)
-        yield url, env
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block()], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=540)
     finally:
-        _stop(proc)
-        log.close()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    # `ray start --block` does not act on SIGTERM / SIGINT promptly: a short
-    # grace, then SIGKILL for the whole group (gcs, raylet, dashboard, workers).
-    for sig, wait_s in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        # The group may outlive its leader for a moment.
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
-
-
-def test_smoke_suite_submitted_as_a_ray_job(head, tmp_path):
-    url, env = head
-    results = tmp_path / "results"
-    argv = [str(RAY), "job", "submit", "--address", url, "--working-dir", ".",
-            "--submission-id", f"smoke-{tmp_path.name}",
-            "--runtime-env-json", f'{{"env_vars": {{"LAMPORT_GIT_COMMIT": "{COMMIT}"}}}}',
-            "--", "python", "-m", "jobs", "nightly", "--suite", "smoke", "--backend", "emulated",
-            "--results", str(results), "--trigger", "ci", "--no-dashboard"]
-    for _ in range(30):  # the job agent comes up a little after the dashboard answers
-        submit = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
-                                timeout=480)
-        if "No available agent to submit job" not in submit.stderr + submit.stdout:
-            break
-        time.sleep(2)
-    logs = submit.stdout[-6000:] + submit.stderr[-3000:]
-    assert submit.returncode == 0, logs
-    assert "ray: joined the Ray cluster at" in submit.stdout, logs
-    assert f"commit: {COMMIT}" in submit.stdout, logs
-    from ray.job_submission import JobStatus, JobSubmissionClient
-    client = JobSubmissionClient(url)
-    assert client.get_job_status(f"smoke-{tmp_path.name}") == JobStatus.SUCCEEDED
-    logs = client.get_job_logs(f"smoke-{tmp_path.name}")
-    rows = read_results(results).to_pylist()
+        subprocess.run([sys.executable, "-m", "jobs", "head", "stop"], cwd=tmp_path, env=env,
+                       capture_output=True, timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-8000:]
+    token = tmp_path / ".ray-head" / "auth_token"
+    assert token.stat().st_mode & 0o777 == 0o600
+    assert "auth: token authentication (the head's token file" in out, out[-8000:]
+    assert token.read_text().strip() not in out
+    assert "ray: joined the Ray cluster at" in out, out[-8000:]
+    assert f"commit: {commit}" in out, out[-8000:]
+    # The entrypoint is the submitting side's interpreter: the project's environment.
+    assert re.search(rf"Running entrypoint for job \S+: {re.escape(str(tmp_path))}/\.venv/bin/python "
+                     rf"-m jobs nightly", out), out[-8000:]
+    rows = read_results(tmp_path / "ray-results").to_pylist()
     skipped = sum(r["outcome"] == "skipped" for r in rows)  # profile and virtual ranks: GPU only
-    assert skipped >= 4 and f" pass, 0 fail, 0 hang, 0 error, {skipped} skipped" in logs, logs
-    assert rows and {r["git_commit"] for r in rows} == {COMMIT}
+    assert skipped >= 4 and f" pass, 0 fail, 0 hang, 0 error, {skipped} skipped" in out, out[-8000:]
+    assert {r["git_commit"] for r in rows} == {commit}
     assert {r["outcome"] for r in rows} <= {"pass", "skipped"}
     assert {r["backend"] for r in rows} == {"cpu-reference", "compile", "emulated"}
     assert sum(r["fault_kind"] is not None for r in rows) == 10
+    assert (tmp_path / "ray-site" / "index.html").is_file()
+    assert "stopped the head" in out
+    assert not (tmp_path / ".ray-head" / "head.json").exists()
+
+
+def _free_port() -> int:
+    from jobs.head import free_port
+    return free_port()
+
+
+def test_submit_with_no_head_answering_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    url = f"http://127.0.0.1:{_free_port()}"
+    assert main(["submit", "--address", url, "--", "correctness", "--results",
+                 str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"no Ray job server answers at {url}" in err, err
+    assert main(["submit", "--dir", str(tmp_path / "none"), "--", "correctness", "--results",
+                 str(tmp_path / "r")]) == 2
+    assert "no head to submit to" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("job, says", [
+    (["correctness", "--tp", "2,,4"], "--tp: expected a comma-separated list without empty items"),
+    (["correctness", "--ops", "nope", "--results", "/tmp/x"], "unknown value(s) ['nope']"),
+    (["correctness", "--results", "relative"], "--results relative: give an absolute path"),
+    (["nightly", "--results", "/tmp/x", "--site", "site"], "--site site: give an absolute path"),
+    (["compile-check", "--arch", "sm_80"], "allowed: sm_90a, sm_100a"),
+    ([], "give the job command after '--'"),
+])
+def test_submit_checks_the_job_command_before_reaching_the_head(job, says, capsys):
+    # The address answers nothing: a command checked first never gets there.
+    assert main(["submit", "--address", "http://127.0.0.1:9", "--", *job]) == 2
+    assert says in capsys.readouterr().err
+
+
+class _JobServer(http.server.BaseHTTPRequestHandler):
+    token: str | None = None
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path == "/api/version" or self.token is None:
+            status = 200
+        else:
+            header = self.headers.get("Authorization")
+            status = 401 if header is None else 200 if header == f"Bearer {self.token}" else 403
+        self.send_response(status)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def job_server():
+    servers = []
+
+    def serve(token):
+        handler = type("Handler", (_JobServer,), {"token": token})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_auth_is_settled_from_the_token_the_head_accepts(job_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token of the machine's
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    assert job_server_auth(job_server(None)).env == {"RAY_AUTH_MODE": "disabled"}
+    url = job_server("s3cret")
+    with pytest.raises(ConfigError, match="requires a token and none was found"):
+        job_server_auth(url)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "wrong")
+    with pytest.raises(ConfigError, match=r"refused every one this side has \(RAY_AUTH_TOKEN\)"):
+        job_server_auth(url)
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "auth_token").write_text("s3cret\n")
+    auth = job_server_auth(url, head)
+    assert auth.env == {"RAY_AUTH_MODE": "token",
+                        "RAY_AUTH_TOKEN_PATH": str((head / "auth_token").resolve())}
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "s3cret")
+    assert job_server_auth(url).env == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "s3cret"}

@@ -12,6 +12,8 @@ from cluster.emulated.segment import HostMailbox, segment_name
 from cluster.injection import validate_injection
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_BF16, VEC_BF16
 from kernels.reference.allreduce import add_residual, rms_norm
+from kernels.validation import (require_int, require_multiple, require_name, require_number,
+                                require_tp)
 
 
 def bad_stage(published, consumed_bad: int | None) -> int | None:
@@ -41,12 +43,12 @@ class EmulatedRank:
         if self._mailboxes:
             raise RuntimeError(f"rank {self._rank} is already set up in group {self._group_id}; "
                                f"close() first")
-        if not 0 <= rank < tp:
-            raise ValueError(f"rank must be in 0..{tp - 1}, got {rank}")
-        if hidden <= 0 or hidden % VEC_BF16:
-            raise ValueError(f"hidden must be a positive multiple of {VEC_BF16}, got {hidden}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        require_name("group_id", group_id)  # it names shared-memory segments
+        require_tp("tp", tp)
+        require_int("rank", rank, low=0, high=tp - 1)
+        require_multiple("hidden", hidden, VEC_BF16)
+        require_int("capacity", capacity, low=1)
+        require_number("timeout_s", timeout_s, nonnegative=True)
         shape = {"tp": tp, "capacity": capacity, "hidden": hidden}
         own, created = HostMailbox.open_own(segment_name(group_id, rank), **shape)
         found = own.check(rank)

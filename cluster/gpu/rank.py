@@ -60,6 +60,7 @@ class GpuRank:
         self._mailbox = None
         self._peers: list = []
         self._kernels: dict = {}
+        self._measure_cache: dict = {}  # per-group timing objects (a baseline's workspace)
         self._rank = self._tp = self._hidden = self._capacity = None
         self._group_id = None
         self._placement = None
@@ -155,6 +156,12 @@ class GpuRank:
             except Exception:  # noqa: BLE001 (a faulted context must not block close)
                 pass
         self._kernels = {}
+        for obj in self._measure_cache.values():
+            try:
+                getattr(obj, "destroy", lambda: None)()
+            except Exception:  # noqa: BLE001 (a peer may be gone)
+                pass
+        self._measure_cache = {}
         self._peers = []
         self._mailbox = None
         if self._pg:
@@ -249,42 +256,36 @@ class GpuRank:
         })
         return result
 
-    # -- timing (cluster.gpu.timing)
+    # -- timing (cluster.measure)
     def time_case(self, spec: dict) -> dict:
-        """Time the fused op of ``spec["op"]`` and its baselines on this rank
-        (every rank of the group at once); process per GPU only (the
-        baselines need NCCL, and shared-GPU timings are no collective's
-        speed). ``spec``: :data:`cluster.gpu.timing.SPEC`, plus
-        ``watchdog_ns`` (0: the plain consumer) and ``hc`` for mHC."""
-        from cluster.gpu.timing import TIMED_OPS, time_rank
+        """Time the fused op of ``spec["op"]`` and its baselines on this rank,
+        every rank of the group at once (:func:`cluster.measure.harness.time_case`,
+        its workload built on this group's mailbox); process per GPU only
+        (the baselines need NCCL, and shared-GPU timings are no collective's
+        speed). ``spec``: :data:`cluster.measure.workload.SPEC_KEYS` (+ ``hc``,
+        ``top_k``; ``watchdog_ns`` 0: the plain consumer; ``workload``: the
+        builder's dotted name, default ``cluster.measure.workloads.<op>``)."""
+        import torch
+
+        from cluster.measure.harness import time_case
+        from cluster.measure.workload import RankContext
 
         if self._placement != "process_per_gpu":
             raise ValueError(f"timing needs the process_per_gpu placement (NCCL baselines); this "
                              f"group is {self._placement}, whose timings would not be a "
                              f"collective's speed")
-        op, tokens = spec.get("op"), int(spec.get("tokens", 0))
-        if op not in TIMED_OPS:
-            raise ValueError(f"no timing for op {op!r}; timed: {list(TIMED_OPS)}")
+        spec = dict(spec)
+        workload = spec.pop("workload", None)
+        tokens = int(spec.get("tokens", 0))
         if not 1 <= tokens <= self._capacity:
             raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")
-        wd = int(spec.get("watchdog_ns") or 0)
-        fused = (self._kernel(wd, float(spec["eps"])) if op == "all_reduce_norm"
-                 else self._mhc_kernel(int(spec.get("hc") or 0), wd))
-        return time_rank(rank=self._rank, tp=self._tp, device=self._device, fused_op=fused,
-                         spec=spec)
-
-    def _mhc_kernel(self, hc: int, watchdog_ns: int):
-        """An AllReduceMHC on this rank's mailbox (it shares the stage
-        rotation with the AllReduceNorm kernels: calls stay in one order on
-        every rank)."""
-        key = ("mhc", hc, watchdog_ns)
-        if key not in self._kernels:
-            from kernels.lamport.all_reduce_mhc import AllReduceMHC
-
-            self._kernels[key] = AllReduceMHC(
-                hidden_size=self._hidden, hc_mult=hc, max_num_tokens=self._capacity,
-                transport=self._transport, watchdog_ns=watchdog_ns, mailbox=self._own())
-        return self._kernels[key]
+        spec["transport"] = self._transport
+        ctx = RankContext(rank=self._rank, tp=self._tp, device=self._device,
+                          capacity=self._capacity, dist=True, mailbox=self._own(),
+                          transport=self._transport, cache=self._measure_cache)
+        out = time_case(ctx, spec, workload)
+        torch.cuda.synchronize(self._device)
+        return out
 
     # -- recovery
     def recover(self) -> dict:

@@ -51,7 +51,54 @@
     });
   }
 
+  // Log-axis ticks labelled with their values (1, 2, 5 per decade), as
+  // dashboards/html.py log_ticks does for the pages built in Python.
+  function logTicks(lo, hi) {
+    lo = lo / 1.25; hi = hi * 1.25;
+    var vals = [];
+    for (var e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
+      [1, 2, 5].forEach(function (m) {
+        var t = m * Math.pow(10, e);
+        if (t >= lo && t <= hi) vals.push(t);
+      });
+    }
+    if (vals.length < 2) return {};
+    return { tickmode: "array", tickvals: vals, ticktext: vals.map(function (t) {
+      return t >= 1 ? Math.round(t).toLocaleString("en-US") : String(Number(t.toPrecision(3)));
+    }) };
+  }
+
+  // ---- repro commands: a copy button beside each
+  function setupCopy() {
+    document.querySelectorAll("div.repro button.copy").forEach(function (b) {
+      b.addEventListener("click", function () {
+        var text = b.parentNode.querySelector("code").textContent;
+        var done = function () { b.textContent = "copied"; b.setAttribute("data-copied", "1");
+                                 setTimeout(function () { b.textContent = "copy"; }, 1500); };
+        if (navigator.clipboard && window.isSecureContext) {
+          navigator.clipboard.writeText(text).then(done, function () { fallback(text); done(); });
+        } else { fallback(text); done(); }
+      });
+    });
+    function fallback(text) {
+      var t = document.createElement("textarea");
+      t.value = text; t.setAttribute("readonly", ""); t.style.position = "fixed"; t.style.opacity = "0";
+      document.body.appendChild(t); t.select();
+      try { document.execCommand("copy"); } catch (e) { /* nothing to copy to */ }
+      document.body.removeChild(t);
+    }
+  }
+
   // ---- compare page
+  // An environment value; the topology's summary opens onto its JSON.
+  function envCell(run, field, text) {
+    var td = el("td"), detail = (run.env_detail || {})[field];
+    if (!detail) { td.textContent = text; return td; }
+    var d = el("details", null, "topology");
+    d.appendChild(el("summary", text)); d.appendChild(el("pre", detail, "json"));
+    td.appendChild(d);
+    return td;
+  }
   function el(name, text, cls) {
     var e = document.createElement(name);
     if (text !== undefined && text !== null) e.textContent = String(text);
@@ -102,7 +149,7 @@
       data.env_fields.forEach(function (f) {
         var x = runA.env[f] || "—", y = runB.env[f] || "—";
         var tr = el("tr"); tr.appendChild(el("td", f));
-        var ca = el("td", x), cb = el("td", y);
+        var ca = envCell(runA, f, x), cb = envCell(runB, f, y);
         if (x !== y) { ca.className = "changed"; cb.className = "changed"; }
         tr.appendChild(ca); tr.appendChild(cb); env.push(tr);
       });
@@ -172,8 +219,10 @@
         div.style.display = ""; note.style.display = "none";
         Plotly.react(div, traces, {
           height: 420, margin: { l: 70, r: 20, t: 20, b: 50 }, hovermode: "closest",
-          xaxis: { title: { text: "run A median (µs)" }, type: "log", gridcolor: "#eceff1" },
-          yaxis: { title: { text: "run B median (µs)" }, type: "log", gridcolor: "#eceff1" },
+          xaxis: Object.assign({ title: { text: "run A median (µs)" }, type: "log",
+                                 gridcolor: "#eceff1" }, logTicks(lo, hi)),
+          yaxis: Object.assign({ title: { text: "run B median (µs)" }, type: "log",
+                                 gridcolor: "#eceff1" }, logTicks(lo, hi)),
           legend: { orientation: "h", y: -0.18 }, paper_bgcolor: "#fff", plot_bgcolor: "#fff"
         }, PLOT_CONFIG);
       } else {
@@ -191,6 +240,7 @@
   function init() {
     var n = renderCharts();
     document.querySelectorAll("table.sortable").forEach(makeSortable);
+    setupCopy();
     var compare = readJson("compare-data");
     if (compare) setupCompare(compare);
     document.body.setAttribute("data-charts-rendered", String(n));

@@ -5,6 +5,8 @@ the one before); the data of the last runs is embedded as JSON."""
 
 from __future__ import annotations
 
+import json
+
 from dashboards import html as h
 from dashboards import palette
 from dashboards.model import ENV_FIELDS, OUTCOME_ORDER, case_label
@@ -30,7 +32,10 @@ def compare_data(site: Site) -> dict:
     return {
         "runs": [{"id": run.run_id, "label": f"{run.run_id} · {run.trigger} · "
                   f"{h.fmt(run.started_at)}", "counts": run.counts(),
-                  "env": {LABELS.get(f, f): env_text(run.env()[f], f) for f in ENV_FIELDS}}
+                  "env": {LABELS.get(f, f): env_text(run.env()[f], f) for f in ENV_FIELDS},
+                  "env_detail": {"topology": "\n".join(
+                      json.dumps(json.loads(v), indent=1, sort_keys=True)
+                      for v in run.env()["topology"] if _is_json(v))}}
                  for run in runs],
         "default_b": runs[0].run_id,
         "default_a": runs[1].run_id if len(runs) > 1 else runs[0].run_id,
@@ -40,6 +45,14 @@ def compare_data(site: Site) -> dict:
         "cases_op_html": {op: h.plot_text(op) for op in ops},
         "changed_fraction": CHANGED_FRACTION,
     }
+
+
+def _is_json(text: str | None) -> bool:
+    try:
+        json.loads(text or "")
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def render(site: Site) -> dict[str, str]:

@@ -1,6 +1,8 @@
-"""correctness.html: per op, a matrix of the latest run — rows backend ·
-transport · tp, columns tokens — each cell coloured by its worst outcome and
-linking to its rows on details-<op>.html (ULP, mismatches, reason, repro)."""
+"""correctness.html: per op, a matrix of the latest run's correctness rows
+(the correctness job's; fault, profile, compile and self-check rows have
+pages of their own) — rows backend · transport · tp, columns tokens — each
+cell coloured by its worst outcome and linking to its rows on
+details-<op>.html (every row of the op: ULP, mismatches, reason, repro)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from dashboards import palette
 from dashboards.model import (OUTCOME_SEVERITY, Row, case_label, group, slug, sort_key,
                               worst_outcome)
 from dashboards.pages import Site, details_href, no_results
+from jobs.results import row_job
 
 ROW_FIELDS = ("backend", "transport", "tp")
 
@@ -23,7 +26,9 @@ def render(site: Site) -> dict[str, str]:
     sections = []
     for (op,) in sorted(by_op, key=lambda k: sort_key(k[0])):
         rows = by_op[(op,)]
-        sections.append(_matrix(op, rows))
+        checked = [r for r in rows if row_job(r) == "correctness"]
+        if checked:
+            sections.append(_matrix(op, checked))
         pages[f"details-{slug(op)}.html"] = _details_page(site, run, op, rows)
     legend = h.tag("div", h.join(
         h.Markup(h.badge(o) + " ") for o in palette.OUTCOME_COLOURS), cls="legend-row")
@@ -32,7 +37,7 @@ def render(site: Site) -> dict[str, str]:
               "tp and token count (all variants, hidden sizes and dtypes together), coloured "
               "by its worst outcome (skipped cases are counted apart); click a cell for its "
               "rows.", cls="note"),
-        legend, *sections])
+        legend, *(sections or [h.no_data("no correctness rows in the latest run.")])])
     sub = h.join(["Run ", h.tag("code", run.run_id), f" · {run.trigger} · {h.fmt(run.started_at)}"])
     pages["correctness.html"] = site.page("Correctness", "correctness.html", body, subtitle=sub)
     return pages
@@ -82,7 +87,8 @@ def _matrix(op: str, rows: list[Row]) -> h.Markup:
 
 #: (header, field or None for computed, numeric) of the details table.
 DETAIL_COLUMNS = [
-    ("outcome", None, False), ("latency", None, False), ("variant", "variant", False),
+    ("outcome", None, False), ("job", "job", False), ("latency", None, False),
+    ("variant", "variant", False),
     ("backend", "backend", False), ("transport", "transport", False),
     ("placement", "placement", False), ("tp", "tp", True), ("hidden", "hidden", True),
     ("tokens", "tokens", True), ("top_k", "top_k", True), ("hc", "hc", True),
@@ -100,14 +106,16 @@ def _cell(site: Site, r: Row, header: str, field: str | None):
         return h.badge(r["outcome"])
     if header == "latency":
         return h.status_badge(site.status(r))
+    if header == "job":
+        return row_job(r)
     if header == "reason":
-        return r.get("diagnosis") or r.get("reason")
+        return h.tag("div", r.get("diagnosis") or r.get("reason") or "—", cls="reason")
     if field in ("t_median_us", "baseline_median_us"):
         return h.us(r.get(field))
     if field == "ratio":
         return h.ratio(r.get(field))
     if field == "repro_command":
-        return h.tag("code", r.get(field) or "—")
+        return h.repro(r.get(field))
     return r.get(field)
 
 
@@ -120,17 +128,18 @@ def _details_page(site: Site, run, op: str, rows: list[Row]) -> str:
     # every row are said once above the table instead.
     columns, constant = [], []
     for header, field, numeric in DETAIL_COLUMNS:
-        values = {r.get(field) for r in rows} if field else {1}
+        values = ({row_job(r) for r in rows} if field == "job" else
+                  {r.get(field) for r in rows} if field else {1})
         if field and field != "repro_command" and values == {None}:
             continue
-        if field in IDENTITY and len(values) == 1:
+        if (field in IDENTITY or field == "job") and len(values) == 1:
             constant.append(f"{header} {h.fmt(next(iter(values)))}")
             continue
         columns.append((header, field, numeric))
     table = h.table([c[0] for c in columns],
                     [[_cell(site, r, c[0], c[1]) for c in columns] for r in ordered],
                     row_ids=[f"r{r['_index']}" for r in ordered],
-                    numeric=[i for i, c in enumerate(columns) if c[2]], cls="compact",
+                    numeric=[i for i, c in enumerate(columns) if c[2]], cls="compact details",
                     id="details")
     note = "every row: " + " · ".join(constant) if constant else None
     body = h.join([

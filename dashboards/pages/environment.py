@@ -18,6 +18,9 @@ def env_text(values: list, field: str) -> str:
         return "—"
     if field == "git_commit":
         return ", ".join(str(v)[:12] for v in values)
+    if field == "topology":
+        from cluster.topology import brief
+        return "; ".join(brief(v) for v in values)
     return ", ".join(h.fmt(v) for v in values)
 
 
@@ -33,7 +36,9 @@ def render(site: Site) -> dict[str, str]:
         cells = [h.tag("code", run.run_id, cls="run"), run.trigger, h.fmt(run.started_at)]
         for f in ENV_FIELDS:
             changed = older is not None and older[f] != texts[i][f] and f not in NOT_FLAGGED
-            cells.append(h.tag("span", texts[i][f], cls="changed-value" if changed else None,
+            shown = (h.join([h.topology(v) for v in run.env()[f]] or ["—"])
+                     if f == "topology" else texts[i][f])
+            cells.append(h.tag("span", shown, cls="changed-value" if changed else None,
                                title="changed since the run before" if changed else None))
         rows.append(cells)
         ids.append(f"run-{run.run_id}")

@@ -1,6 +1,8 @@
 """latency.html: per op, median latency against token count for each tp,
-transport (and hidden size / variant where they vary) with the baseline
-dashed beside it, and the ratio below; the numbers in a table under each."""
+transport (and hidden size / variant where they vary) with every baseline
+the run timed dashed beside it (unfused, symm_mem, FlashInfer's modes ...:
+the ``baseline:<impl>`` rows), and the ratio below; the numbers in a table
+under each."""
 
 from __future__ import annotations
 
@@ -18,6 +20,26 @@ def timed_rows(run) -> list[Row]:
     """The run's kernel rows with a latency (baseline rows are drawn from the
     kernel rows' baseline columns)."""
     return [r for r in run.rows if r.get("t_median_us") is not None and not is_baseline(r)]
+
+
+def baseline_rows(run) -> list[Row]:
+    """The run's baseline rows (``variant = baseline:<impl>``) with a latency."""
+    return [r for r in run.rows if r.get("t_median_us") is not None and is_baseline(r)]
+
+
+BASELINE_DASHES = ("dash", "dot", "dashdot", "longdash", "longdashdot", "5px,2px")
+
+
+def baselines_of(key: tuple, baselines: list[Row]) -> dict[str, list[Row]]:
+    """The baseline rows of the series ``key`` (same case fields but the
+    variant), by implementation, each by tokens."""
+    fields = [i for i, f in enumerate(SERIES_FIELDS) if f != "variant"]
+    out: dict[str, list[Row]] = {}
+    for r in baselines:
+        if all(r.get(SERIES_FIELDS[i]) == key[i] for i in fields):
+            out.setdefault(str(r["variant"]).split(":", 1)[1], []).append(r)
+    return {impl: sorted(v, key=lambda r: sort_key(r.get("tokens")))
+            for impl, v in sorted(out.items())}
 
 
 def latest_timed_run(site: Site):
@@ -43,9 +65,11 @@ def series_name(key: tuple, varying: list[str]) -> str:
     return " ".join(parts) or "all"
 
 
-def latency_traces(op: str, rows: list[Row]) -> list[dict]:
-    """Per series: latency (op colour, shaded per series), baseline (dashed grey-shaded),
-    ratio (lower panel). Baseline/ratio traces appear only where values exist."""
+def latency_traces(op: str, rows: list[Row], baselines: list[Row] = ()) -> list[dict]:
+    """Per series: latency (op colour, shaded per series), every baseline of
+    ``baselines`` (its rows; dashed, one dash pattern per implementation;
+    without baseline rows, the kernel rows' ``baseline_median_us``), ratio
+    (lower panel). Baseline/ratio traces appear only where values exist."""
     series = series_of(rows)
     keys = list(series)
     varying = [f for i, f in enumerate(SERIES_FIELDS) if len({k[i] for k in keys}) > 1] \
@@ -65,13 +89,20 @@ def latency_traces(op: str, rows: list[Row]) -> list[dict]:
                        "xaxis": "x", "yaxis": "y",
                        "hovertemplate": name + "<br>tokens %{x}<br>median %{y:.2f} µs"
                                                "<extra></extra>"})
-        base = [r for r in pts if r.get("baseline_median_us") is not None]
-        if base:
-            bname = h.plot_text(base[0].get("baseline") or "baseline")
+        impls = baselines_of(key, list(baselines))
+        if not impls:  # rows written before every baseline had its own row
+            base = [r for r in pts if r.get("baseline_median_us") is not None]
+            if base:
+                impls = {base[0].get("baseline") or "baseline":
+                         [{"tokens": r.get("tokens"), "t_median_us": r["baseline_median_us"]}
+                          for r in base]}
+        for b, (impl, brows) in enumerate(impls.items()):
+            bname = h.plot_text(impl)
             traces.append({"type": "scatter", "mode": "lines", "name": f"{name} · {bname}",
-                           "legendgroup": name, "x": [r.get("tokens") for r in base],
-                           "y": [r["baseline_median_us"] for r in base],
-                           "line": {"color": c, "width": 1.5, "dash": "dash"},
+                           "legendgroup": name, "x": [r.get("tokens") for r in brows],
+                           "y": [r["t_median_us"] for r in brows],
+                           "line": {"color": c, "width": 1.5,
+                                    "dash": BASELINE_DASHES[b % len(BASELINE_DASHES)]},
                            "opacity": 0.7, "xaxis": "x", "yaxis": "y",
                            "hovertemplate": bname + "<br>tokens %{x}<br>%{y:.2f} µs"
                                                     "<extra></extra>"})
@@ -95,17 +126,20 @@ def render(site: Site) -> dict[str, str]:
                if site.results.rows else f"no results rows under {site.results.root}.")
         return {"latency.html": site.page("Latency vs tokens", "latency.html", h.no_data(msg))}
     timed = timed_rows(run)
+    base_all = baseline_rows(run)
     sections = []
     for (op,) in sorted(group(timed, "op"), key=lambda k: sort_key(k[0])):
         rows = [r for r in timed if r["op"] == op]
-        traces = latency_traces(op, rows)
+        bases = [r for r in base_all if r["op"] == op]
+        traces = latency_traces(op, rows, bases)
         has_ratio = any(t["yaxis"] == "y2" for t in traces)
         ticks = sorted({r["tokens"] for r in rows if r.get("tokens") is not None})
         layout = {
             "xaxis": {"title": {"text": "tokens"}, "type": "log", "anchor": "y2" if has_ratio
                       else "y", "tickvals": ticks, "ticktext": [str(t) for t in ticks]},
             "yaxis": {"title": {"text": "median µs"}, "type": "log",
-                      "domain": [0.38, 1] if has_ratio else [0, 1]},
+                      "domain": [0.38, 1] if has_ratio else [0, 1],
+                      **h.log_ticks(y for t in traces if t["yaxis"] == "y" for y in t["y"])},
             "legend": {"orientation": "v", "x": 1.02, "y": 1},
             "margin": {"r": 260, "t": 16, "b": 50},
         }
@@ -116,8 +150,8 @@ def render(site: Site) -> dict[str, str]:
                                  "y0": 1, "y1": 1, "line": {"color": "#999", "dash": "dot",
                                                             "width": 1}}]
         chart = h.chart(f"latency-{slug(op)}", traces, layout, height=520 if has_ratio else 400)
-        ordered = sorted(rows, key=lambda r: tuple(sort_key(r.get(f)) for f in
-                                                   (*SERIES_FIELDS, "tokens")))
+        ordered = sorted(rows + bases, key=lambda r: tuple(sort_key(r.get(f)) for f in
+                                                           (*SERIES_FIELDS, "tokens")))
         table = h.table(
             ["tp", "transport", "hidden", "variant", "tokens", "median µs", "p99 µs",
              "max-over-ranks µs", "baseline", "baseline µs", "ratio", "outcome", "latency"],
@@ -131,8 +165,9 @@ def render(site: Site) -> dict[str, str]:
         sections.append(h.section(h.op_chip(op), chart,
                                   h.tag("details", h.Markup(h.tag("summary", "numbers") + table)),
                                   id=f"op-{slug(op)}"))
-    note = ("Solid: this kernel's median; dashed: its baseline (same colour); lower panel: "
-            "ratio = median / baseline (below 1 is faster). Log axes.")
+    note = ("Solid: this kernel's median; dashed: each baseline timed in the same run (same "
+            "colour, one dash pattern per baseline: unfused, symm_mem, flashinfer_oneshot, ...); "
+            "lower panel: ratio = median / first baseline (below 1 is faster). Log axes.")
     sub = h.join(["Run ", h.tag("code", run.run_id), f" · {run.trigger} · {h.fmt(run.started_at)}"])
     body = h.join([h.tag("p", note, cls="note"), *sections])
     return {"latency.html": site.page("Latency vs tokens", "latency.html", body, charts=True,

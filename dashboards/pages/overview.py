@@ -7,6 +7,7 @@ from dashboards import html as h
 from dashboards import palette
 from dashboards.model import OUTCOME_ORDER, Row, group, is_baseline, slug, sort_key
 from dashboards.pages import Site, details_href, latency, no_results, trends
+from jobs.results import row_job
 
 MAX_RUNS_LISTED = 60
 
@@ -39,7 +40,8 @@ def render(site: Site) -> dict[str, str]:
     c = counts(site, rows)
     env = run.env()
     duration = (run.finished_at - run.started_at).total_seconds() if run.finished_at else None
-    meta = [("run", run.run_id), ("trigger", run.trigger), ("started", h.fmt(run.started_at)),
+    meta = [("run", run.run_id), ("status", _status(run)), ("trigger", run.trigger),
+            ("started", h.fmt(run.started_at)),
             ("duration", f"{duration:,.0f} s" if duration is not None else None),
             ("suites", ", ".join(run.suites)),
             ("commit", ", ".join(str(v)[:12] for v in env["git_commit"]) or None),
@@ -65,8 +67,9 @@ def render(site: Site) -> dict[str, str]:
     op_rows = []
     for (op,) in ops:
         oc = counts(site, by_op[(op,)])
-        links = [h.link(f"details-{slug(op)}.html", "details"),
-                 h.link(f"correctness.html#op-{slug(op)}", "matrix")]
+        links = [h.link(f"details-{slug(op)}.html", "details")]
+        if any(row_job(r) == "correctness" for r in by_op[(op,)]):
+            links.append(h.link(f"correctness.html#op-{slug(op)}", "matrix"))
         if op in trend_ops:
             links.append(h.link(f"trends-{slug(op)}.html", "trends"))
         if op in latency_ops:
@@ -81,7 +84,8 @@ def render(site: Site) -> dict[str, str]:
     topo_rows = []
     for key in sorted(by_topo, key=lambda k: tuple(sort_key(v) for v in k)):
         tc = counts(site, by_topo[key])
-        topo_rows.append([*key, len(by_topo[key]), *_count_cells(tc, COUNT_KEYS)])
+        topo_rows.append([h.topology(key[0]), *key[1:], len(by_topo[key]),
+                          *_count_cells(tc, COUNT_KEYS)])
     topo_table = h.table(["topology", "tp", "transport", "placement", "cases", *COUNT_KEYS],
                          topo_rows, numeric=range(4, 5 + len(COUNT_KEYS)), id="by-topology")
 
@@ -103,12 +107,21 @@ def render(site: Site) -> dict[str, str]:
         links = [h.link(f"environment.html#run-{r.run_id}", "environment")]
         if prev:
             links.append(h.link(f"compare.html?a={prev.run_id}&b={r.run_id}", "vs previous"))
-        run_rows.append([h.tag("code", r.run_id, cls="run"), r.trigger, h.fmt(r.started_at), len(r.rows),
+        run_rows.append([h.tag("code", r.run_id, cls="run"), _status(r), r.trigger,
+                         h.fmt(r.started_at), len(r.rows),
                          *_count_cells(rc, COUNT_KEYS), h.join(links, " · ")])
-    runs_table = h.table(["run", "trigger", "started", "cases", *COUNT_KEYS, "links"], run_rows,
-                         numeric=range(3, 4 + len(COUNT_KEYS)), id="runs")
+    runs_table = h.table(["run", "status", "trigger", "started", "cases", *COUNT_KEYS, "links"],
+                         run_rows, numeric=range(4, 5 + len(COUNT_KEYS)), id="runs")
 
+    warning = (h.tag("p", f"This run is {run.status.upper()}: "
+                     + ("its driver went away before it finished; its counts cover only the "
+                        "cases that ended, and it is no regression baseline."
+                        if run.status == "incomplete" else
+                        "it has not finished yet; it is no regression baseline."),
+                     cls="incomplete", id="run-status")
+               if run.status in ("incomplete", "running") else "")
     body = h.join([
+        warning,
         cards,
         h.section("Latest run", meta_html),
         h.section("Needs attention", att_table, skipped_html, id="attention-section",
@@ -125,6 +138,11 @@ def render(site: Site) -> dict[str, str]:
     return {"index.html": site.page("Overview", "index.html", body, charts=True, subtitle=sub)}
 
 
+def _status(run) -> h.Markup:
+    """The run's manifest status as a badge (``unrecorded``: no manifest)."""
+    return h.tag("span", run.status, cls=f"status-{run.status}", data_k="run-status")
+
+
 def _case_table(site: Site, rows: list[Row], empty: str, table_id: str,
                 good: bool = False) -> h.Markup:
     out = []
@@ -137,10 +155,10 @@ def _case_table(site: Site, rows: list[Row], empty: str, table_id: str,
             why = (f"median {h.us(v.value)} µs vs {h.us(v.mean)} µs mean of the last "
                    f"{v.history} nightly runs ({v.value / v.mean - 1:+.1%}; flagged above "
                    f"{h.us(v.threshold)} µs)")
-        out.append([what, h.op_chip(r["op"]), h.link(details_href(r), _case(r)), why,
-                    h.tag("code", r.get("repro_command") or "—")])
+        out.append([what, h.op_chip(r["op"]), h.link(details_href(r), _case(r)),
+                    h.tag("div", why or "—", cls="reason"), h.repro(r.get("repro_command"))])
     return h.table(["outcome", "op", "case", "why", "reproduce"], out, empty=empty,
-                   empty_is_good=good, id=table_id)
+                   empty_is_good=good, id=table_id, cls="details")
 
 
 def _case(r: Row) -> str:

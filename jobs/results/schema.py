@@ -25,7 +25,11 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
+"""2: the ``job`` column. 3: files leave out ``suite`` (the partition key
+gives it) and the per-run facts (``runs.RUN_FACTS``, kept once in the run
+manifest); readers fill both in, so ``read_results`` returns the same
+columns as for version 2."""
 SCHEMA_VERSION_KEY = b"lamport_lab.schema_version"
 
 OUTCOMES = ("pass", "fail", "hang", "error", "skipped")
@@ -34,6 +38,8 @@ TRIGGERS = ("nightly", "adhoc", "ci")
 #: cpu-reference: torch references only; compile: kernels compiled for an
 #: arch and their PTX checked, nothing launched.
 BACKENDS = ("gpu", "emulated", "cpu-reference", "compile")
+#: The job that wrote a row (``python -m jobs <job>``; the nightly runs each).
+JOBS = ("selfcheck", "compile-check", "correctness", "faults", "profile")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("git_commit", pa.string(), "-", "commit SHA of the code that ran"),
     # Case identity.
     Column("suite", pa.string(), "-", "suite name; also the partition key", True),
+    Column("job", pa.string(), "-", "one of JOBS: the job that wrote the row (null in files "
+           "of schema version 1)"),
     Column("op", pa.string(), "-", "operation, e.g. allreduce_norm", True),
     Column("variant", pa.string(), "-", "kernel variant / tuning name"),
     Column("transport", pa.string(), "-", "multicast or unicast"),
@@ -108,7 +116,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("fault_fragment", pa.int32(), "index", "fragment where the watchdog fired"),
     Column("fault_stage", pa.int32(), "index", "Lamport generation (0..2)"),
     Column("diagnosis", pa.string(), "-", "human-readable fault diagnosis"),
-    Column("repro_command", pa.string(), "-", "one command that reproduces the case"),
+    Column("repro_command", pa.string(), "-", "one command that reruns exactly this case "
+           "(every row that did not pass has one)"),
     # Environment.
     Column("nodes", pa.int32(), "count", "nodes in the run"),
     Column("gpu_model", pa.string(), "-", "GPU name"),
@@ -121,7 +130,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("pyarrow", pa.string(), "-", "pyarrow version"),
     Column("python", pa.string(), "-", "Python version"),
     Column("hostname", pa.string(), "-", "host that wrote the row"),
-    Column("topology", pa.string(), "-", "summary of the GPU interconnect"),
+    Column("topology", pa.string(), "JSON", "the cluster as discovered: nodes, GPUs, links, "
+           "layouts (cluster.topology.Topology.summary(); brief() reads it as one line)"),
     Column("multicast_supported", pa.bool_(), "-", "NVLS multicast usable by the group"),
     Column("extra", pa.string(), "JSON", "JSON object for anything else"),
 )
@@ -136,7 +146,7 @@ SCHEMA = pa.schema(
 )
 
 _NAMES = frozenset(c.name for c in COLUMNS)
-_CHOICES = {"outcome": OUTCOMES, "trigger": TRIGGERS, "backend": BACKENDS}
+_CHOICES = {"outcome": OUTCOMES, "trigger": TRIGGERS, "backend": BACKENDS, "job": JOBS}
 
 
 def make_row(**fields: Any) -> dict[str, Any]:
@@ -144,7 +154,7 @@ def make_row(**fields: Any) -> dict[str, Any]:
 
     Raises ValueError naming the offending field when a name is not a column,
     ``outcome`` is not in OUTCOMES, ``trigger``/``backend`` is set to a value
-    outside TRIGGERS/BACKENDS, a timestamp is naive, or ``extra`` is not a
+    outside TRIGGERS/BACKENDS/JOBS, a timestamp is naive, or ``extra`` is not a
     JSON object. ``extra`` may be given as a mapping (it is serialised) and
     ``missing_ranks`` as any iterable of ints (it is sorted). Applying
     make_row to its own result returns an equal row. Value types are checked
@@ -167,6 +177,20 @@ def make_row(**fields: Any) -> dict[str, Any]:
     if row["missing_ranks"] is not None:
         row["missing_ranks"] = sorted(row["missing_ranks"])
     return row
+
+
+def row_job(row: Mapping[str, Any]) -> str | None:
+    """The job that wrote ``row``: its ``job`` column, or for files of
+    schema version 1 ``extra.job`` (compile and self-check rows had none:
+    their backend says it)."""
+    if row.get("job"):
+        return row["job"]
+    extra = row.get("extra") or {}
+    try:
+        job = (extra if isinstance(extra, Mapping) else json.loads(extra)).get("job")
+    except (json.JSONDecodeError, TypeError, AttributeError):
+        job = None
+    return job or {"compile": "compile-check", "cpu-reference": "selfcheck"}.get(row.get("backend"))
 
 
 def _json_object(extra: Mapping[str, Any] | str | None) -> str | None:
@@ -214,3 +238,13 @@ def _bad_value(values: list[Any], type_: pa.DataType) -> str:
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             return f"row {index} value {value!r}"
     return "values"
+
+
+def markdown_table() -> str:
+    """``COLUMNS`` as the Markdown table of docs/results-schema.md
+    (``python -m jobs schema`` prints it; a test keeps the doc equal)."""
+    lines = ["| column | type | unit | meaning |", "| --- | --- | --- | --- |"]
+    for c in COLUMNS:
+        doc = c.doc.replace("|", "\\|") + (" (always set)" if c.required else "")
+        lines.append(f"| `{c.name}` | {c.type} | {c.unit} | {doc} |")
+    return "\n".join(lines)

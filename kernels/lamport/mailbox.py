@@ -19,10 +19,12 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from kernels.validation import require_int, require_multiple, require_tp
+
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, ERR_COUNT,
                        ERR_DEFAULT_RECORDS, ERR_HEADER_WORDS, ERR_MISSING_MASK,
                        ERR_RECORD_WORDS, ERR_UNSANITIZED_MASK, NEXT_STAGE,
-                       SENTINEL_INT16, error_buffer_words, mailbox_shape)
+                       SENTINEL_INT16, VEC_BF16, error_buffer_words, mailbox_shape)
 
 # ---------------------------------------------------------------- multicast gate
 MULTICAST_KILL_SWITCHES = {
@@ -202,6 +204,9 @@ class Mailbox:
                       device: torch.device | str | None = None,
                       error_records: int = ERR_DEFAULT_RECORDS) -> list["Mailbox"]:
         """tp mailboxes on one GPU; each rank's peer table lists all buffers."""
+        require_tp("tp", tp)
+        require_int("capacity", capacity, low=1)
+        require_multiple("hidden", hidden, VEC_BF16)
         device = torch.device(device if device is not None else "cuda")
         buffers = [torch.empty(mailbox_shape(tp, capacity, hidden), dtype=torch.bfloat16,
                                device=device) for _ in range(tp)]

@@ -1,15 +1,19 @@
-"""cluster.gpu.timing on GPUs: the profile job's tp > 1 timed call.
+"""The measurement harness (cluster.measure) on GPUs: the profile job's
+timed call on the ranks of a group (``GpuRank.time_case``).
 
 - One GPU, no Ray: a :class:`~cluster.gpu.GpuRank` set up as the only rank
   of a process-per-GPU group (NCCL + torch symmetric memory, world size 1)
-  times AllReduceNorm and AllReduceMHC with the NCCL and symmetric-memory
-  baselines captured in CUDA graphs, the same code path each rank of a
-  multi-GPU group runs (barrier before every replay included).
+  times every collective op's workload (all_reduce_norm, finalize_publish,
+  embed_norm, all_reduce_mhc) with the NCCL and symmetric-memory baselines
+  captured in CUDA graphs, the same code path each rank of a multi-GPU
+  group runs (barrier before every replay included); FlashInfer is a skip
+  there (it needs a TP group of >= 2).
 - Several GPUs (``multigpu``, Ray): a tp=2 process-per-GPU group, every rank
-  timing at once.
+  timing at once, FlashInfer one-shot and two-shot timed where it is
+  importable (else skipped with that reason).
 
 Run under a process timeout:
-    timeout 300 python -m pytest -m gpu -v -s tests/gpu/test_timing_gpu.py
+    timeout 900 python -m pytest -m gpu -v -s tests/gpu/test_timing_gpu.py
 Medians printed here are sanity output, not results (the profile job and
 the benchmarks record those).
 """
@@ -24,28 +28,51 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 HIDDEN, CAPACITY, TOKENS, REPLAYS = 5120, 16, 8, 30
-OPS = ("all_reduce_norm", "all_reduce_mhc")
+OPS = ("all_reduce_norm", "finalize_publish", "embed_norm", "all_reduce_mhc")
 
 
 def spec(op: str) -> dict:
     return {"op": op, "hidden": HIDDEN, "tokens": TOKENS, "hc": 4 if op == "all_reduce_mhc" else None,
+            "top_k": 8 if op == "finalize_publish" else None,
             "calls": 20, "replays": REPLAYS, "rotate_mb": 16, "eps": 1e-6,
             "watchdog_ns": 1_000_000_000, "seed": TOKENS,
             "baselines": ["unfused", "symm_mem", "flashinfer"]}
 
 
-def check_timings(per_rank: list[dict], tp: int, label: str) -> None:
+def flashinfer_importable() -> bool:
+    try:
+        import flashinfer.comm  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def check_timings(per_rank: list[dict], tp: int, op: str, label: str) -> None:
     assert [r["rank"] for r in per_rank] == list(range(tp))
+    fi_timed = op == "all_reduce_norm" and tp > 1 and flashinfer_importable()
+    timed = ["fused", "unfused", "symm_mem"] + (
+        ["flashinfer_oneshot", "flashinfer_twoshot"] if fi_timed else [])  # M=8 > tp=2
     for r in per_rank:
         impls = r["impls"]
-        for name in ("fused", "unfused", "symm_mem"):
+        if op != "all_reduce_norm":
+            assert "has no flashinfer baseline" in impls["flashinfer"]["skipped"]
+        elif tp == 1:
+            for mode in ("oneshot", "twoshot"):
+                assert "skipped" in impls[f"flashinfer_{mode}"]
+        elif fi_timed:
+            extra = impls["flashinfer_oneshot"]["extra"]
+            assert extra["mode"] == "oneshot" and extra["contract_diff"]["elements"] > 0
+        else:
+            assert impls["flashinfer_oneshot"]["skipped"].startswith(
+                "flashinfer is not importable here")
+        for name in timed:
             times = impls[name]["times_us"]
             assert len(times) == REPLAYS and all(0.5 < t < 1000 for t in times), (name, times)
             assert impls[name]["compile_s"] > 0
-        assert "skipped" in impls["flashinfer"]
+        assert r["bytes_moved"] == TOKENS * HIDDEN * 2 and r["sets"] >= 2
     print(f"\n{label} medians (us):",
           {n: [round(float(np.median(r["impls"][n]["times_us"])), 2) for r in per_rank]
-           for n in ("fused", "unfused", "symm_mem")})
+           for n in timed})
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +94,15 @@ def lone_rank():
 
 @pytest.mark.parametrize("op", OPS)
 def test_time_case_as_the_only_rank_of_a_process_per_gpu_group(lone_rank, op):
-    check_timings([lone_rank.time_case(spec(op))], 1, f"{op} tp=1 (process-per-GPU group of one)")
+    check_timings([lone_rank.time_case(spec(op))], 1, op,
+                  f"{op} tp=1 (process-per-GPU group of one)")
     state = lone_rank.state()
     assert state["check"]["non_sentinel"] == 0, state  # the timed graphs left the mailbox clean
 
 
 def test_time_case_refuses_bad_specs(lone_rank):
-    with pytest.raises(ValueError, match="no timing for op 'embed_norm'"):
-        lone_rank.time_case({**spec("all_reduce_norm"), "op": "embed_norm"})
+    with pytest.raises(ValueError, match="no timing workload for op 'nonesuch'"):
+        lone_rank.time_case({**spec("all_reduce_norm"), "op": "nonesuch"})
     with pytest.raises(ValueError, match=r"tokens must be in 1..capacity=16, got 17"):
         lone_rank.time_case({**spec("all_reduce_norm"), "tokens": 17})
 
@@ -93,8 +121,8 @@ def test_process_per_gpu_group_times_every_rank_at_once(op):
     try:
         with TPGroup(tp=2, hidden=HIDDEN, capacity=CAPACITY, backend="gpu", gpus_per_rank=1,
                      call_timeout_s=10.0, setup_timeout_s=120) as g:
-            per_rank = g.time(spec(op), timeout_s=300)
-        check_timings(per_rank, 2, f"{op} tp=2 process per GPU")
+            per_rank = g.time(spec(op), timeout_s=600)  # FlashInfer JIT-builds its module first (minutes)
+        check_timings(per_rank, 2, op, f"{op} tp=2 process per GPU")
     finally:
         if started:
             ray.shutdown()

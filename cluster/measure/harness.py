@@ -1,0 +1,123 @@
+"""Time one case on one rank: the fused op and its baselines
+(:func:`time_case`), on a lone GPU (:func:`measure_tp1`, the profile job's
+tp=1 task) or on every rank of a process-per-GPU TP group at once
+(``GpuRank.time_case``).
+
+Per implementation, on every rank together:
+
+1. barrier; build it and run it once on set 0 (compile, load, NCCL /
+   symmetric-memory / workspace set-up), timed apart as ``compile_s``
+   inside an NVTX ``... compile`` range;
+2. the fused op's outputs checked against the reference (the workload's
+   ``check``); the ranks then agree (an all-reduce of a flag) so that all
+   of them stop, or go on, together: a rank timing on alone would wait at
+   the next barrier for peers that have already raised;
+3. barrier; one CUDA graph of max(``calls``, sets) calls over the rotating
+   sets, replayed ``replays`` times with a barrier (NCCL barrier + device
+   synchronize) before each replay, inside an NVTX range.
+
+Returns ``{"rank", "impls": {name: {"times_us": [...], "compile_s": s,
+"extra": {...}} | {"skipped": why} | {"failed": why}}, "sets", "set_bytes", "calls",
+"bytes_moved", "bus_factor", "collective", "before", "after", "device"}``
+(``before`` / ``after``: :func:`cluster.measure.clocks.gpu_state`). The
+fused op failing its check raises AssertionError on every rank (the row is
+``fail``); a baseline that cannot run is ``skipped`` with why, one whose
+outputs are beyond its tolerance ``failed``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from cluster.measure.clocks import gpu_state
+from cluster.measure.graph import graph_calls, rotating, time_graph
+from cluster.measure.nvtx import nvtx_range, range_name
+from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
+from cluster.measure.workloads import builder
+
+
+def baseline_impls(requested: str, work: Workload) -> list[str]:
+    """The workload's implementations of a requested baseline: the name
+    itself or its modes (``flashinfer`` -> ``flashinfer_oneshot``, ...)."""
+    return [name for name in work.baselines
+            if name == requested or name.startswith(requested + "_")]
+
+
+def time_case(ctx: RankContext, spec: Mapping, workload: str | None = None) -> dict:
+    """See the module docstring. ``spec``: :data:`cluster.measure.workload.SPEC_KEYS`;
+    ``workload``: the builder's dotted name (default ``cluster.measure.workloads.<op>``)."""
+    import torch
+
+    s = Spec.of(spec)
+    work = builder(s.op, workload)(ctx, s)
+    calls = graph_calls(s.calls, work.sets)
+    before = gpu_state()
+    impls = {"fused": _timed(ctx, s, work, "fused", work.fused, calls, fused=True)}
+    for requested in s.baselines:
+        names = baseline_impls(requested, work)
+        if not names:
+            impls[requested] = {"skipped": f"{s.op} has no {requested} baseline; its baselines: "
+                                           f"{sorted(work.baselines)}"}
+        for name in names:
+            impls[name] = _timed(ctx, s, work, name, work.baselines[name], calls)
+    return {"rank": ctx.rank, "impls": impls, "sets": work.sets, "set_bytes": work.set_bytes,
+            "calls": calls,
+            "bytes_moved": work.bytes_moved, "bus_factor": work.bus_factor,
+            "collective": work.collective, "before": before, "after": gpu_state(),
+            "device": torch.cuda.get_device_name(ctx.device)}
+
+
+def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[[], Call],
+           calls: int, *, fused: bool = False) -> dict:
+    import torch
+
+    names = dict(tp=ctx.tp, hidden=s.hidden, tokens=s.tokens)
+    ctx.barrier()
+    failure, raised, call = None, None, None
+    with nvtx_range(range_name(s.op, name, compile=True, **names), s.tokens):
+        t0 = time.perf_counter()
+        try:
+            call = make()
+            call.fn(0)
+            torch.cuda.synchronize(ctx.device)
+        except Unavailable as err:
+            failure, raised = {"skipped": str(err)}, err
+        except AssertionError as err:
+            failure, raised = {"failed": f"{name}: {err}"[:500]}, err
+        except Exception as err:  # noqa: BLE001 - a baseline this stack lacks is a skip
+            failure, raised = {"skipped": f"{name} unavailable: {type(err).__name__}: "
+                                          f"{err}"[:300]}, err
+        compile_s = time.perf_counter() - t0
+    others = ctx.failed_elsewhere(failure is not None) - (failure is not None)
+    if fused and failure is None and not others:
+        try:
+            work.check()
+        except AssertionError as err:
+            failure, raised = {"failed": str(err)}, err
+        others = ctx.failed_elsewhere(failure is not None) - (failure is not None)
+    if fused and raised is not None:
+        raise raised  # the fused op's own error or wrong answer: the case's outcome
+    if fused and others:
+        raise AssertionError(f"rank {ctx.rank}: the fused op failed on {others} other "
+                             f"rank(s) of the group")
+    if failure is not None:
+        return failure
+    if others:
+        return {"skipped": f"{name} could not run on {others} other rank(s) of the group"}
+    ctx.barrier()
+    with nvtx_range(range_name(s.op, name, **names), s.tokens):
+        times = time_graph(rotating(call.fn, work.sets), calls, s.replays,
+                           before_replay=ctx.barrier)
+    return {"times_us": times, "compile_s": compile_s, "extra": call.extra}
+
+
+def measure_tp1(spec: Mapping) -> dict:
+    """:func:`time_case` on this process's GPU alone (the profile job's tp=1
+    Ray task holding one GPU): the fused kernel on its own tp=1 mailbox,
+    the all-reduces the identity (``symm_mem`` over a world-size-1 group)."""
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    ctx = RankContext(rank=0, tp=1, device=device, capacity=int(spec["tokens"]), dist=False)
+    return time_case(ctx, spec)

@@ -1,0 +1,116 @@
+"""all_reduce_norm and finalize_publish (AllReduceNorm fed a partial, or a
+MoE output finalized inside the publish).
+
+Per rotation set: this rank's partial (or its MoE output: every route held,
+TP-sharded experts), the residual and outputs; norm weight shared. Check:
+residual_out bit-exact, norm_out within ``cluster.cases.NORM_MAX_ULP`` of
+the reference over every rank's inputs (finalize: the exact-FMA finalize
+reference, :func:`kernels.reference.moe.all_reduce_norm_finalize`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cluster.cases import NORM_MAX_ULP
+from cluster.measure.graph import rotation_sets
+from cluster.measure.workload import Call, RankContext, Spec, Workload
+from cluster.measure.workloads.common import (BF16, all_reduce_baselines, all_reduce_factor,
+                                              check_capacity, generators, randn)
+from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
+
+
+def _kernel(ctx: RankContext, spec: Spec, **kw):
+    from kernels.lamport.all_reduce_norm import AllReduceNorm
+    return AllReduceNorm(hidden_size=spec.hidden, max_num_tokens=ctx.capacity, eps=spec.eps,
+                         transport=spec.transport, watchdog_ns=spec.watchdog_ns,
+                         mailbox=ctx.mailbox, device=ctx.device, **kw)
+
+
+def _epilogue(residuals, weight, spec: Spec):
+    """The unfused tail: ``(rms_norm(reduced + residual), reduced + residual)``."""
+    def tail(reduced, i):
+        s = reduced + residuals[i]
+        return torch.nn.functional.rms_norm(s, (spec.hidden,), weight, spec.eps), s
+    return tail
+
+
+def all_reduce_norm_workload(ctx: RankContext, spec: Spec) -> Workload:
+    from kernels.reference.allreduce import all_reduce_norm
+
+    check_capacity(ctx, spec)
+    m, h, dev = spec.tokens, spec.hidden, ctx.device
+    set_bytes = 4 * m * h * 2  # x, residual, norm_out, residual_out
+    sets = rotation_sets(spec.rotate_mb, set_bytes)
+    mine, shared = generators(ctx, spec)
+    xs = randn((sets, m, h), mine, dev)
+    residuals = randn((sets, m, h), shared, dev)
+    weight = randn((h,), shared, dev, scale=0.1, offset=1.0)
+    outs = torch.empty(2, sets, m, h, dtype=BF16, device=dev)
+
+    def fused() -> Call:
+        op = _kernel(ctx, spec)
+        return Call(lambda i: op(xs[i], residuals[i], weight, out=(outs[0, i], outs[1, i])))
+
+    def check() -> None:
+        ref_norm, ref_res = all_reduce_norm(ctx.gather(xs[0]), residuals[0], weight, spec.eps)
+        assert_bit_exact(outs[1, 0], ref_res, "residual_out")
+        assert_within_ulp(outs[0, 0], ref_norm, NORM_MAX_ULP, "norm_out")
+
+    baselines = all_reduce_baselines(ctx, (m, h), lambda i: xs[i],
+                                     _epilogue(residuals, weight, spec))
+    from cluster.measure.workloads.flashinfer import flashinfer_baselines
+    baselines.update(flashinfer_baselines(ctx, spec, xs, residuals, weight))
+    return Workload("all_reduce_norm", sets, set_bytes, m * h * 2, all_reduce_factor(ctx.tp),
+                    fused, check, baselines)
+
+
+def torch_finalize(gemm2, weights, idx, shared_out):
+    """The unfused MoE finalize: gather the routed rows, FP32 weighted sum,
+    + shared expert, rounded to BF16 ([M, hidden]); -1 routes contribute 0."""
+    held = idx >= 0
+    rows = gemm2[idx.clamp_min(0).long()]  # [M, K, H]
+    w = torch.where(held, weights.float(), torch.zeros_like(weights, dtype=torch.float32))
+    routed = (rows.float() * w.unsqueeze(-1)).sum(1)
+    return (routed + shared_out.float()).to(BF16)
+
+
+def finalize_publish_workload(ctx: RankContext, spec: Spec) -> Workload:
+    from kernels.moe import MoEOutput, RoutedExperts
+    from kernels.reference.moe import MoEPartial, all_reduce_norm_finalize
+
+    check_capacity(ctx, spec)
+    if spec.top_k is None:
+        raise ValueError("finalize_publish timing needs top_k in the spec")
+    m, h, k, dev = spec.tokens, spec.hidden, spec.top_k, ctx.device
+    set_bytes = (m * k + 4) * h * 2  # routed rows, shared, residual, 2 outputs
+    sets = rotation_sets(spec.rotate_mb, set_bytes)
+    mine, shared = generators(ctx, spec)
+    gemm2 = randn((sets, m * k, h), mine, dev)
+    weights = torch.rand(sets, m, k, generator=mine).to(dev)
+    idx = torch.stack([torch.randperm(m * k, generator=mine) for _ in range(sets)]).to(
+        torch.int32).view(sets, m, k).to(dev)
+    shared_out = randn((sets, m, h), mine, dev)
+    residuals = randn((sets, m, h), shared, dev)
+    weight = randn((h,), shared, dev, scale=0.1, offset=1.0)
+    outs = torch.empty(2, sets, m, h, dtype=BF16, device=dev)
+    moes = [MoEOutput(RoutedExperts(gemm2[i], weights[i], idx[i]), shared_out[i])
+            for i in range(sets)]
+
+    def fused() -> Call:
+        op = _kernel(ctx, spec, top_k=k)
+        return Call(lambda i: op(moes[i], residuals[i], weight, out=(outs[0, i], outs[1, i])),
+                    {"top_k": k, "expert_weights": "float32"})
+
+    def check() -> None:
+        parts = [MoEPartial(*p) for p in zip(ctx.gather(gemm2[0]), ctx.gather(weights[0]),
+                                             ctx.gather(idx[0]), ctx.gather(shared_out[0]))]
+        ref_norm, ref_res = all_reduce_norm_finalize(parts, residuals[0], weight, spec.eps)
+        assert_bit_exact(outs[1, 0], ref_res, "residual_out")
+        assert_within_ulp(outs[0, 0], ref_norm, NORM_MAX_ULP, "norm_out")
+
+    baselines = all_reduce_baselines(
+        ctx, (m, h), lambda i: torch_finalize(gemm2[i], weights[i], idx[i], shared_out[i]),
+        _epilogue(residuals, weight, spec))
+    return Workload("finalize_publish", sets, set_bytes, m * h * 2, all_reduce_factor(ctx.tp),
+                    fused, check, baselines)

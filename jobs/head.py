@@ -1,0 +1,250 @@
+"""A local Ray head for ``ray job submit`` (``python -m jobs head start|stop``)
+and what ``python -m jobs submit`` needs to reach one.
+
+``start`` runs ``ray start --head --block`` in its own session with token
+authentication (``RAY_AUTH_MODE=token``; the token is a 0600 file in the
+head directory, passed to Ray as ``RAY_AUTH_TOKEN_PATH``), every server on
+127.0.0.1 and every port free when it starts (none of Ray's fixed defaults:
+6379, 8265, 52365, 10001 may belong to another cluster on the machine). It
+returns once the head's job agent answers (the agent, not the dashboard,
+takes a submitted job: a submit before it is up fails with "No available
+agent"), and records the head in ``DIR/head.json``. ``stop`` ends that
+process group (SIGTERM, then SIGKILL), never ``ray stop``, which stops every
+Ray on the machine.
+
+Auth, as Ray 2.60 does it (``ray._private.authentication``): the mode comes
+from ``RAY_AUTH_MODE`` (``token`` or ``disabled``); the token from
+``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH``, else
+``~/.ray/auth_token``; HTTP clients send ``Authorization: Bearer <token>``.
+``/api/version`` and the ``*healthz`` paths answer without a token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.config import ConfigError
+
+HEAD_DIR_ENV = "LAMPORT_HEAD_DIR"
+DEFAULT_HEAD_DIR = Path(".ray-head")
+TOKEN_FILE = "auth_token"
+STATE_FILE = "head.json"
+
+
+def head_dir(given: Path | None = None) -> Path:
+    """``--dir``, else ``$LAMPORT_HEAD_DIR``, else ``.ray-head``."""
+    return Path(given or os.environ.get(HEAD_DIR_ENV) or DEFAULT_HEAD_DIR)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_token(path: Path) -> None:
+    """A new random token in ``path``, readable by its owner only (created
+    0600, never widened)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    os.chmod(path, 0o600)
+
+
+# --------------------------------------------------------------------- HTTP
+def http_status(url: str, token: str | None = None, timeout_s: float = 5.0) -> int:
+    """The HTTP status of GET ``url`` (with the bearer token when given);
+    OSError when nothing answers."""
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@dataclass(frozen=True)
+class Auth:
+    """How to talk to a job server: ``env`` for the ``ray`` CLI
+    (RAY_AUTH_MODE and where the token is), ``why`` in words."""
+
+    env: dict[str, str]
+    why: str
+
+
+def token_sources(head: Path | None) -> list[tuple[str, dict[str, str], str]]:
+    """(description, env for Ray, token) of every token this side has, in
+    Ray's order (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token),
+    the head directory's token first when ``head`` is given."""
+    found = []
+
+    def from_file(label: str, path: Path) -> None:
+        with contextlib.suppress(OSError):
+            token = path.read_text().strip()
+            if token:
+                found.append((f"{label} {path}", {"RAY_AUTH_TOKEN_PATH": str(path.resolve())},
+                              token))
+
+    if head is not None:
+        from_file("the head's token file", head / TOKEN_FILE)
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        found.append(("RAY_AUTH_TOKEN", {"RAY_AUTH_TOKEN": os.environ["RAY_AUTH_TOKEN"].strip()},
+                      os.environ["RAY_AUTH_TOKEN"].strip()))
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        from_file("RAY_AUTH_TOKEN_PATH", Path(os.environ["RAY_AUTH_TOKEN_PATH"]))
+    from_file("Ray's default token file", Path.home() / ".ray" / TOKEN_FILE)
+    return found
+
+
+def job_server_auth(url: str, head: Path | None = None, timeout_s: float = 10.0) -> Auth:
+    """Reach the job server at ``url`` and find how to authenticate: none
+    when it takes requests without a token, else the first token this side
+    has that it accepts. ConfigError (exit 2) in one line when nothing
+    answers at ``url`` or no token is accepted."""
+    try:
+        http_status(f"{url}/api/version", timeout_s=timeout_s)
+        status = http_status(f"{url}/api/jobs/", timeout_s=timeout_s)
+    except OSError as err:
+        reason = getattr(err, "reason", None) or err
+        raise ConfigError(
+            f"no Ray job server answers at {url} ({reason}); start a head with "
+            f"`python -m jobs head start` or give the address of one (--address "
+            f"http://HEAD:8265 or RAY_ADDRESS)") from None
+    if status not in (401, 403):
+        return Auth({"RAY_AUTH_MODE": "disabled"}, "the job server takes requests without a token")
+    tried = []
+    for label, env, token in token_sources(head):
+        if http_status(f"{url}/api/jobs/", token=token, timeout_s=timeout_s) < 400:
+            return Auth({"RAY_AUTH_MODE": "token", **env}, f"token authentication ({label})")
+        tried.append(label)
+    raise ConfigError(
+        f"the Ray job server at {url} requires a token and "
+        + (f"refused every one this side has ({'; '.join(tried)})" if tried else
+           "none was found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)")
+        + "; give the head's token in RAY_AUTH_TOKEN_PATH")
+
+
+# --------------------------------------------------------------------- head
+def read_state(head: Path) -> dict | None:
+    try:
+        return json.loads((head / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0) -> dict:
+    """Start a local head (see the module docstring); returns its state
+    (``dashboard``: the job server's URL, ``address``: the GCS address,
+    ``pid``, ``temp_dir``, ``log``). ConfigError when one recorded in
+    ``head`` still runs; RuntimeError, with the end of Ray's log, when it
+    does not come up within ``wait_s``."""
+    state = read_state(head)
+    if state and _alive(state["pid"]):
+        raise ConfigError(f"a head started from {head} still runs (pid {state['pid']}, "
+                          f"{state['dashboard']}); stop it first: python -m jobs head stop")
+    if num_cpus is not None and num_cpus < 1:
+        raise ConfigError(f"--num-cpus {num_cpus}: must be >= 1")
+    head.mkdir(parents=True, exist_ok=True)
+    token_path = (head / TOKEN_FILE).resolve()
+    if not token_path.exists():
+        write_token(token_path)
+    # Ray's unix sockets live under the temp dir: keep its path short.
+    temp_dir = tempfile.mkdtemp(prefix="lamport-ray-", dir="/tmp")
+    ports = {name: free_port() for name in ("port", "dashboard-port", "dashboard-agent-listen-port",
+                                            "dashboard-agent-grpc-port", "runtime-env-agent-port",
+                                            "metrics-export-port", "ray-client-server-port")}
+    cpus = num_cpus or max(2, os.cpu_count() or 2)
+    ray_bin = Path(sys.executable).with_name("ray")
+    argv = [str(ray_bin) if ray_bin.exists() else "ray", "start", "--head", "--block",
+            "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
+            "--include-dashboard", "true", "--num-cpus", str(cpus), "--disable-usage-stats",
+            "--temp-dir", temp_dir, *[a for k, v in ports.items() for a in (f"--{k}", str(v))]]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    log_path = (head / "head.log").resolve()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    state = {"pid": proc.pid, "address": f"127.0.0.1:{ports['port']}",
+             "dashboard": f"http://127.0.0.1:{ports['dashboard-port']}",
+             "agent": f"http://127.0.0.1:{ports['dashboard-agent-listen-port']}",
+             "temp_dir": temp_dir, "log": str(log_path), "token_path": str(token_path),
+             "num_cpus": cpus}
+    (head / STATE_FILE).write_text(json.dumps(state, indent=1))
+    token = token_path.read_text().strip()
+    deadline = time.monotonic() + wait_s
+    waiting_for = "the job server"
+    while True:
+        try:
+            if (http_status(f"{state['dashboard']}/api/jobs/", token=token) == 200
+                    and http_status(f"{state['agent']}/api/healthz") == 200):
+                return state
+            waiting_for = "the job agent"
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log_path.read_text()[-3000:]
+            stop(head)
+            why = (f"exited with {proc.returncode}" if proc.returncode is not None
+                   else f"{waiting_for} did not answer within {wait_s:.0f} s")
+            raise RuntimeError(f"the Ray head {why}; end of {log_path}:\n{tail}")
+        time.sleep(0.5)
+
+
+def stop(head: Path, grace_s: float = 3.0) -> str:
+    """End the head recorded in ``head`` (its whole process group); returns
+    what happened, in words."""
+    state = read_state(head)
+    if state is None:
+        return f"no head recorded in {head}"
+    pgid = state["pid"]
+    outcome = f"no head running (pid {pgid} already gone)"
+    # `ray start --block` does not act on SIGTERM promptly: a short grace,
+    # then SIGKILL for the whole group (gcs, raylet, dashboard, workers).
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        if not _alive(pgid):
+            break
+        outcome = f"stopped the head (pid {pgid}, {state['dashboard']})"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pgid, os.WNOHANG)
+        deadline = time.monotonic() + wait_s
+        while _alive(pgid) and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pgid, os.WNOHANG)
+            time.sleep(0.2)
+    if _alive(pgid):
+        raise RuntimeError(f"the head's process group {pgid} survived SIGKILL")
+    shutil.rmtree(state["temp_dir"], ignore_errors=True)
+    (head / STATE_FILE).unlink(missing_ok=True)
+    return outcome

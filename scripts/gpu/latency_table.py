@@ -1,0 +1,68 @@
+"""Print the latency table of a profile run: per (op, tp, hidden, M), the
+fused kernel's median (max over ranks) beside every baseline's, and ours /
+each baseline. Reads the rows ``python -m jobs profile`` wrote.
+
+    python3 scripts/gpu/latency_table.py /tmp/results [--run RUN_ID] [--markdown PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/gpu/latency_table.py")
+    p.add_argument("results")
+    p.add_argument("--run", default=None, help="run id (default: the latest run)")
+    p.add_argument("--markdown", default=None, help="also write the table here")
+    args = p.parse_args(argv)
+    import json
+
+    from jobs.results import read_results
+    rows = [r for r in read_results(args.results).to_pylist()
+            if json.loads(r.get("extra") or "{}").get("job") == "profile"]
+    if not rows:
+        print(f"no profile rows under {args.results}", file=sys.stderr)
+        return 2
+    run = args.run or max(rows, key=lambda r: r["started_at"])["run_id"]
+    rows = [r for r in rows if r["run_id"] == run]
+    cells: dict[tuple, dict[str, str]] = defaultdict(dict)
+    impls: list[str] = []
+    ours: dict[tuple, float] = {}
+    for r in rows:
+        key = (r["op"], r["tp"], r["hidden"], r["tokens"])
+        variant = r["variant"] or ""
+        impl = variant.split(":", 1)[1] if variant.startswith("baseline:") else "ours"
+        if impl not in impls:
+            impls.append(impl)
+        t = r.get("t_median_us")
+        cells[key][impl] = f"{t:.2f}" if t is not None else (
+            "n/a" if r["outcome"] == "skipped" else r["outcome"])
+        if impl == "ours" and t is not None:
+            ours[key] = t
+    impls.sort(key=lambda i: (i != "ours", i))
+    header = ["op", "tp", "hidden", "M", *[f"{i} (us)" for i in impls],
+              *[f"ours/{i}" for i in impls if i != "ours"]]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for key in sorted(cells):
+        c = cells[key]
+        ratios = []
+        for i in impls[1:]:
+            try:
+                ratios.append(f"{ours[key] / float(c[i]):.2f}")
+            except (KeyError, ValueError, ZeroDivisionError):
+                ratios.append("")
+        lines.append("| " + " | ".join([*map(str, key), *(c.get(i, "") for i in impls),
+                                         *ratios]) + " |")
+    text = f"run {run}\n" + "\n".join(lines)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""cluster.measure on CPU: rotation sizing, statistics, the max over ranks,
+the harness's per-implementation logic (skipped, failed, ranks agreeing)
+with a fake workload and a fake timer, each op's check against its
+reference with stand-in kernels, and FlashInfer's contract diff."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from cluster.measure import harness
+from cluster.measure.graph import MAX_SETS, graph_calls, rotating, rotation_sets
+from cluster.measure.stats import bandwidth, max_over_ranks, median_p10_p90, stats
+from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
+from cluster.measure.workloads import flashinfer as fi
+
+SPEC = dict(op="all_reduce_norm", hidden=64, tokens=3, calls=4, replays=5, rotate_mb=0.01,
+            eps=1e-6, baselines=["unfused"], seed=7, watchdog_ns=0)
+
+
+# ---------------------------------------------------------------- rotation, stats
+def test_rotation_sets_span_the_rotation_and_are_capped():
+    assert rotation_sets(120, 2**20) == 120
+    assert rotation_sets(120, 2**20 + 1) == 120  # ceil: 120 sets of a bit more span >= 120 MB
+    assert rotation_sets(1, 2**30) == 2  # at least two sets
+    assert rotation_sets(1e6, 16) == MAX_SETS
+    assert graph_calls(50, 8) == 50 and graph_calls(50, 120) == 120
+    for bad in ((0, 10), (10, 0)):
+        with pytest.raises(ValueError, match="must be > 0"):
+            rotation_sets(*bad)
+    seen = []
+    step = rotating(seen.append, 3)
+    for _ in range(7):
+        step()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_stats_are_the_results_timing_columns():
+    times = [float(x) for x in range(1, 101)]
+    s = stats(times)
+    assert s["t_n"] == 100 and s["t_min_us"] == 1.0 and s["t_median_us"] == 50.5
+    assert s["t_mean_us"] == 50.5 and s["t_p90_us"] == 90.0 and s["t_p99_us"] == 99.0
+    assert s["t_stdev_us"] == pytest.approx(statistics.stdev(times))
+    assert stats([3.0])["t_stdev_us"] == 0.0
+    with pytest.raises(ValueError):
+        stats([])
+    med, p10, p90 = median_p10_p90(times)
+    assert med == 50.5 and p10 < 12 and p90 > 89
+
+
+def test_max_over_ranks_and_bandwidth():
+    assert max_over_ranks([[3.0, 5.0, 3.0], [4.0, 3.0, 3.5]]) == [4.0, 5.0, 3.5]
+    with pytest.raises(ValueError, match="different replay counts"):
+        max_over_ranks([[1.0], [1.0, 2.0]])
+    bw = bandwidth(1_000_000, 1.0, 10.0)  # 1 MB in 10 us = 100 GB/s
+    assert bw["algbw_GBps"] == pytest.approx(100.0) and bw["busbw_GBps"] == pytest.approx(100.0)
+    assert bandwidth(1_000_000, 0.5, 10.0)["busbw_GBps"] == pytest.approx(50.0)
+
+
+def test_spec_names_what_is_missing_or_unknown():
+    assert Spec.of(SPEC).tokens == 3
+    with pytest.raises(ValueError, match=r"lacks \['seed'\]"):
+        Spec.of({k: v for k, v in SPEC.items() if k != "seed"})
+    with pytest.raises(ValueError, match="unknown keys"):
+        Spec.of({**SPEC, "bogus": 1})
+    with pytest.raises(ValueError, match="tokens must be >= 1"):
+        Spec.of({**SPEC, "tokens": 0})
+
+
+# ---------------------------------------------------------------- the harness
+class FakeCtx(RankContext):
+    """A rank of a group without GPUs: ``elsewhere`` other ranks report a
+    failure at each agreement."""
+
+    def __init__(self, elsewhere: int = 0, tp: int = 2):
+        super().__init__(rank=0, tp=tp, device=torch.device("cpu"), capacity=64, dist=True)
+        self.elsewhere, self.agreements = elsewhere, 0
+
+    def barrier(self):
+        pass
+
+    def gather(self, t):
+        return [t] * self.tp
+
+    def failed_elsewhere(self, failed):
+        self.agreements += 1
+        return int(failed) + self.elsewhere
+
+
+CALLS: list = []
+CHECK = {"wrong": False}
+
+
+def fake_workload(ctx, spec) -> Workload:
+    """Stands in for cluster.measure.workloads.<op> (harness.time_case's workload=)."""
+    def fused():
+        return Call(lambda i: CALLS.append(("fused", i)))
+
+    def check():
+        if CHECK["wrong"]:
+            raise AssertionError("residual_out is not bit-exact")
+
+    def unavailable():
+        raise Unavailable("flashinfer is not importable here")
+
+    def broken():
+        raise RuntimeError("no symmetric memory in this torch")
+
+    def wrong():
+        raise AssertionError("outputs beyond its tolerance")
+
+    return Workload("all_reduce_norm", sets=3, set_bytes=100, bytes_moved=384, bus_factor=1.0,
+                    fused=fused, check=check,
+                    baselines={"unfused": lambda: Call(lambda i: None, {"all_reduce": "nccl"}),
+                               "symm_mem": broken, "flashinfer_oneshot": unavailable,
+                               "flashinfer_twoshot": wrong})
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    timed = []
+
+    def time_graph(fn, calls, replays, before_replay=None):
+        timed.append(calls)
+        return [float(replays)] * replays
+
+    monkeypatch.setattr(harness, "time_graph", time_graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    monkeypatch.setattr(harness, "nvtx_range", lambda *a: _Null())
+    CHECK["wrong"] = False
+    return timed
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+WORKLOAD = f"{__name__}.fake_workload"
+
+
+def test_time_case_times_fused_and_baselines_and_says_why_not(no_gpu):
+    spec = {**SPEC, "baselines": ["unfused", "symm_mem", "flashinfer", "nonesuch"]}
+    out = harness.time_case(FakeCtx(), spec, WORKLOAD)
+    impls = out["impls"]
+    assert list(impls) == ["fused", "unfused", "symm_mem", "flashinfer_oneshot",
+                           "flashinfer_twoshot", "nonesuch"]
+    assert impls["fused"]["times_us"] == [5.0] * 5 and impls["fused"]["compile_s"] >= 0
+    assert impls["unfused"]["extra"] == {"all_reduce": "nccl"}
+    assert impls["symm_mem"]["skipped"].startswith("symm_mem unavailable: RuntimeError")
+    assert impls["flashinfer_oneshot"] == {"skipped": "flashinfer is not importable here"}
+    assert "outputs beyond its tolerance" in impls["flashinfer_twoshot"]["failed"]
+    assert "has no nonesuch baseline" in impls["nonesuch"]["skipped"]
+    assert no_gpu == [4, 4]  # fused and unfused timed, graphs of max(calls, sets) calls
+    assert out["sets"] == 3 and out["bytes_moved"] == 384 and out["device"] == "fake GPU"
+
+
+def test_fused_wrong_answer_or_failure_elsewhere_stops_every_rank(no_gpu):
+    CHECK["wrong"] = True
+    ctx = FakeCtx()
+    with pytest.raises(AssertionError, match="not bit-exact"):
+        harness.time_case(ctx, SPEC, WORKLOAD)
+    assert ctx.agreements == 2 and no_gpu == []  # agreed after building and after checking
+    CHECK["wrong"] = False
+    with pytest.raises(AssertionError, match="failed on 1 other rank"):
+        harness.time_case(FakeCtx(elsewhere=1), SPEC, WORKLOAD)
+    assert no_gpu == []
+
+
+def test_a_baseline_another_rank_cannot_run_is_skipped_on_every_rank(no_gpu, monkeypatch):
+    ctx = FakeCtx()
+    calls = {"n": 0}
+
+    def failed_elsewhere(failed):
+        calls["n"] += 1
+        return int(failed) + (calls["n"] > 2)  # fused agrees (2 calls), then peers fail
+    ctx.failed_elsewhere = failed_elsewhere
+    out = harness.time_case(ctx, {**SPEC, "baselines": ["unfused"]}, WORKLOAD)
+    assert out["impls"]["unfused"] == {"skipped": "unfused could not run on 1 other rank(s) "
+                                                  "of the group"}
+
+
+def test_unknown_op_is_a_clear_error():
+    with pytest.raises(ValueError, match="no timing workload for op 'nonesuch'"):
+        harness.builder("nonesuch")
+
+
+# ---------------------------------------------------------------- the workloads' checks
+class _Reference:
+    """Stands in for a kernel class: writes the reference outputs (tp=1);
+    ``wrong`` flips the last bit of one residual element."""
+    wrong = False
+
+    def __init__(self, **kw):
+        self.kw = kw
+        self.tuning = type("T", (), {"rank_lanes": 1, "cluster_size": 1, "threads": 128})
+
+    def __call__(self, x, *args, out):
+        from kernels.moe import MoEOutput
+        from kernels.reference.allreduce import all_reduce_norm
+        from kernels.reference.mhc import all_reduce_mhc
+        from kernels.reference.moe import all_reduce_norm_finalize
+        eps = self.kw["eps"] if "eps" in self.kw else args[5]
+        if isinstance(x, MoEOutput):
+            norm, res = all_reduce_norm_finalize([x.to_partial()], *args[:2], eps)
+            res_out, other = out[1], out[0]
+            res_out.copy_(res), other.copy_(norm)
+        elif "hc_mult" in self.kw:
+            res, layer = all_reduce_mhc([x], *args[:5], eps)
+            res_out = out[0]
+            out[0].copy_(res), out[1].copy_(layer)
+        else:
+            norm, res = all_reduce_norm([x], *args[:2], eps)
+            res_out = out[1]
+            out[0].copy_(norm), out[1].copy_(res)
+        if type(self).wrong:
+            res_out.view(torch.int16).view(-1)[5] += 1
+
+    def prepare_embedding(self, table, start, rows):
+        self.table = (table, start)
+
+    def embed_norm(self, ids, positions, previous, table, enorm, hnorm, out):
+        from kernels.reference.embed import embed_norm
+        out.copy_(embed_norm(ids, positions, previous, [self.table], enorm, hnorm,
+                             self.kw["eps"]))
+        if type(self).wrong:
+            out[0, 0] += 1.0
+
+
+@pytest.mark.parametrize("op", ["all_reduce_norm", "finalize_publish", "all_reduce_mhc",
+                                "embed_norm"])
+def test_each_op_checks_its_fused_outputs_against_the_reference(op, monkeypatch):
+    import kernels.lamport.all_reduce_mhc as mhc_mod
+    import kernels.lamport.all_reduce_norm as norm_mod
+    from cluster.measure import workloads
+    monkeypatch.setattr(norm_mod, "AllReduceNorm", _Reference)
+    monkeypatch.setattr(mhc_mod, "AllReduceMHC", _Reference)
+    _Reference.wrong = False
+    ctx = RankContext(rank=0, tp=1, device=torch.device("cpu"), capacity=8, dist=False)
+    spec = Spec.of({**SPEC, "op": op, "hc": 4, "top_k": 2,
+                    "baselines": ["unfused"]})
+    work = workloads.builder(op)(ctx, spec)
+    assert work.sets >= 2 and work.bytes_moved == spec.tokens * spec.hidden * 2
+    call = work.fused()
+    call.fn(0)
+    work.check()
+    _Reference.wrong = True
+    call.fn(0)
+    with pytest.raises(AssertionError):
+        work.check()
+    base = work.baselines["unfused"]()
+    assert base.extra == {"all_reduce": "identity (tp=1)"}
+    got = base.fn(0)
+    assert all(t.dtype == torch.bfloat16 for t in (got if isinstance(got, tuple) else (got,)))
+
+
+def test_capacity_and_missing_op_parameters_are_refused():
+    from cluster.measure import workloads
+    ctx = RankContext(rank=0, tp=1, device=torch.device("cpu"), capacity=2, dist=False)
+    with pytest.raises(ValueError, match=r"tokens must be in 1..capacity=2, got 3"):
+        workloads.builder("all_reduce_norm")(ctx, Spec.of(SPEC))
+    ctx = RankContext(rank=0, tp=1, device=torch.device("cpu"), capacity=8, dist=False)
+    with pytest.raises(ValueError, match="needs top_k"):
+        workloads.builder("finalize_publish")(ctx, Spec.of({**SPEC, "op": "finalize_publish"}))
+    with pytest.raises(ValueError, match="tp=2 needs a torch.distributed group"):
+        RankContext(rank=0, tp=2, device=None, capacity=8, dist=False)
+
+
+# ---------------------------------------------------------------- FlashInfer
+def _norm_case(tp=2, m=4, h=64, seed=3):
+    from kernels.reference.allreduce import all_reduce_norm
+    g = torch.Generator().manual_seed(seed)
+    partials = [torch.randn(m, h, generator=g).to(torch.bfloat16) for _ in range(tp)]
+    residual = torch.randn(m, h, generator=g).to(torch.bfloat16)
+    weight = (1 + 0.1 * torch.randn(h, generator=g)).to(torch.bfloat16)
+    norm, res = all_reduce_norm(partials, residual, weight, 1e-6)
+    return partials, residual, weight, norm, res
+
+
+def test_contract_diff_counts_elements_off_our_bit_exact_contract():
+    from kernels.reference.allreduce import rms_norm
+    partials, residual, weight, norm, res = _norm_case()
+    d = fi.contract_diff(norm, res, partials, residual, weight, 1e-6)
+    assert d == {"elements": 256, "residual_out_differs": 0, "norm_out_differs": 0,
+                 "residual_out_max_ulp": 0.0, "norm_out_max_ulp": 0.0}
+    # Another arithmetic (the FP32 reduction added to the residual unrounded;
+    # ours rounds it to BF16 first): within the tolerance, counted where the
+    # bits differ from our contract.
+    theirs = (partials[0].float() + partials[1].float() + residual.float()).to(torch.bfloat16)
+    d = fi.contract_diff(rms_norm(theirs, weight, 1e-6), theirs, partials, residual, weight, 1e-6)
+    differs = int((theirs.view(torch.int16) != res.view(torch.int16)).sum())
+    assert d["residual_out_differs"] == differs and differs > 0
+    far = res.clone()
+    far[1, 2] += 4.0
+    with pytest.raises(AssertionError, match="residual_out: 1 elements beyond"):
+        fi.contract_diff(norm, far, partials, residual, weight, 1e-6)
+    off = norm.clone()
+    off.view(torch.int16)[0, 0] += 3
+    with pytest.raises(AssertionError, match="norm_out: 3.0 BF16 ULP"):
+        fi.contract_diff(off, res, partials, residual, weight, 1e-6)
+
+
+def test_flashinfer_modes_and_absence_are_skips_with_the_reason(monkeypatch):
+    import sys
+    assert "tp >= 2" not in (fi.mode_applies("oneshot", 1, 2) or "")
+    assert "TP group of >= 2" in fi.mode_applies("oneshot", 8, 1)
+    assert fi.mode_applies("twoshot", 2, 2) == ("flashinfer two-shot needs M > tp "
+                                                "(token_num > world_size): M=2, tp=2")
+    assert fi.mode_applies("twoshot", 3, 2) is None
+    with pytest.raises(ValueError, match="mode must be one of"):
+        fi.mode_applies("threeshot", 3, 2)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    with pytest.raises(Unavailable, match="^flashinfer is not importable here"):
+        fi.flashinfer_comm()
+    ctx = FakeCtx()
+    partials, residual, weight, _, _ = _norm_case()
+    makers = fi.flashinfer_baselines(ctx, Spec.of({**SPEC, "tokens": 4}), torch.stack(partials),
+                                     torch.stack([residual] * 2), weight)
+    assert sorted(makers) == ["flashinfer_oneshot", "flashinfer_twoshot"]
+    with pytest.raises(Unavailable, match="^flashinfer is not importable here"):
+        makers["flashinfer_oneshot"]()
