@@ -3,7 +3,7 @@
 Hang handling in layers (DESIGN.md, "Hang detection"):
 1. every consumer has a watchdog (``case["budget_ns"]``) and still returns;
 2. the host deadline ``call_timeout_s`` bounds every rank's call;
-3. :func:`cluster.diagnosis.diagnose` names the culprits at group level;
+3. :func:`kernels.lamport.diagnosis.diagnose` names the culprits at group level;
 4. after anything but a pass the whole group recovers: every rank's call has
    returned (quiesce), then every rank scrubs its mailbox and resets its stage
    state and call count, and the driver collects all of them (barrier) before
@@ -38,7 +38,7 @@ from cluster.actors import RankActor, release_rank
 from cluster.backend import actor_env, needs_rendezvous, require_backend
 from cluster.barrier import call_barrier
 from cluster.cases import check_outputs, make_case
-from cluster.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
+from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
 from cluster.injection import validate_injection
 from kernels.lamport.protocol import VEC_BF16
@@ -314,8 +314,8 @@ class TPGroup:
 
     def prepare(self, case: Mapping) -> list[dict]:
         """Every rank builds (compiles) what ``case`` needs, bounded by
-        ``setup_timeout_s``; :meth:`run` does this once per (budget_ns, eps)
-        and build, before any rank's watchdog starts."""
+        ``setup_timeout_s``; :meth:`run` does this once per
+        :func:`prepare_key` and build, before any rank's watchdog starts."""
         self._require_open()
         case = make_case(capacity=self.capacity, **{k: v for k, v in case.items() if k != "seq"})
         refs = [a.prepare.remote(case) for a in self._actors]
@@ -328,7 +328,7 @@ class TPGroup:
         except ray.exceptions.RayActorError:
             self._require_node()  # NodeLost names the node when that is why
             raise
-        self._prepared.add((case["budget_ns"], case["eps"]))
+        self._prepared.add(prepare_key(case))
         return out
 
     def time(self, spec: Mapping, timeout_s: float) -> list[dict]:
@@ -369,7 +369,7 @@ class TPGroup:
             raise ValueError(f"{len(cases)} cases but {len(faults)} fault maps")
         calls = [self._validated(c, f) for c, f in zip(cases, faults)]
         for case, _ in calls:
-            if (case["budget_ns"], case["eps"]) not in self._prepared:
+            if prepare_key(case) not in self._prepared:
                 self.prepare(case)
         seq0 = self._seq
         barrier = call_barrier() if self.tp > 1 and len(calls) > 1 else None
@@ -584,6 +584,16 @@ class BatchedGroup:
             self._end()
         finally:
             self._group.close()
+
+
+PER_CALL_FIELDS = ("tokens", "inputs", "seed", "seq", "fault", "residual")
+"""Case fields that change data, not the kernel a rank builds."""
+
+
+def prepare_key(case: Mapping) -> tuple:
+    """What decides the kernels a rank builds for ``case``: the op, the
+    watchdog budget, eps and the op's fields (top_k, hc, finalize, ...)."""
+    return tuple(sorted((k, v) for k, v in case.items() if k not in PER_CALL_FIELDS))
 
 
 def _outcome(diagnosis: GroupDiagnosis, results, checks, errors, hung) -> str:

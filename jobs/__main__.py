@@ -81,16 +81,16 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
                         "(default: LAMPORT_MEMORY_LIMIT_GB, else the suite's memory_limit_gb, "
                         "else half of this machine's RAM or /dev/shm; see jobs/sizing.py)")
     from cluster.faults import FAULT_KINDS
-    from jobs.config import INPUTS, OPS, PLACEMENTS, TRANSPORTS, VARIANTS
+    from jobs.config import PLACEMENTS, TRANSPORTS, VARIANTS, input_kinds, op_field_names, op_names
     f = p.add_argument_group(
         "filters", "comma-separated values; a case is run when its value is listed (a filter "
                    "on a field the case does not have leaves it in)")
-    for flag, choices, what in (("--ops", OPS, "operations"),
+    for flag, choices, what in (("--ops", op_names(), "operations (cluster.ops)"),
                                 ("--variant", VARIANTS, "kernel variants"),
                                 ("--transport", TRANSPORTS, "mailbox transports"),
                                 ("--placement", PLACEMENTS, "rank placements (auto: the best "
                                  "the cluster offers)"),
-                                ("--inputs", INPUTS, "correctness input kinds"),
+                                ("--inputs", input_kinds(), "correctness input kinds"),
                                 ("--faults", tuple(FAULT_KINDS), "fault kinds (faults job)")):
         f.add_argument(flag, type=str_list(choices), metavar="A,B",
                        help=f"{what}: {', '.join(choices)}")
@@ -101,6 +101,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
                        ("--hc", "mHC streams, e.g. 4")):
         f.add_argument(flag, type=int_list, metavar="N,M", dest=flag[2:].replace("-", "_"),
                        help=f"{what}; positive integers")
+    f.add_argument("--op-args", type=str_list(), dest="op_args", metavar="NAME=VALUE,...",
+                   help="op fields without a column of their own (cluster.ops), NAME one of "
+                        f"{', '.join(op_field_names())}; e.g. finalize=true or path=fused")
 
 
 def _add_rule_arguments(p: argparse.ArgumentParser) -> None:

@@ -292,6 +292,8 @@ def repro_command(case: Case, suite: Suite, backend: str, placement: str | None 
         parts += ["--top-k", str(case.top_k)]
     if case.hc is not None:
         parts += ["--hc", str(case.hc)]
+    if case.op_args:
+        parts += ["--op-args", ",".join(f"{k}={str(v).lower()}" for k, v in case.op_args)]
     if case.inputs:
         parts += ["--inputs", case.inputs]
     if case.fault:

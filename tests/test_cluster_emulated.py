@@ -62,7 +62,8 @@ def test_calls_match_reference_and_rotate_stages(ranks):
                                             (8, "sentinel_pattern"), (2, "random")]):
         case = make_case(capacity=CAPACITY, tokens=tokens, inputs=inputs, seed=seq)
         results = run_all(ranks, {**case, "seq": seq})
-        partials, residual, weight = case_inputs(case, tp=len(ranks), hidden=HIDDEN)
+        i = case_inputs(case, tp=len(ranks), hidden=HIDDEN)
+        partials, residual, weight = i["partials"], i["residual"], i["norm_weight"]
         norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, case["eps"])
         for res in results:
             assert res["consumed_stage"] == seq % 3 and res["record_count"] == 0
@@ -71,6 +72,48 @@ def test_calls_match_reference_and_rotate_stages(ranks):
             assert_bit_exact(bf16_from_bits(res["outputs"]["residual"]), residual_ref, "residual")
             assert_bit_exact(bf16_from_bits(res["outputs"]["norm"]), norm_ref, "norm")
         assert all(r.state()["check"]["stage_state"] == (seq % 3, (seq + 1) % 3) for r in ranks)
+
+
+OP_CASES = [("finalize_publish", {"top_k": 3}, ("random", "bf16_weights", "no_route",
+                                             "order_sensitive", "sentinel_pattern")),
+            ("embed_norm", {}, ("random", "shard_edges", "sentinel_pattern")),
+            ("all_reduce_mhc", {"hc": 2}, ("random", "order_sensitive", "sentinel_pattern")),
+            ("all_reduce_mhc", {"hc": 4, "finalize": True, "top_k": 2},
+             ("random", "sentinel_pattern"))]
+
+
+@pytest.mark.parametrize("ranks", [4], indirect=True)
+@pytest.mark.parametrize("op, fields, kinds", OP_CASES)
+def test_every_collective_op_matches_its_reference(ranks, op, fields, kinds):
+    """Each registered collective op through the emulated protocol: the
+    payload from its reference, the consumer's epilogue, every output
+    within its bound on every rank (cluster.cases.check_outputs), the
+    mailbox clean, the stage rotating; a wrong rank order is caught."""
+    from cluster.cases import check_outputs
+    for seq, (tokens, kind) in enumerate(zip((1, 5, 8, 2, 3), kinds)):
+        case = make_case(capacity=CAPACITY, op=op, tokens=tokens, inputs=kind, seed=seq,
+                         **fields)
+        results = run_all(ranks, {**case, "seq": seq})
+        for res in results:
+            assert res["record_count"] == 0 and res["mailbox_clean"]
+            report = check_outputs(case, tp=len(ranks), hidden=HIDDEN, outputs=res["outputs"])
+            assert report["ok"], (op, kind, report)
+            assert all(v["elements"] > 0 for k, v in report.items() if k != "ok")
+        swapped = dict(results[0]["outputs"])
+        swapped[next(iter(swapped))] = swapped[next(iter(swapped))] ^ np.uint16(1)
+        assert not check_outputs(case, tp=len(ranks), hidden=HIDDEN, outputs=swapped)["ok"]
+
+
+def test_case_fields_are_validated_per_op():
+    with pytest.raises(ValueError, match="unknown case fields \\['hc'\\] for op all_reduce_norm"):
+        make_case(capacity=8, tokens=1, hc=4)
+    with pytest.raises(ValueError, match="hc = 9"):
+        make_case(capacity=8, tokens=1, op="all_reduce_mhc", hc=9)
+    with pytest.raises(ValueError, match="unknown inputs 'order_sensitive'"):
+        make_case(capacity=8, tokens=1, op="embed_norm", inputs="order_sensitive")
+    with pytest.raises(ValueError, match="unknown op 'nope'; known"):
+        make_case(capacity=8, tokens=1, op="nope")
+    assert make_case(capacity=8, tokens=1, op="finalize_publish")["top_k"] == 8
 
 
 def test_publish_sanitizes_and_keeps_negative_subnormals():

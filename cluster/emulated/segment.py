@@ -47,8 +47,8 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from cluster.diagnosis import MailboxCheck
 from cluster.procs import started_at
+from kernels.lamport.diagnosis import MailboxCheck
 from kernels.lamport.protocol import (ACTIVE_STAGE, LAMPORT_GENERATIONS, NEXT_STAGE,
                                       SENTINEL_BF16, mailbox_shape)
 

@@ -48,9 +48,10 @@ from kernels.validation import (norm_threads, require_choice, require_int, requi
 
 from .compile import (EmbedNormConfig, EmbedPublishConfig, FinalizePublishConfig,
                       NormConfig, PublishConfig, cached)
+from .diagnosis import GroupDiagnosis, diagnose_errors
 from .finalize_publish import (FinalizeTuning, check_finalize_options,
                                finalize_ctas_per_token)
-from .mailbox import Diagnosis, Mailbox, RankErrors, diagnose, require_multicast
+from .mailbox import Mailbox, RankErrors, require_multicast
 from .protocol import ERR_DEFAULT_RECORDS, MODES, owner_capacity, owner_rows
 from .publish import TRANSPORTS, check_owner_transport, publish_ctas_per_token
 
@@ -58,8 +59,8 @@ from .publish import TRANSPORTS, check_owner_transport, publish_ctas_per_token
 class LamportTimeout(RuntimeError):
     """A watchdog consumer gave up; ``diagnosis`` holds the group view."""
 
-    def __init__(self, diagnosis: Diagnosis) -> None:
-        super().__init__(diagnosis.message)
+    def __init__(self, diagnosis: GroupDiagnosis) -> None:
+        super().__init__(diagnosis.summary())
         self.diagnosis = diagnosis
 
 
@@ -233,16 +234,17 @@ class LamportGroupMember:
     def errors(self) -> RankErrors:
         return self._mailbox.read_errors()
 
-    def diagnose(self) -> Diagnosis:
-        """Group diagnosis (collective over the group when there is one)."""
+    def diagnose(self) -> GroupDiagnosis:
+        """Group diagnosis (collective over the group when there is one;
+        :func:`kernels.lamport.diagnosis.diagnose_errors`)."""
         mine = self.errors()
         if self._group is None:
-            return diagnose([mine])
+            return diagnose_errors([mine])
         import torch.distributed as dist
 
         reports: list = [None] * self.tp
         dist.all_gather_object(reports, mine, group=self._group)
-        return diagnose(reports)
+        return diagnose_errors(reports)
 
     def check(self) -> None:
         """Raise :class:`LamportTimeout` if any rank of the group recorded an error."""
@@ -635,8 +637,9 @@ class VirtualRanks:
         torch.cuda.synchronize(self.device)
         return [r.errors() for r in self.ranks]
 
-    def diagnose(self) -> Diagnosis:
-        return diagnose(self.errors())
+    def diagnose(self) -> GroupDiagnosis:
+        """The group view of every rank's error buffer (synchronizes)."""
+        return diagnose_errors(self.errors())
 
     def check(self) -> None:
         d = self.diagnose()
