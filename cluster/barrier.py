@@ -58,7 +58,9 @@ _lock = threading.Lock()
 
 
 def call_barrier():
-    """This driver's barrier actor (started on first use, on this node). The
+    """This driver's barrier actor (started on first use, on the driver's
+    node and only there: soft affinity let Ray put it on a worker node, and
+    losing that node then failed the groups of every other node). The
     handle is kept for the Ray job's lifetime: an actor whose last handle
     goes away is destroyed, even a named one, and a group's ranks would
     then meet a dead barrier."""
@@ -69,5 +71,5 @@ def call_barrier():
             _handles[job] = CallBarrier.options(
                 name=NAME, get_if_exists=True,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    ray.get_runtime_context().get_node_id(), soft=True)).remote()
+                    ray.get_runtime_context().get_node_id(), soft=False)).remote()
         return _handles[job]
