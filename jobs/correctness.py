@@ -113,9 +113,10 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
 
 
 def group_tags(group) -> dict:
-    """Row extras naming where a group ran: the node it was pinned to
-    (cluster.fanout; None: unpinned) and its ranks' nodes."""
-    return {"node_id": group.node_id, "rank_nodes": sorted({m["node_id"] for m in group.metadata})}
+    """Row extras naming where a group ran: the group, the node it was
+    pinned to (cluster.fanout; None: unpinned) and its ranks' nodes."""
+    return {"group_id": group.group_id, "node_id": group.node_id,
+            "rank_nodes": sorted({m["node_id"] for m in group.metadata})}
 
 
 def work_kind(backend: str) -> str:

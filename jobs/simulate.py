@@ -49,16 +49,15 @@ def simulated_cluster(nodes: int, units: int, *, cpus_per_node: int = 1) -> Iter
 
 
 def group_spans(rows: Sequence[dict]) -> dict[tuple, tuple[float, float, str]]:
-    """Per TP group (job, op, tp, hidden, placement, node), the span from
-    its first case's start to its last case's finish (epoch seconds) and its
-    node; rows without a node tag (never ran on a group) are left out."""
+    """Per TP group (its ``group_id`` tag), the span from its first case's
+    start to its last case's finish (epoch seconds) and its node; rows
+    without the tags (never ran on a group) are left out."""
     spans: dict[tuple, list] = {}
     for r in rows:
         x = json.loads(r["extra"] or "{}")
         if not x.get("rank_nodes"):
             continue
-        key = (x.get("job"), r["op"], r["tp"], r["hidden"], r["placement"], x.get("node_id"),
-               tuple(x["rank_nodes"]))
+        key = x["group_id"]
         s, e = r["started_at"].timestamp(), r["finished_at"].timestamp()
         if key in spans:
             spans[key][0], spans[key][1] = min(spans[key][0], s), max(spans[key][1], e)
