@@ -53,7 +53,7 @@ class CallBarrier:
         slot["event"].set()
 
 
-_handles: dict[str, object] = {}
+_handles: dict[tuple[str, str], object] = {}
 _lock = threading.Lock()
 
 
@@ -65,7 +65,8 @@ def call_barrier():
     goes away is destroyed, even a named one, and a group's ranks would
     then meet a dead barrier."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    job = ray.get_runtime_context().get_job_id()
+    ctx = ray.get_runtime_context()
+    job = (ctx.get_job_id(), ctx.get_node_id())  # a new Ray session reuses job ids
     with _lock:
         if job not in _handles:
             _handles[job] = CallBarrier.options(
