@@ -198,7 +198,8 @@ SETUP_TIMEOUT_S = 60.0
 """Bound on placing and setting up one TP group (actor start, rendezvous)."""
 
 
-def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:
+def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
+             extra: dict | None = None) -> dict:
     started = now()
     budget_ns = int(case.param("budget_ms") * 1e6)
     tally = Tally(case)
@@ -227,7 +228,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
         extra={"inputs": case.inputs, "repeats": case.repeats, "budget_ns": budget_ns,
                **row_extra(case), "collective_speed": where.collective_speed,
                "recovered": bool(call and call.recovery is not None),
-               "rebuilt": bool(call and call.rebuilt)})
+               "rebuilt": bool(call and call.rebuilt), **(extra or {})})
 
 
 class Tally:
