@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from jobs.regression import KEY as REGRESSION_KEY
 from jobs.results import read_results
+from jobs.results.runs import BASELINE_STATUSES
 
 CASE_FIELDS: tuple[str, ...] = tuple(REGRESSION_KEY)
 #: Baseline implementations timed beside a kernel are rows of their own whose
@@ -62,6 +63,26 @@ def case_label(row: Row) -> str:
     return " · ".join(parts)
 
 
+TRACES_DIR = "traces"
+"""Where the site keeps the traces its rows name (``extra.trace_path``)."""
+
+
+def trace_file(row: Row) -> Path | None:
+    """The merged trace a row names in ``extra.trace_path`` (python -m jobs
+    trace), when that file exists."""
+    try:
+        path = json.loads(row.get("extra") or "{}").get("trace_path")
+    except (json.JSONDecodeError, TypeError, AttributeError):
+        return None
+    return Path(path) if path and Path(path).is_file() else None
+
+
+def trace_href(row: Row) -> str | None:
+    """The row's trace in the site (the build copies it there), or None."""
+    path = trace_file(row)
+    return f"{TRACES_DIR}/{path.name}" if path else None
+
+
 def is_baseline(row: Row) -> bool:
     return str(row.get("variant") or "").startswith(BASELINE_PREFIX)
 
@@ -81,6 +102,14 @@ class Run:
     started_at: dt.datetime
     finished_at: dt.datetime | None
     rows: list[Row] = field(default_factory=list)
+    status: str = "unrecorded"
+    """The run manifest's effective status (jobs.results.runs.STATUSES):
+    ``incomplete`` is a run whose driver went away before it finished."""
+
+    @property
+    def baseline(self) -> bool:
+        """Whether the run may serve as regression history."""
+        return self.status in BASELINE_STATUSES
 
     @property
     def suites(self) -> list[str]:
@@ -150,7 +179,8 @@ def from_table(root: Path, table: pa.Table) -> Results:
         run = by_run.get(row["run_id"])
         if run is None:
             run = by_run[row["run_id"]] = Run(row["run_id"], row["trigger"], row["started_at"],
-                                              row["finished_at"])
+                                              row["finished_at"],
+                                              status=row.get("run_status") or "unrecorded")
         run.rows.append(row)
         run.started_at = min(run.started_at, row["started_at"])
         if row["finished_at"] is not None:

@@ -14,6 +14,8 @@ Commands:
   regress        regression detection for one run already in the results
   selfcheck      recompute every golden vector with the torch references
   smoke          the same as ``nightly --suite smoke``
+  trace          one TP group's correctness cases with every rank under
+                 torch.profiler, merged into one Perfetto / Chrome trace
   submit         ``ray job submit --working-dir .`` of one of the above, with the
                  git commit passed along (the uploaded tree has no .git)
   head           start / stop a local Ray head to submit to
@@ -36,6 +38,7 @@ written then).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -47,7 +50,7 @@ from pathlib import Path
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
 from jobs.head import DEFAULT_HEAD_DIR, HEAD_DIR_ENV
 from jobs.options import (DEFAULT_RESULTS, add_results_arguments, int_list, open_results,
-                          positive_seconds, report, str_list)
+                          positive_number, positive_seconds, report, str_list)
 
 DEFAULT_SITE = Path("site")
 
@@ -76,17 +79,21 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
     p.add_argument("--timeout", type=positive_seconds, default=None, metavar="S",
                    help="host deadline per collective call in seconds (default: the suite's "
                         "timeout_s); must exceed the watchdog budget")
+    p.add_argument("--memory-limit-gb", type=positive_number, default=None, metavar="GIB",
+                   help="refuse a TP group whose estimated memory per node exceeds this "
+                        "(default: LAMPORT_MEMORY_LIMIT_GB, else the suite's memory_limit_gb, "
+                        "else half of this machine's RAM or /dev/shm; see jobs/sizing.py)")
     from cluster.faults import FAULT_KINDS
-    from jobs.config import INPUTS, OPS, PLACEMENTS, TRANSPORTS, VARIANTS
+    from jobs.config import PLACEMENTS, TRANSPORTS, VARIANTS, input_kinds, op_field_names, op_names
     f = p.add_argument_group(
         "filters", "comma-separated values; a case is run when its value is listed (a filter "
                    "on a field the case does not have leaves it in)")
-    for flag, choices, what in (("--ops", OPS, "operations"),
+    for flag, choices, what in (("--ops", op_names(), "operations (cluster.ops)"),
                                 ("--variant", VARIANTS, "kernel variants"),
                                 ("--transport", TRANSPORTS, "mailbox transports"),
                                 ("--placement", PLACEMENTS, "rank placements (auto: the best "
                                  "the cluster offers)"),
-                                ("--inputs", INPUTS, "correctness input kinds"),
+                                ("--inputs", input_kinds(), "correctness input kinds"),
                                 ("--faults", tuple(FAULT_KINDS), "fault kinds (faults job)")):
         f.add_argument(flag, type=str_list(choices), metavar="A,B",
                        help=f"{what}: {', '.join(choices)}")
@@ -97,6 +104,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
                        ("--hc", "mHC streams, e.g. 4")):
         f.add_argument(flag, type=int_list, metavar="N,M", dest=flag[2:].replace("-", "_"),
                        help=f"{what}; positive integers")
+    f.add_argument("--op-args", type=str_list(), dest="op_args", metavar="NAME=VALUE,...",
+                   help="op fields without a column of their own (cluster.ops), NAME one of "
+                        f"{', '.join(op_field_names())}; e.g. finalize=true or path=fused")
 
 
 def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,6 +136,9 @@ def _plan(args, jobs: tuple[str, ...]):
     starts or a row is written; ConfigError otherwise."""
     from kernels.reference.cases import GOLDEN_CASES
 
+    from kernels.validation import require_name
+
+    from jobs import sizing
     from jobs.harness import check_backend_request
     paths = args.config or [suite_path(n) for n in (args.suite or (args.default_suite,))]
     filters = Filters(**{name: getattr(args, name) for name in Filters.FIELDS})
@@ -147,6 +160,7 @@ def _plan(args, jobs: tuple[str, ...]):
                     f"{case.label()}: the host deadline {timeout} s must exceed "
                     f"{'3 x ' if case.job == 'faults' else ''}the watchdog budget "
                     f"{budget_s} s (late faults sleep 2 budgets); raise --timeout")
+        sizing.check(cases, cli_gb=args.memory_limit_gb, suite_gb=suite.memory_limit_gb)
         plan.append((suite, cases))
     names = [s.name for s, _ in plan]
     if len(set(names)) != len(names):
@@ -155,9 +169,19 @@ def _plan(args, jobs: tuple[str, ...]):
             ("selfcheck" in jobs and s.selfcheck) or ("compile-check" in jobs and s.compile_check)
             for s, _ in plan):
         raise ConfigError(f"suite(s) {names} have no {'/'.join(jobs)} case")
+    if args.run_id is not None:
+        try:
+            require_name("--run-id", args.run_id)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from None
     if not args.no_results and args.results.exists() and not args.results.is_dir():
         raise ConfigError(f"--results {args.results} exists and is not a directory")
     check_backend_request(args.backend)
+    if getattr(args, "cmd", None) == "trace":
+        from jobs.trace import check_one_group
+        if len(plan) != 1:
+            raise ConfigError(f"trace: one suite at a time, got {names}")
+        check_one_group(plan[0][1])
     return plan
 
 
@@ -170,6 +194,9 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     plan = _plan(args, jobs)
     rule = _rule(args) if nightly else None
     runners = {"correctness": correctness.run, "faults": faults.run, "profile": profile.run}
+    if args.cmd == "trace":
+        from jobs import trace
+        runners["correctness"] = functools.partial(trace.run, out=args.trace_out)
     with ray_session(args.address) as how:
         backend, why = resolve_backend(args.backend)
         view = ClusterView(backend)
@@ -200,6 +227,7 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
         if nightly:
             regressed = _regression_part(run, rule, args)
     failing = run.summary()
+    run.finish(compact=nightly)
     if nightly:
         failing += _dashboard_part(args)
     return 1 if failing or regressed else 0
@@ -404,7 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
             ("smoke", "smoke", "adhoc", "nightly --suite smoke"),
             ("correctness", "smoke", "adhoc", "the numerical contract through the cluster"),
             ("faults", "smoke", "adhoc", "the fault campaign: expected vs seen"),
-            ("profile", "smoke", "adhoc", "latency vs same-run baselines (GPU)")):
+            ("profile", "smoke", "adhoc", "latency vs same-run baselines (GPU)"),
+            ("trace", "smoke", "adhoc", "one TP group's correctness cases, every rank traced "
+                                        "onto one Perfetto timeline")):
         p = sub.add_parser(name, help=helptext, description=helptext)
         _add_sweep_arguments(p, suite=suite, trigger=trigger)
         if name in ("nightly", "smoke"):
@@ -414,6 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard")
             p.set_defaults(jobs=("selfcheck", "compile-check", "correctness", "faults", "profile"),
                            nightly=True)
+        elif name == "trace":
+            p.add_argument("--trace-out", type=Path, default=None, metavar="PATH",
+                           help="the merged trace JSON (default: traces/RUN-OP-tpN.json beside "
+                                "--results)")
+            p.set_defaults(jobs=("correctness",), nightly=False)
         else:
             p.set_defaults(jobs=(name,), nightly=False)
     p = sub.add_parser("report", help="print a run, or compare two")
