@@ -90,6 +90,19 @@ def test_nightly_smoke_passes_on_an_embedded_cluster(smoke):
     assert sum(r["job"] in ("correctness", "faults", "profile") for r in rows) == len(suite.cases)
 
 
+def test_the_run_finished_compacted_with_its_facts_once(smoke):
+    _, rows, root = smoke
+    results = root / "results"
+    assert {r["run_status"] for r in rows} == {"finished"}
+    (run_id,) = {r["run_id"] for r in rows}
+    files = sorted(results.rglob("*.parquet"))
+    assert files and {f.name for f in files} == {f"run-{run_id}.parquet"}  # one per partition
+    manifest = json.loads((results / "_runs" / f"{run_id}.json").read_text())
+    assert manifest["status"] == "finished" and manifest["facts"]["topology"]
+    assert {r["topology"] for r in rows} == {manifest["facts"]["topology"]}
+    assert ((root / "site") / ".lamport-lab-site").is_file()
+
+
 def test_rows_carry_every_schema_field_that_applies(smoke):
     _, rows, _ = smoke
     names = {c.name for c in COLUMNS}
