@@ -360,6 +360,26 @@ def test_api_refusals_and_tp1_call():
     assert op.diagnose().ok and op.mailbox.is_all_sentinel()
 
 
+# --------------------------------------------------------------- profile workload
+@pytest.mark.parametrize("op", ["all_reduce_norm", "finalize_publish"])
+def test_profile_workload_times_owner_against_one_shot(op):
+    """The profile job's timed call (cluster.measure) on one GPU with
+    mode="owner": the owner kernel checked against the owner reference, then
+    timed with the one-shot kernel as its baseline (at tp=1 the two do the
+    same work; the crossover needs benchmarks.owner_crossover on 2 GPUs)."""
+    from cluster.measure.harness import measure_tp1
+
+    out = measure_tp1({"op": op, "hidden": 5120, "tokens": 16, "calls": 20, "replays": 20,
+                       "rotate_mb": 8, "eps": EPS, "baselines": ["one_shot"], "seed": 1,
+                       "watchdog_ns": WATCHDOG_NS, "mode": "owner",
+                       "top_k": 8 if op == "finalize_publish" else None})
+    for name in ("fused", "one_shot"):
+        times = out["impls"][name]["times_us"]
+        assert len(times) == 20 and all(0.5 < t < 1000 for t in times), (name, times)
+    assert out["impls"]["fused"]["extra"]["mode"] == "owner"
+    assert out["impls"]["one_shot"]["extra"]["mode"] == "one_shot"
+
+
 # --------------------------------------------------------------- tp=2, process per GPU
 def _rank_main(rank: int, world: int, port: int, result_dir: str) -> None:
     """One process per GPU: a symmetric-memory group, owner mode, the
