@@ -7,8 +7,12 @@
 - :mod:`cluster.gpu`: the CuTe DSL kernels on GPUs (process per GPU: NCCL +
   symmetric memory; shared GPU: gloo + CUDA IPC mailboxes);
 - :mod:`cluster.topology`: topology discovery and TP-group planning;
-- :mod:`cluster.diagnosis`: group-level diagnosis from every rank's watchdog report;
-- :mod:`cluster.cases`: the case dict, its inputs and its reference check;
+- :mod:`kernels.lamport.diagnosis` (below cluster, shared with the host classes): the
+  group-level diagnosis from every rank's watchdog report;
+- :mod:`cluster.ops`: the op registry (one declaration per op: case fields, inputs,
+  reference check, emulated payload and epilogue, GPU rank and virtual-rank kernels,
+  compile variants, baselines, fault kinds, workload name);
+- :mod:`cluster.cases`: the case dict, its inputs and its check (generic, over the registry);
 - :mod:`cluster.injection`, :mod:`cluster.faults`: per-rank fault injections and
   DESIGN.md's fault table with expected outcomes.
 """

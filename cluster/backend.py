@@ -3,8 +3,9 @@
 A rank actor (:mod:`cluster.actors`) is a thin executor: it owns one
 :class:`RankBackend` and forwards to it. ``"emulated"`` runs the Lamport
 protocol in numpy over host shared memory (:mod:`cluster.emulated`);
-``"gpu"`` runs the CuTe DSL kernels (``AllReduceNorm`` from ``kernels``) on a
-symmetric-memory or CUDA IPC mailbox (:mod:`cluster.gpu`). Any other name
+``"gpu"`` runs the CuTe DSL kernels (every op's ``RankKernel`` from
+:mod:`cluster.ops`) on a symmetric-memory or CUDA IPC mailbox
+(:mod:`cluster.gpu`). Both run whichever op the case names. Any other name
 is a ValueError naming the registered ones.
 
 A backend module exports ``Backend``, ``release_rank(group_id, rank)``,
@@ -30,15 +31,21 @@ Result contract of :meth:`RankBackend.run_case` (a plain dict):
                                      stage, [4 x u32]] (capped) and their total
 ``header_mismatch``                  a header differed from the rank's own
 ``mailbox_clean``                    own mailbox all sentinel after the call
-``outputs``                          ``sum``, ``residual``, ``norm``: uint16
-                                     bit arrays [M, H] (NaN where not computed)
+``outputs``                          the op's outputs by name (cluster.ops: e.g.
+                                     ``sum``, ``residual``, ``norm`` for
+                                     all_reduce_norm) as bit arrays (NaN where
+                                     not computed)
 ``publish_ns``, ``consume_ns``       wall time of the two phases
 ``check`` (optional)                 cluster.cases.check_outputs made on the rank
                                      (the group then uses it instead of checking
                                      on the driver)
+``collective`` (optional)            False for an op that is no collective (the
+                                     indexer): the protocol fields then say that
+                                     nothing was published or awaited
 
-``outputs["sum"]`` may be None where the backend cannot observe the sum (gpu
-with a non-zero residual); the check then reports it as not observed.
+An output may be None where the backend cannot observe it (the GPU consumers
+do not write the reduced sum; all_reduce_norm shows it with a zero
+residual); the check then reports it as not observed.
 """
 
 from __future__ import annotations
@@ -68,8 +75,9 @@ class RankBackend(Protocol):
         the group calls it on every rank once per new (budget_ns, eps)."""
 
     def run_case(self, case: dict) -> dict:
-        """One collective call (publish + watchdog consume + epilogue), with
-        ``case["fault"]`` (None or an injection dict, cluster.faults) applied."""
+        """One call of ``case["op"]`` (publish + watchdog consume + epilogue
+        for a collective), with ``case["fault"]`` (None or an injection
+        dict, cluster.faults) applied."""
 
     def recover(self) -> dict:
         """Quiesce (nothing of this rank in flight), refill the sentinel, reset

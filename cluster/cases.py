@@ -1,21 +1,23 @@
-"""The case dict a TP group runs, its deterministic inputs, and its check.
+"""The case dict a TP group runs, its inputs and its check: a thin generic
+layer over the op registry (:mod:`cluster.ops`).
 
 A case is a plain dict (it crosses process boundaries through Ray):
 
-``op``        ``"all_reduce_norm"`` (the only op the cluster runs so far)
+``op``        a registered op (``cluster.ops.OPS``)
 ``tokens``    M, 1..capacity: every rank publishes and consumes M tokens
-``inputs``    ``"random"``, ``"order_sensitive"`` or ``"sentinel_pattern"``
-              (:mod:`kernels.reference.numerics` generators)
-``seed``      int; partials, residual and norm weight derive from it
+``inputs``    an input kind the op generates (its declaration's ``inputs``:
+              ``random``, ``order_sensitive``, ``sentinel_pattern`` and the
+              op's own edge cases)
+``seed``      int; every input tensor derives from it
 ``eps``       RMSNorm epsilon, > 0
 ``budget_ns`` the consumer watchdog's budget for the whole consume, > 0
-``residual``  ``"random"`` (default) or ``"zeros"``: with a zero residual,
-              residual_out is BF16(sum) bit for bit, which lets a backend
-              whose kernel does not output the sum (gpu) report it
+plus the op's own fields (``OpSpec.fields``: ``residual``, ``top_k``,
+``hc``, ``finalize``, ...), defaults filled in.
 
-Every rank regenerates the group's inputs from these fields and takes its own
-partial, so no tensor is shipped; the driver regenerates them to check the
-outputs against the torch reference.
+Every rank regenerates the group's inputs from these fields
+(:func:`case_inputs`) and takes its own share, so no tensor is shipped; the
+driver (or the rank) checks the outputs against the op's torch reference
+(:func:`check_outputs`).
 """
 
 from __future__ import annotations
@@ -25,57 +27,49 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from cluster import ops
 from kernels.reference import numerics
-from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
+from kernels.validation import require_int, require_number
 
-OPS = ("all_reduce_norm",)
-INPUTS = {
-    "random": lambda tp, m, h, seed: numerics.random_partials(tp, m, h, seed=seed),
-    "order_sensitive": lambda tp, m, h, seed: numerics.order_sensitive_partials(tp, m, h),
-    "sentinel_pattern": lambda tp, m, h, seed: numerics.sentinel_pattern_partials(tp, m, h, seed=seed),
-}
-DEFAULTS = {"op": "all_reduce_norm", "inputs": "random", "seed": 0, "eps": 1e-6,
-            "budget_ns": 2_000_000_000, "residual": "random"}
-RESIDUALS = ("random", "zeros")
+DEFAULTS = {"op": "all_reduce_norm", "seed": 0, "eps": 1e-6, "budget_ns": 2_000_000_000}
+"""Generic field defaults (``inputs`` defaults to the op's first kind)."""
 NORM_MAX_ULP = 1
 """DESIGN.md: RMSNorm outputs within 1 BF16 ULP of the FP32 reference."""
 
 
 def make_case(*, capacity: int, **fields) -> dict:
-    """A validated case dict: DEFAULTS overlaid with ``fields``; ValueError
-    names any unknown field or bad value."""
-    unknown = set(fields) - set(DEFAULTS) - {"tokens"}
+    """A validated case dict: DEFAULTS and the op's field defaults overlaid
+    with ``fields``; ValueError names any unknown field or bad value."""
+    spec = ops.get(fields.get("op", DEFAULTS["op"]))
+    known = set(DEFAULTS) | {"tokens", "inputs"} | set(spec.fields)
+    unknown = set(fields) - known
     if unknown:
-        raise ValueError(f"unknown case fields {sorted(unknown)}; known: {sorted([*DEFAULTS, 'tokens'])}")
-    case = {**DEFAULTS, **fields}
-    if case["op"] not in OPS:
-        raise ValueError(f"unknown op {case['op']!r}; known: {list(OPS)}")
-    if case["inputs"] not in INPUTS:
-        raise ValueError(f"unknown inputs {case['inputs']!r}; known: {sorted(INPUTS)}")
-    if "tokens" not in case or not 1 <= int(case["tokens"]) <= capacity:
-        raise ValueError(f"tokens must be in 1..capacity={capacity}, got {case.get('tokens')}")
-    if case["residual"] not in RESIDUALS:
-        raise ValueError(f"unknown residual {case['residual']!r}; known: {list(RESIDUALS)}")
-    if not case["eps"] > 0:
-        raise ValueError(f"eps must be > 0, got {case['eps']}")
-    if not int(case["budget_ns"]) > 0:
-        raise ValueError(f"budget_ns must be > 0, got {case['budget_ns']}")
+        raise ValueError(f"unknown case fields {sorted(unknown)} for op {spec.name}; "
+                         f"known: {sorted(known)}")
+    require_int("capacity", capacity, low=1)
+    case = {**DEFAULTS, "inputs": spec.inputs[0], **fields, "op": spec.name}
+    case.update(spec.case_fields(fields))
+    if case["inputs"] not in spec.inputs:
+        raise ValueError(f"op {spec.name}: unknown inputs {case['inputs']!r}; "
+                         f"known: {list(spec.inputs)}")
+    if "tokens" not in case:
+        raise ValueError(f"tokens must be in 1..capacity={capacity}, got None")
+    try:
+        require_int("tokens", case["tokens"], low=1, high=capacity)
+    except ValueError:
+        raise ValueError(f"tokens must be in 1..capacity={capacity}, got {case['tokens']}") from None
+    require_int("seed", case["seed"], low=0, high=2**31 - 2)
+    require_number("eps", case["eps"], positive=True)
+    require_int("budget_ns", case["budget_ns"], low=1, high=2**63 - 1)
     return case
 
 
-def case_inputs(case: Mapping, *, tp: int, hidden: int, tokens: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(partials [tp, M, H], residual [M, H], norm_weight [H])`` BF16 on CPU,
-    deterministic in the case's inputs kind and seed; ``tokens`` overrides M."""
+def case_inputs(case: Mapping, *, tp: int, hidden: int, tokens: int | None = None) -> dict:
+    """Every input tensor of the group's call (the op's ``make_inputs``), BF16
+    / FP32 / int on CPU, deterministic in the case's fields; ``tokens``
+    overrides M."""
     m = int(case["tokens"] if tokens is None else tokens)
-    seed = int(case["seed"])
-    partials = INPUTS[case["inputs"]](tp, m, hidden, seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    residual = torch.randn(m, hidden, generator=g).to(torch.bfloat16)
-    if case.get("residual", "random") == "zeros":
-        residual = torch.zeros_like(residual)
-    weight = (torch.randn(hidden, generator=g) * 0.5 + 1).to(torch.bfloat16)
-    return partials, residual, weight
+    return ops.get(case["op"]).module().make_inputs(case, tp=tp, hidden=hidden, tokens=m)
 
 
 def bf16_from_bits(a: np.ndarray) -> torch.Tensor:
@@ -88,30 +82,58 @@ def bits_from_bf16(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().view(torch.int16).numpy().view(np.uint16).copy()
 
 
-def check_outputs(case: Mapping, *, tp: int, hidden: int, outputs: Mapping[str, np.ndarray]) -> dict:
-    """Compare one rank's outputs (``sum``, ``residual``, ``norm`` as uint16
-    bit arrays ``[M, H]``) with the torch reference: sum and residual bit for
-    bit, norm within NORM_MAX_ULP; NaN never passes. A ``sum`` that is
-    missing or None (the backend could not observe it) is reported as
-    ``{"observed": False}`` and does not decide ``ok``. Returns a plain dict
-    with ``ok`` and, per output, mismatches and max ULP."""
-    partials, residual, weight = case_inputs(case, tp=tp, hidden=hidden)
-    norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, case["eps"])
-    expected = {"sum": all_reduce_sum(partials), "residual": residual_ref, "norm": norm_ref}
-    report: dict = {"ok": True}
-    for name, ref in expected.items():
-        if name == "sum" and outputs.get("sum") is None:
-            report[name] = {"observed": False}
-            continue
-        got = bf16_from_bits(outputs[name])
-        if tuple(got.shape) != tuple(ref.shape):
-            report[name] = {"mismatches": ref.numel(), "max_ulp": float("inf"),
-                            "error": f"shape {list(got.shape)}, expected {list(ref.shape)}"}
-            report["ok"] = False
-            continue
+def tensor_bits(t: torch.Tensor) -> np.ndarray:
+    """The raw bits of any tensor as an unsigned numpy array of its width
+    (BF16 -> uint16, FP32 -> uint32, FP8 -> uint8)."""
+    width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[t.element_size()]
+    return numerics.bits(t.detach().contiguous().cpu()).numpy().view(width).copy()
+
+
+def _from_bits(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    signed = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[like.element_size()]
+    raw = torch.from_numpy(np.ascontiguousarray(a).copy()).view(signed)
+    return raw.view(like.dtype)
+
+
+def compare(name: str, got_bits: np.ndarray | None, ref: torch.Tensor, bound: int) -> dict:
+    """One output against its reference: ``bound`` 0 = bit for bit, n = within
+    n BF16 ULP (BF16 outputs only); NaN never passes. ``got_bits`` None: the
+    backend could not observe this output (reported, not deciding)."""
+    if got_bits is None:
+        return {"observed": False}
+    if tuple(got_bits.shape) != tuple(ref.shape):
+        return {"elements": ref.numel(), "mismatches": ref.numel(), "max_ulp": float("inf"),
+                "nan": False, "bound_ulp": bound, "ok": False,
+                "error": f"{name}: shape {list(got_bits.shape)}, expected {list(ref.shape)}"}
+    got = _from_bits(got_bits, ref)
+    if ref.dtype == torch.bfloat16:
         cmp = numerics.Comparison(got, ref)
-        has_nan = bool(torch.isnan(got.float()).any())
-        ok = (cmp.max_ulp <= NORM_MAX_ULP if name == "norm" else cmp.bit_exact) and not has_nan
-        report[name] = {"mismatches": cmp.mismatches, "max_ulp": cmp.max_ulp, "nan": has_nan}
-        report["ok"] &= ok
+        mismatches, max_ulp = cmp.mismatches, cmp.max_ulp
+    else:  # other dtypes are held bit for bit
+        if bound:
+            raise ValueError(f"{name}: a ULP bound needs a BF16 output, got {ref.dtype}")
+        same = numerics.bits(got) == numerics.bits(ref)
+        mismatches, max_ulp = int((~same).sum()), 0.0 if bool(same.all()) else float("inf")
+    nan = bool(torch.isnan(got.float()).any()) if got.is_floating_point() else False
+    ok = (mismatches == 0 if bound == 0 else max_ulp <= bound) and not nan
+    return {"elements": ref.numel(), "mismatches": mismatches, "max_ulp": max_ulp,
+            "nan": nan, "bound_ulp": bound, "ok": ok}
+
+
+def check_outputs(case: Mapping, *, tp: int, hidden: int, outputs: Mapping[str, np.ndarray | None],
+                  facts: Mapping | None = None) -> dict:
+    """Compare one rank's outputs (bit arrays, by output name) with the op's
+    torch reference (``expected``: bit for bit or within its ULP bound; NaN
+    never passes). ``facts``: what the rank's kernel decided that the
+    reference takes as a parameter (e.g. mHC ``rank_lanes``). An output that
+    is missing or None is reported as ``{"observed": False}`` and does not
+    decide ``ok``. Returns a plain dict with ``ok`` and, per output,
+    elements, mismatches, max ULP, NaN and the bound."""
+    module = ops.get(case["op"]).module()
+    inputs = module.make_inputs(case, tp=tp, hidden=hidden, tokens=int(case["tokens"]))
+    expected = module.expected(case, inputs, tp=tp, facts=dict(facts or {}))
+    report: dict = {"ok": True}
+    for name, (ref, bound) in expected.items():
+        report[name] = compare(name, outputs.get(name), ref, bound)
+        report["ok"] &= report[name].get("ok", True)
     return report

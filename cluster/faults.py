@@ -12,9 +12,10 @@ layer turns verdicts into result rows.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
-from cluster.diagnosis import GroupDiagnosis, ranks_str
+from cluster import ops
+from kernels.lamport.diagnosis import GroupDiagnosis, ranks_str
 from cluster.group import GroupCall, TPGroup
 
 
@@ -124,19 +125,27 @@ def describe(c: GroupCall, n: GroupCall) -> str:
 
 
 def run_fault(group: TPGroup, kind: str, *, rank: int, tokens: int = 4, seed: int = 0,
-              budget_ns: int = 200_000_000) -> FaultVerdict:
+              budget_ns: int = 200_000_000, fields: Mapping | None = None) -> FaultVerdict:
     """Inject fault ``kind`` into rank ``rank`` for one call, then make one
     clean call; the verdict compares DESIGN.md's expected outcome with what
-    happened."""
+    happened. ``fields``: the op and its case fields (cluster.cases; default
+    all_reduce_norm); a kind the op does not declare (``OpSpec.faults``) is
+    a ValueError."""
     if kind not in FAULT_KINDS:
         raise ValueError(f"unknown fault kind {kind!r}; known: {sorted(FAULT_KINDS)}")
     if not 0 <= rank < group.tp:
         raise ValueError(f"rank must be in 0..{group.tp - 1}, got {rank}")
+    fields = dict(fields or {})
+    spec = ops.get(fields.get("op", "all_reduce_norm"))
+    if kind not in spec.faults:
+        raise ValueError(f"fault kind {kind!r} does not apply to op {spec.name}; "
+                         f"it declares {list(spec.faults)}")
     fault = FAULT_KINDS[kind]
     injection = fault.injection(budget_ns)
-    case = group.case(tokens=tokens, seed=seed, budget_ns=budget_ns, **fault.case)
+    case = group.case(tokens=tokens, seed=seed, budget_ns=budget_ns, **{**fields, **fault.case})
     faulty = group.run(case, faults={rank: injection} if injection else None)
-    following = group.run(group.case(tokens=tokens, seed=seed + 1, budget_ns=budget_ns))
+    following = group.run(group.case(tokens=tokens, seed=seed + 1, budget_ns=budget_ns,
+                                     **fields))
     return FaultVerdict(kind=kind, rank=rank,
                         expected=fault.expected.replace("{rank}", ranks_str({rank})),
                         seen=describe(faulty, following), met=fault.met(faulty, following, rank),

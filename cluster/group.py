@@ -3,7 +3,7 @@
 Hang handling in layers (DESIGN.md, "Hang detection"):
 1. every consumer has a watchdog (``case["budget_ns"]``) and still returns;
 2. the host deadline ``call_timeout_s`` bounds every rank's call;
-3. :func:`cluster.diagnosis.diagnose` names the culprits at group level;
+3. :func:`kernels.lamport.diagnosis.diagnose` names the culprits at group level;
 4. after anything but a pass the whole group recovers: every rank's call has
    returned (quiesce), then every rank scrubs its mailbox and resets its stage
    state and call count, and the driver collects all of them (barrier) before
@@ -23,6 +23,8 @@ exceed the watchdog budget plus any injected delay), every other ``ray.get``
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -34,9 +36,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cluster.actors import RankActor, release_rank
 from cluster.backend import actor_env, needs_rendezvous, require_backend
 from cluster.cases import check_outputs, make_case
-from cluster.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
+from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
 from cluster.injection import validate_injection
+from kernels.lamport.protocol import VEC_BF16
+from kernels.validation import require_int, require_multiple, require_number, require_tp
 
 CONTROL_TIMEOUT_S = 30.0
 """Bound on control calls (close, state, recover, kill confirmation)."""
@@ -71,6 +75,17 @@ class GroupCall:
 
 
 PLACEMENTS = ("cpu", "process_per_gpu", "shared_gpu")
+RUN_TAG_ENV = "LAMPORT_RUN_TAG"
+"""The driver's run (set by ``jobs``); it names every group's mailboxes."""
+
+
+def new_group_id() -> str:
+    """``<run tag>.p<driver pid>-<12 hex>``: the run (LAMPORT_RUN_TAG, else
+    ``adhoc``) and the driver that made the group, so what a group leaves
+    behind (``/dev/shm/ll-<group id>-r<rank>``) can be traced to a run and
+    swept once its driver is gone (``cluster.emulated.segment``)."""
+    tag = re.sub(r"[^A-Za-z0-9_-]", "_", os.environ.get(RUN_TAG_ENV) or "adhoc")[:32]
+    return f"{tag}.p{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def placement_for(gpus_per_rank: float) -> str:
@@ -98,13 +113,17 @@ class TPGroup:
     def __init__(self, *, tp: int, hidden: int, capacity: int, backend: str = "emulated",
                  gpus_per_rank: float = 0.0, setup_timeout_s: float = 60.0,
                  call_timeout_s: float = 10.0, backend_options: Mapping | None = None) -> None:
-        if tp < 1:
-            raise ValueError(f"tp must be >= 1, got {tp}")
-        if not 0 <= gpus_per_rank <= 1:
+        require_tp("tp", tp)
+        require_multiple("hidden", hidden, VEC_BF16)
+        require_int("capacity", capacity, low=1)
+        require_number("gpus_per_rank", gpus_per_rank, nonnegative=True)
+        if not gpus_per_rank <= 1:
             raise ValueError(f"gpus_per_rank must be in [0, 1], got {gpus_per_rank}")
-        if setup_timeout_s <= 0 or call_timeout_s <= 0:
-            raise ValueError(f"timeouts must be > 0, got setup_timeout_s={setup_timeout_s}, "
-                             f"call_timeout_s={call_timeout_s}")
+        require_number("setup_timeout_s", setup_timeout_s, positive=True)
+        require_number("call_timeout_s", call_timeout_s, positive=True)
+        if backend_options is not None and not isinstance(backend_options, Mapping):
+            raise TypeError(f"backend_options must be a mapping, got "
+                            f"{type(backend_options).__name__}")
         self.tp, self.hidden, self.capacity = tp, hidden, capacity
         self.backend = require_backend(backend)
         self.gpus_per_rank = gpus_per_rank
@@ -116,7 +135,7 @@ class TPGroup:
         self._rendezvous = needs_rendezvous(self.backend)
         self._prepared: set = set()
         self.setup_timeout_s, self.call_timeout_s = setup_timeout_s, call_timeout_s
-        self.group_id = uuid.uuid4().hex[:12]
+        self.group_id = new_group_id()
         self.builds = 0
         self.start_diagnosis: GroupDiagnosis | None = None
         self.metadata: list[dict] = []
@@ -265,8 +284,8 @@ class TPGroup:
 
     def prepare(self, case: Mapping) -> list[dict]:
         """Every rank builds (compiles) what ``case`` needs, bounded by
-        ``setup_timeout_s``; :meth:`run` does this once per (budget_ns, eps)
-        and build, before any rank's watchdog starts."""
+        ``setup_timeout_s``; :meth:`run` does this once per
+        :func:`prepare_key` and build, before any rank's watchdog starts."""
         self._require_open()
         case = make_case(capacity=self.capacity, **{k: v for k, v in case.items() if k != "seq"})
         refs = [a.prepare.remote(case) for a in self._actors]
@@ -275,7 +294,7 @@ class TPGroup:
             raise TimeoutError(f"prepare: ranks {[r for r, x in enumerate(refs) if x not in ready]} "
                                f"did not finish within {self.setup_timeout_s} s")
         out = ray.get(refs, timeout=CONTROL_TIMEOUT_S)
-        self._prepared.add((case["budget_ns"], case["eps"]))
+        self._prepared.add(prepare_key(case))
         return out
 
     def time(self, spec: Mapping, timeout_s: float) -> list[dict]:
@@ -306,7 +325,7 @@ class TPGroup:
         if self.call_timeout_s <= case["budget_ns"] / 1e9 + delay_s:
             raise ValueError(f"call_timeout_s={self.call_timeout_s} must exceed the watchdog budget "
                              f"{case['budget_ns'] / 1e9} s plus injected delays {delay_s} s")
-        if (case["budget_ns"], case["eps"]) not in self._prepared:
+        if prepare_key(case) not in self._prepared:
             self.prepare(case)
         self._seq += 1
         started = time.monotonic()
@@ -384,6 +403,16 @@ class TPGroup:
     def _require_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"TP group {self.group_id} is closed")
+
+
+PER_CALL_FIELDS = ("tokens", "inputs", "seed", "seq", "fault", "residual")
+"""Case fields that change data, not the kernel a rank builds."""
+
+
+def prepare_key(case: Mapping) -> tuple:
+    """What decides the kernels a rank builds for ``case``: the op, the
+    watchdog budget, eps and the op's fields (top_k, hc, finalize, ...)."""
+    return tuple(sorted((k, v) for k, v in case.items() if k not in PER_CALL_FIELDS))
 
 
 def _outcome(diagnosis: GroupDiagnosis, results, checks, errors, hung) -> str:

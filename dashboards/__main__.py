@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="build the static site from a results dataset")
     b.add_argument("--results", type=Path, required=True, help="results dataset directory")
     b.add_argument("--out", type=Path, default=DEFAULT_SITE, help="site directory "
-                   "(replaced whole; default: %(default)s)")
+                   "(replaced whole when it is a site built here, i.e. holds the .lamport-lab-site "
+                   "marker; a new or empty directory otherwise; default: %(default)s)")
     s = sub.add_parser("serve", help="serve a built site on 127.0.0.1 for a while")
     s.add_argument("--site", type=Path, default=DEFAULT_SITE, help="default: %(default)s")
     s.add_argument("--results", type=Path, help="build the site from this dataset first")

@@ -5,6 +5,11 @@ plotly.js is copied once from the installed plotly package into
 ``SITE/assets/plotly.min.js`` and every page refers to it relatively. Pages
 are written to a temporary folder beside ``out_dir`` and swapped in at the
 end, so a failed build leaves the previous site whole.
+
+A built site holds the marker file ``MARKER``; an existing ``out_dir`` is
+replaced only when it holds that marker (a site this builder made) or is an
+empty directory. Anything else, an ``index.html`` of someone else's
+included, is refused with FileExistsError and left untouched.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from dashboards.pages import (Site, compare, correctness, environment, faults, l
 from dashboards.regression import judge_all
 
 ASSETS = Path(__file__).with_name("assets")
+MARKER = ".lamport-lab-site"
+"""The file that marks a directory as a site this builder made."""
 PAGES = (overview, trends, latency, correctness, faults, environment, compare)
 
 
@@ -64,6 +71,8 @@ def build_site(results_dir: Path, out_dir: Path) -> Path:
             shutil.copyfile(ASSETS / name, staging / "assets" / name)
         for name, text in pages.items():
             (staging / name).write_text(text, encoding="utf-8")
+        (staging / MARKER).write_text("built by python -m dashboards build; this directory "
+                                      "is replaced whole on the next build\n")
         os.chmod(staging, 0o755)
         _swap_in(staging, out_dir)
     except BaseException:
@@ -75,10 +84,14 @@ def build_site(results_dir: Path, out_dir: Path) -> Path:
 def _swap_in(staging: Path, out_dir: Path) -> None:
     """Replace ``out_dir`` by ``staging`` (the old site is removed after)."""
     old = None
-    if out_dir.exists():
-        if not (out_dir / "index.html").exists() and any(out_dir.iterdir()):
-            raise FileExistsError(f"{out_dir} exists and is not a site built here (no "
-                                  "index.html); refusing to replace it")
+    if out_dir.exists() or out_dir.is_symlink():
+        if out_dir.is_symlink() or not out_dir.is_dir():
+            raise FileExistsError(f"--out {out_dir} exists and is not a directory; "
+                                  "refusing to replace it")
+        if not (out_dir / MARKER).is_file() and any(out_dir.iterdir()):
+            raise FileExistsError(f"--out {out_dir} exists, is not empty and was not built by "
+                                  f"python -m dashboards (no {MARKER} marker file); refusing "
+                                  "to replace it: give a new or empty directory")
         old = out_dir.with_name(f".{out_dir.name}-old-{os.getpid()}")
         os.replace(out_dir, old)
     os.replace(staging, out_dir)

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from jobs.regression import KEY as REGRESSION_KEY
 from jobs.results import read_results
+from jobs.results.runs import BASELINE_STATUSES
 
 CASE_FIELDS: tuple[str, ...] = tuple(REGRESSION_KEY)
 #: Baseline implementations timed beside a kernel are rows of their own whose
@@ -81,6 +82,14 @@ class Run:
     started_at: dt.datetime
     finished_at: dt.datetime | None
     rows: list[Row] = field(default_factory=list)
+    status: str = "unrecorded"
+    """The run manifest's effective status (jobs.results.runs.STATUSES):
+    ``incomplete`` is a run whose driver went away before it finished."""
+
+    @property
+    def baseline(self) -> bool:
+        """Whether the run may serve as regression history."""
+        return self.status in BASELINE_STATUSES
 
     @property
     def suites(self) -> list[str]:
@@ -150,7 +159,8 @@ def from_table(root: Path, table: pa.Table) -> Results:
         run = by_run.get(row["run_id"])
         if run is None:
             run = by_run[row["run_id"]] = Run(row["run_id"], row["trigger"], row["started_at"],
-                                              row["finished_at"])
+                                              row["finished_at"],
+                                              status=row.get("run_status") or "unrecorded")
         run.rows.append(row)
         run.started_at = min(run.started_at, row["started_at"])
         if row["finished_at"] is not None:

@@ -56,10 +56,12 @@ def verdict(value: float | None, history: list[float], rule: Rule = DEFAULT_RULE
 
 def _nightly_medians(results: Results) -> dict[str, list[tuple]]:
     """Per case id: (run start, run id, median latency) of each nightly run
-    with passing timed rows of it, oldest first."""
+    with passing timed rows of it, oldest first; runs that did not finish
+    (``incomplete``, still ``running``) are no history."""
     samples: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    clean = {run.run_id for run in results.runs if run.baseline}
     for row in results.rows:
-        if row["trigger"] == "nightly" and row["outcome"] == "pass" \
+        if row["trigger"] == "nightly" and row["outcome"] == "pass" and row["run_id"] in clean \
                 and row.get("t_median_us") is not None:
             samples[row["_case"]][row["run_id"]].append(row["t_median_us"])
     starts = {run.run_id: run.started_at for run in results.runs}

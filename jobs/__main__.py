@@ -47,7 +47,7 @@ from pathlib import Path
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
 from jobs.head import DEFAULT_HEAD_DIR, HEAD_DIR_ENV
 from jobs.options import (DEFAULT_RESULTS, add_results_arguments, int_list, open_results,
-                          positive_seconds, report, str_list)
+                          positive_number, positive_seconds, report, str_list)
 
 DEFAULT_SITE = Path("site")
 
@@ -76,17 +76,21 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
     p.add_argument("--timeout", type=positive_seconds, default=None, metavar="S",
                    help="host deadline per collective call in seconds (default: the suite's "
                         "timeout_s); must exceed the watchdog budget")
+    p.add_argument("--memory-limit-gb", type=positive_number, default=None, metavar="GIB",
+                   help="refuse a TP group whose estimated memory per node exceeds this "
+                        "(default: LAMPORT_MEMORY_LIMIT_GB, else the suite's memory_limit_gb, "
+                        "else half of this machine's RAM or /dev/shm; see jobs/sizing.py)")
     from cluster.faults import FAULT_KINDS
-    from jobs.config import INPUTS, OPS, PLACEMENTS, TRANSPORTS, VARIANTS
+    from jobs.config import PLACEMENTS, TRANSPORTS, VARIANTS, input_kinds, op_field_names, op_names
     f = p.add_argument_group(
         "filters", "comma-separated values; a case is run when its value is listed (a filter "
                    "on a field the case does not have leaves it in)")
-    for flag, choices, what in (("--ops", OPS, "operations"),
+    for flag, choices, what in (("--ops", op_names(), "operations (cluster.ops)"),
                                 ("--variant", VARIANTS, "kernel variants"),
                                 ("--transport", TRANSPORTS, "mailbox transports"),
                                 ("--placement", PLACEMENTS, "rank placements (auto: the best "
                                  "the cluster offers)"),
-                                ("--inputs", INPUTS, "correctness input kinds"),
+                                ("--inputs", input_kinds(), "correctness input kinds"),
                                 ("--faults", tuple(FAULT_KINDS), "fault kinds (faults job)")):
         f.add_argument(flag, type=str_list(choices), metavar="A,B",
                        help=f"{what}: {', '.join(choices)}")
@@ -97,6 +101,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
                        ("--hc", "mHC streams, e.g. 4")):
         f.add_argument(flag, type=int_list, metavar="N,M", dest=flag[2:].replace("-", "_"),
                        help=f"{what}; positive integers")
+    f.add_argument("--op-args", type=str_list(), dest="op_args", metavar="NAME=VALUE,...",
+                   help="op fields without a column of their own (cluster.ops), NAME one of "
+                        f"{', '.join(op_field_names())}; e.g. finalize=true or path=fused")
 
 
 def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,6 +133,9 @@ def _plan(args, jobs: tuple[str, ...]):
     starts or a row is written; ConfigError otherwise."""
     from kernels.reference.cases import GOLDEN_CASES
 
+    from kernels.validation import require_name
+
+    from jobs import sizing
     from jobs.harness import check_backend_request
     paths = args.config or [suite_path(n) for n in (args.suite or (args.default_suite,))]
     filters = Filters(**{name: getattr(args, name) for name in Filters.FIELDS})
@@ -147,6 +157,7 @@ def _plan(args, jobs: tuple[str, ...]):
                     f"{case.label()}: the host deadline {timeout} s must exceed "
                     f"{'3 x ' if case.job == 'faults' else ''}the watchdog budget "
                     f"{budget_s} s (late faults sleep 2 budgets); raise --timeout")
+        sizing.check(cases, cli_gb=args.memory_limit_gb, suite_gb=suite.memory_limit_gb)
         plan.append((suite, cases))
     names = [s.name for s, _ in plan]
     if len(set(names)) != len(names):
@@ -155,6 +166,11 @@ def _plan(args, jobs: tuple[str, ...]):
             ("selfcheck" in jobs and s.selfcheck) or ("compile-check" in jobs and s.compile_check)
             for s, _ in plan):
         raise ConfigError(f"suite(s) {names} have no {'/'.join(jobs)} case")
+    if args.run_id is not None:
+        try:
+            require_name("--run-id", args.run_id)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(str(err)) from None
     if not args.no_results and args.results.exists() and not args.results.is_dir():
         raise ConfigError(f"--results {args.results} exists and is not a directory")
     check_backend_request(args.backend)
@@ -200,6 +216,7 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
         if nightly:
             regressed = _regression_part(run, rule, args)
     failing = run.summary()
+    run.finish(compact=nightly)
     if nightly:
         failing += _dashboard_part(args)
     return 1 if failing or regressed else 0

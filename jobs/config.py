@@ -24,12 +24,13 @@ A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
     placement = "auto"
     dtype = "bfloat16"
     tp = [1, 2, 4]
-    hidden = [64]
+    hidden = [256]
     tokens = [1, 3, 8]            # in order: a group runs its cases as one M sequence
-    top_k = 8                     # finalize ops only
-    hc = 4                        # mHC only
+    top_k = 8                     # ops that declare it (cluster.ops: finalize_publish, all_reduce_mhc)
+    hc = 4                        # all_reduce_mhc only
+    finalize = [false, true]      # any other field an op declares (cluster.ops OpSpec.fields)
     repeats = 2                   # calls per case, each with new data
-    inputs = ["random", "order_sensitive", "sentinel_pattern"]
+    inputs = ["random", "order_sensitive", "sentinel_pattern"]  # default: every kind the op has
     budget_ms = 1000              # consumer watchdog budget
     timeout_s = 10                # host deadline per call (--timeout overrides)
 
@@ -44,6 +45,17 @@ A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
 
 Every key is checked: an unknown key, a wrong type or a value outside its
 choices is a :class:`ConfigError` naming the file, the table and the key.
+Ops, their case fields and their input kinds come from the op registry
+(:mod:`cluster.ops`): a field or input kind the sweep's op does not declare
+is an error too.
+What the kernels accept is enforced here too, from the rules the kernels
+themselves use (:mod:`kernels.validation`): ``tp`` in ``TP_SIZES`` (1, 2, 4,
+8), ``hidden`` a multiple of 8 whose fragments are whole warps, positive
+finite numbers for budgets and timeouts, ASCII names (a suite name is a
+results partition key). A file larger than ``MAX_CONFIG_BYTES`` is refused
+unread. Optional top-level ``memory_limit_gb``: the per-node memory ceiling
+of :mod:`jobs.sizing` (``--memory-limit-gb`` and LAMPORT_MEMORY_LIMIT_GB
+override it).
 Command-line filters (:class:`Filters`) then narrow the expanded cases.
 """
 
@@ -56,18 +68,40 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cluster import ops as registry
+from kernels.validation import require_lamport_hidden, require_name, require_number, require_tp
+
 FORMAT = 1
+MAX_CONFIG_BYTES = 1 << 20
+"""A suite file is a page of TOML; anything larger is refused unread."""
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 
-OPS = ("all_reduce_norm", "finalize_publish", "all_reduce_mhc", "embed_norm", "indexer")
 VARIANTS = ("watchdog", "plain")
 TRANSPORTS = ("unicast", "multicast")
 PLACEMENTS = ("auto", "process-per-gpu", "shared-gpu", "virtual-ranks", "emulated")
 AUTO_RESOLVES_TO = ("process-per-gpu", "shared-gpu", "emulated")
 """What ``placement = "auto"`` can become (virtual ranks are only ever asked for)."""
 DTYPES = ("bfloat16",)
-INPUTS = ("random", "order_sensitive", "sentinel_pattern")
-BASELINES = ("unfused", "symm_mem", "flashinfer", "stock")
+COLUMN_FIELDS = ("top_k", "hc")
+"""Op fields that are result columns of their own; other op fields travel
+in ``Case.op_args`` (and the rows' extra)."""
+
+
+def op_names() -> tuple[str, ...]:
+    return registry.names()
+
+
+def input_kinds() -> tuple[str, ...]:
+    """Every input kind some registered op generates."""
+    return tuple(dict.fromkeys(k for s in registry.OPS.values() for k in s.inputs))
+
+
+def baseline_names() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(b for s in registry.OPS.values() for b in s.baselines))
+
+
+def op_field_names() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(f for s in registry.OPS.values() for f in s.fields))
 JOBS = ("correctness", "faults", "profile")
 
 
@@ -95,6 +129,7 @@ class Case:
     fault: str | None = None       # faults
     rank: int | None = None        # faults: the faulty rank
     params: tuple[tuple[str, Any], ...] = ()  # budget_ms, timeout_s, baselines, calls, ...
+    op_args: tuple[tuple[str, Any], ...] = ()  # the op's other fields (finalize, heads, ...)
 
     def param(self, name: str, default: Any = None) -> Any:
         return dict(self.params).get(name, default)
@@ -103,12 +138,21 @@ class Case:
     def group_key(self) -> tuple:
         """Cases with the same key run on one TP group, in suite order."""
         return (self.op, self.variant, self.transport, self.placement, self.tp, self.hidden,
-                self.top_k, self.hc, self.dtype)
+                self.top_k, self.hc, self.dtype, self.op_args)
+
+    def op_fields(self) -> dict[str, Any]:
+        """The op's case fields this case sets (cluster.cases.make_case adds
+        the op's defaults for the rest)."""
+        declared = registry.get(self.op).fields
+        out = {k: getattr(self, k) for k in COLUMN_FIELDS
+               if k in declared and getattr(self, k) is not None}
+        return {**out, **dict(self.op_args)}
 
     def label(self) -> str:
         what = self.inputs or self.fault or ""
+        args = " ".join(f"{k}={v}" for k, v in self.op_args)
         return (f"{self.job} {self.op} tp={self.tp} hidden={self.hidden} M={self.tokens}"
-                + (f" {what}" if what else ""))
+                + (f" {args}" if args else "") + (f" {what}" if what else ""))
 
 
 # --------------------------------------------------------------------- keys
@@ -117,32 +161,45 @@ def _int(v):
 
 
 def _num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    try:
+        require_number("value", v, positive=True)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _kernel_rule(rule, key: str):
+    """A check that raises the kernels' own error (ValueError/TypeError)."""
+    def check(v):
+        rule(key, v)
+        return True
+    return check
 
 
 _SWEEP_KEYS: dict[str, tuple[Any, Any]] = {
     # key: (default, check): check is a tuple of choices or a predicate
-    "op": (None, OPS),
+    "op": (None, op_names),
     "variant": ("watchdog", VARIANTS),
     "transport": ("unicast", TRANSPORTS),
     "placement": ("auto", PLACEMENTS),
     "dtype": ("bfloat16", DTYPES),
-    "tp": (None, _int),
-    "hidden": (None, _int),
+    "tp": (None, _kernel_rule(require_tp, "tp")),
+    "hidden": (None, _kernel_rule(require_lamport_hidden, "hidden")),
     "tokens": (None, _int),
     "top_k": (None, _int),
     "hc": (None, _int),
 }
 _SCALAR_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
-    "correctness": {"repeats": (1, _int), "inputs": (list(INPUTS), INPUTS),
+    "correctness": {"repeats": (1, _int), "inputs": (None, input_kinds),
                     "budget_ms": (1000, _num), "timeout_s": (10.0, _num)},
     "faults": {"repeats": (1, _int), "kinds": ("all", None), "rank": ("last", None),
                "budget_ms": (200, _num), "timeout_s": (2.0, _num)},
-    "profile": {"repeats": (1, _int), "baselines": (list(BASELINES[:3]), BASELINES),
+    "profile": {"repeats": (1, _int), "baselines": (None, baseline_names),
                 "calls": (50, _int), "replays": (200, _int), "watchdog_ns": (1_000_000_000, _int),
                 "rotate_mb": (120, _num), "timeout_s": (600.0, _num)},
 }
-_TOP_KEYS = {"format", "name", "version", "description", "selfcheck", "compile_check", *JOBS}
+_TOP_KEYS = {"format", "name", "version", "description", "memory_limit_gb", "selfcheck",
+             "compile_check", *JOBS}
 _SELFCHECK_KEYS = {"cases"}
 _COMPILE_KEYS = {"arch", "hidden", "tp", "ops"}
 
@@ -156,6 +213,7 @@ class Suite:
     selfcheck: dict | None
     compile_check: dict | None
     cases: tuple[Case, ...]
+    memory_limit_gb: float | None = None
 
     @property
     def source(self) -> str:
@@ -186,7 +244,12 @@ def load_suite(path: str | Path) -> Suite:
     """Parse and validate one suite file; ConfigError says what is wrong."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config {path}: larger than {MAX_CONFIG_BYTES} bytes; "
+                              "a suite file is a page of TOML")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as err:
@@ -199,8 +262,14 @@ def load_suite(path: str | Path) -> Suite:
         raise ConfigError(f"{where}: format = {data.get('format')!r}; this version of "
                           f"lamport-lab reads format = {FORMAT}")
     name = data.get("name")
-    if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
-        raise ConfigError(f"{where}: name = {name!r} must be a word (letters, digits, - and _)")
+    try:
+        require_name("name", name)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err} (it names the results partition)") from None
+    memory_limit_gb = data.get("memory_limit_gb")
+    if memory_limit_gb is not None and not _num(memory_limit_gb):
+        raise ConfigError(f"{where}: memory_limit_gb = {memory_limit_gb!r} must be a positive "
+                          "finite number of GiB")
     version = data.get("version")
     if not _int(version):
         raise ConfigError(f"{where}: version = {version!r} must be a positive integer")
@@ -228,7 +297,8 @@ def load_suite(path: str | Path) -> Suite:
         for index, sweep in enumerate(sweeps, 1):
             cases += _expand(job, sweep, f"{where}: [[{job}]] #{index}")
     return Suite(name=name, version=version, description=str(data.get("description", "")),
-                 path=path, selfcheck=selfcheck, compile_check=compile_check, cases=tuple(cases))
+                 path=path, selfcheck=selfcheck, compile_check=compile_check, cases=tuple(cases),
+                 memory_limit_gb=memory_limit_gb)
 
 
 def _no_unknown(table: Mapping, known: Iterable[str], where: str) -> None:
@@ -261,11 +331,19 @@ def _int_list(value, where: str) -> list[int]:
 
 
 def _check(value, check, where: str) -> None:
+    if check in (op_names, input_kinds, baseline_names):  # registry-backed choices
+        check = check()
     if isinstance(check, tuple):
-        if value not in check:
+        if not isinstance(value, (str, int, float)) or value not in check:
             raise ConfigError(f"{where} = {value!r} is not one of {list(check)}")
-    elif check is not None and not check(value):
-        raise ConfigError(f"{where} = {value!r} must be a positive number")
+    elif check is not None:
+        try:
+            ok = check(value)
+        except (TypeError, ValueError) as err:  # a kernel rule: its own words
+            raise ConfigError(f"{where} = {value!r}: {err}") from None
+        if not ok:
+            what = "integer" if check is _int else "finite number"
+            raise ConfigError(f"{where} = {value!r} must be a positive {what}")
 
 
 def _values(sweep: Mapping, key: str, default, check, where: str, *, listable: bool) -> list:
@@ -280,18 +358,55 @@ def _values(sweep: Mapping, key: str, default, check, where: str, *, listable: b
     return values
 
 
+def _op_axes(sweep: Mapping, op_values: list, where: str) -> dict[str, list]:
+    """The sweep's op-field axes (other than top_k / hc), each value checked
+    against the declaring op; a field no op of the sweep declares is an error."""
+    declared: dict[str, Any] = {}
+    for op in op_values:
+        declared.update(registry.get(op).fields)
+    for key in set(sweep) & set(op_field_names()) | set(sweep) & set(COLUMN_FIELDS):
+        if key not in declared:
+            raise ConfigError(f"{where}: {key} does not apply to op(s) {op_values}; their "
+                              f"fields: {sorted(declared)}")
+    axes = {}
+    for key in sorted(set(sweep) & set(declared) - set(COLUMN_FIELDS)):
+        value = sweep[key]
+        axes[key] = value if isinstance(value, list) else [value]
+        for v in axes[key]:
+            try:
+                declared[key].validate(key, v, "/".join(op_values))
+            except ValueError as err:
+                raise ConfigError(f"{where}: {err}") from None
+    return axes
+
+
+def _op_inputs(job: str, op: str, wanted: list | None, where: str) -> list:
+    spec = registry.get(op)
+    if job != "correctness":
+        return []
+    if wanted is None:
+        return list(spec.inputs)
+    bad = [k for k in wanted if k not in spec.inputs]
+    if bad:
+        raise ConfigError(f"{where}: inputs {bad} are not input kinds of op {op}; "
+                          f"it has {list(spec.inputs)}")
+    return list(wanted)
+
+
 def _expand(job: str, sweep: Mapping, where: str) -> list[Case]:
     scalars = _SCALAR_KEYS[job]
-    _no_unknown(sweep, [*_SWEEP_KEYS, *scalars], where)
+    _no_unknown(sweep, [*_SWEEP_KEYS, *scalars, *op_field_names()], where)
     for required in ("op", "tp", "hidden", "tokens"):
         if required not in sweep:
             raise ConfigError(f"{where}: {required} is required")
     axes = {k: _values(sweep, k, d, c, where, listable=True) for k, (d, c) in _SWEEP_KEYS.items()}
+    op_axes = _op_axes(sweep, axes["op"], where)
     params: dict[str, Any] = {}
     for key, (default, check) in scalars.items():
         value = sweep.get(key, default)
         if key in ("inputs", "baselines"):
-            params[key] = _values(sweep, key, default, check, where, listable=True)
+            params[key] = (None if key not in sweep and default is None
+                           else _values(sweep, key, default, check, where, listable=True))
         elif key == "kinds":
             params[key] = _fault_kinds(value, where)
         elif key == "rank":
@@ -304,14 +419,24 @@ def _expand(job: str, sweep: Mapping, where: str) -> list[Case]:
             params[key] = value
     repeats = params.pop("repeats")
     cases = []
-    for combo in itertools.product(*axes.values()):
-        fields = dict(zip(axes, combo))
+    for combo in itertools.product(*axes.values(), *op_axes.values()):
+        fields = dict(zip([*axes, *op_axes], combo))
+        spec = registry.get(fields["op"])
+        op_args = tuple((k, fields.pop(k)) for k in op_axes if k in spec.fields)
+        for k in op_axes:
+            fields.pop(k, None)
+        for k in COLUMN_FIELDS:
+            if fields[k] is None and k in spec.fields:
+                fields[k] = spec.fields[k].default
         extra = {k: v for k, v in params.items() if k not in ("inputs", "kinds", "rank")}
+        if job == "profile" and extra.get("baselines") is None:
+            extra["baselines"] = list(spec.baselines)
         frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
                               for k, v in extra.items()))
-        base = dict(job=job, repeats=repeats, params=frozen, **fields)
+        base = dict(job=job, repeats=repeats, params=frozen, op_args=op_args, **fields)
         if job == "correctness":
-            cases += [Case(**base, inputs=i) for i in params["inputs"]]
+            cases += [Case(**base, inputs=i)
+                      for i in _op_inputs(job, fields["op"], params["inputs"], where)]
         elif job == "faults":
             rank = fields["tp"] - 1 if params["rank"] == "last" else params["rank"]
             if rank >= fields["tp"]:
@@ -350,19 +475,27 @@ class Filters:
     placement: tuple[str, ...] | None = None
     inputs: tuple[str, ...] | None = None
     faults: tuple[str, ...] | None = None
+    op_args: tuple[str, ...] | None = None
+    """``name=value`` items: the op fields without a column (finalize, path, ...)."""
 
     FIELDS = {"ops": "op", "tp": "tp", "hidden": "hidden", "tokens": "tokens", "top_k": "top_k",
               "hc": "hc", "variant": "variant", "transport": "transport",
-              "placement": "placement", "inputs": "inputs", "faults": "fault"}
+              "placement": "placement", "inputs": "inputs", "faults": "fault",
+              "op_args": "op_args"}
 
     def validate(self) -> None:
-        choices = {"ops": OPS, "variant": VARIANTS, "transport": TRANSPORTS,
-                   "placement": PLACEMENTS, "inputs": INPUTS}
+        choices = {"ops": op_names(), "variant": VARIANTS, "transport": TRANSPORTS,
+                   "placement": PLACEMENTS, "inputs": input_kinds()}
         for name, known in choices.items():
             bad = sorted(set(getattr(self, name) or ()) - set(known))
             if bad:
                 raise ConfigError(f"--{name.replace('_', '-')}: unknown value(s) {bad}; "
                                   f"known: {list(known)}")
+        for item in self.op_args or ():
+            name, eq, _ = item.partition("=")
+            if not eq or name not in op_field_names():
+                raise ConfigError(f"--op-args: {item!r} must be NAME=VALUE with NAME one of "
+                                  f"{list(op_field_names())}")
         if self.faults:
             from cluster.faults import FAULT_KINDS
             bad = sorted(set(self.faults) - set(FAULT_KINDS))
@@ -370,7 +503,14 @@ class Filters:
                 raise ConfigError(f"--faults: unknown fault kind(s) {bad}; known: {sorted(FAULT_KINDS)}")
 
     def keep(self, case: Case) -> bool:
+        given = {k: str(v).lower() for k, v in case.op_args}
+        for item in self.op_args or ():
+            name, _, value = item.partition("=")
+            if name in given and given[name] != value.lower():
+                return False
         for name, attr in self.FIELDS.items():
+            if name == "op_args":
+                continue
             wanted = getattr(self, name)
             value = getattr(case, attr)
             # A filter on a field the case does not have (--inputs on a fault

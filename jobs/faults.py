@@ -15,13 +15,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from jobs.config import Case, Suite
-from jobs.correctness import group_placement, open_group
+from jobs.correctness import group_placement, op_case_fields, open_group, row_extra
 from jobs.harness import ClusterView, Placement, Run, case_seed, now
 
 MIN_TP: dict[str, int] = {}
 """Smallest tp at which a kind's expected outcome is decidable, where above
 the default 2 (every kind needs a peer). A token-count mismatch is named by
-the count the driver asked for (cluster.diagnosis ``expected``), so tp=2
+the count the driver asked for (kernels.lamport.diagnosis ``expected``), so tp=2
 decides it too (seen on the H200: tests/gpu/test_cluster_gpu.py)."""
 
 
@@ -31,6 +31,18 @@ def tp_reason(case: Case) -> str | None:
         return (f"fault {case.fault} needs tp >= {need} for its expected outcome to be "
                 f"decidable" + (" (it needs a peer)" if need == 2 else ""))
     return None
+
+
+def op_reason(case: Case) -> str | None:
+    """Why ``case.fault`` does not apply to ``case.op`` (its declaration's
+    ``faults``), or None."""
+    from cluster import ops
+    spec = ops.get(case.op)
+    if case.fault in spec.faults:
+        return None
+    if not spec.collective:
+        return f"fault {case.fault}: op {case.op} is not a collective (no Lamport exchange to fault)"
+    return f"fault {case.fault} does not apply to op {case.op} (it declares {list(spec.faults)})"
 
 
 def backend_reason(case: Case, backend: str) -> str | None:
@@ -65,7 +77,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
         return
     with group:
         for case in members:
-            reason = tp_reason(case) or backend_reason(case, run.backend)
+            reason = op_reason(case) or tp_reason(case) or backend_reason(case, run.backend)
             if reason:
                 run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
                            placement=where.name, fault_kind=case.fault)
@@ -103,14 +115,16 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
         for repeat in range(case.repeats):
             group.recover()  # every case starts from a recovered group
             verdicts.append(run_fault(group, case.fault, rank=case.rank, tokens=case.tokens,
-                                      seed=case_seed(case, repeat), budget_ns=budget_ns))
+                                      seed=case_seed(case, repeat), budget_ns=budget_ns,
+                                      fields=op_case_fields(case)))
             if not verdicts[-1].met:
                 break
     except Exception as err:  # a broken case is a result, not a crash
         return run.record(case, suite, outcome="error", started_at=started,
                           placement=where.name, fault_kind=case.fault, fault_expected=expected,
                           reason=f"{type(err).__name__}: {err}",
-                          extra={"faulty_rank": case.rank, "budget_ns": budget_ns})
+                          extra={"faulty_rank": case.rank, "budget_ns": budget_ns,
+                                 **row_extra(case)})
     v = verdicts[-1]
     d = v.diagnosis
     fields = {}
@@ -125,4 +139,4 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
         reason=None if met else f"expected: {v.expected}; seen: {v.seen}",
         note=f"rank {case.rank}: {v.outcome}, {d.kind}" if met else None,
         extra={"faulty_rank": case.rank, "call_outcome": v.outcome, "diagnosis_kind": d.kind,
-               "budget_ns": budget_ns, "repeats": len(verdicts)})
+               "budget_ns": budget_ns, "repeats": len(verdicts), **row_extra(case)})

@@ -5,8 +5,9 @@ failing one with its one-command repro), the fixed-width table, the
 progress bar and the failure count.
 
 Ray: with no ``--address`` and no ``RAY_ADDRESS`` an embedded local cluster
-is started (``num_cpus`` = this machine's cores, no dashboard) and stopped
-at the end; with either, the job joins that cluster (this is what happens
+is started (``num_cpus`` = this machine's cores, no dashboard, loopback
+only, token authentication; :mod:`jobs.embedded`) and stopped at the end,
+with everything it started, also on SIGTERM/SIGINT or a killed driver; with either, the job joins that cluster (this is what happens
 under ``ray job submit``, which sets ``RAY_ADDRESS``). A Ray already
 initialised in this process (tests) is used as it is.
 
@@ -92,12 +93,10 @@ def ray_session(address: str | None) -> Iterator[str]:
             raise UsageError(f"cannot join the Ray cluster at {address!r}: {err}") from None
         how = f"joined the Ray cluster at {address}"
     else:
-        cpus = max(2, os.cpu_count() or 2)
-        # address="local": a fresh cluster even where another one runs on
-        # this machine (plain ray.init() would join the latest `ray start`).
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-        how = f"started an embedded local Ray cluster (num_cpus={cpus}, no dashboard)"
+        from jobs.embedded import embedded_cluster
+        with embedded_cluster(max(2, os.cpu_count() or 2)) as how:
+            yield how
+        return
     try:
         yield how
     finally:
@@ -291,6 +290,8 @@ def repro_command(case: Case, suite: Suite, backend: str, placement: str | None 
         parts += ["--top-k", str(case.top_k)]
     if case.hc is not None:
         parts += ["--hc", str(case.hc)]
+    if case.op_args:
+        parts += ["--op-args", ",".join(f"{k}={str(v).lower()}" for k, v in case.op_args)]
     if case.inputs:
         parts += ["--inputs", case.inputs]
     if case.fault:
@@ -324,12 +325,18 @@ class Run:
         from jobs.results import new_run_id
         self.results = results
         self.trigger = trigger
+        from cluster.group import RUN_TAG_ENV
         self.run_id = run_id or new_run_id()
+        os.environ[RUN_TAG_ENV] = self.run_id  # names the run's mailbox segments
         self.backend = backend
         self.environment = dict(environment or {})
         self.counts: Counter[str] = Counter()
         self.failing: list[dict] = []
         self.rows_written = 0
+        self._beat = 0.0
+        if results is not None:
+            from jobs.results import runs
+            runs.begin(results, self.run_id, trigger=trigger, facts=self.environment)
         self._writers: dict[str, Any] = {}
         self._table: Table | None = None
         self._bar = None
@@ -401,6 +408,7 @@ class Run:
         if writer is not None:
             writer.append(row)
             self.rows_written += 1
+            self.heartbeat()
         self.counts[outcome] += 1
         if outcome in FAILING:
             self.failing.append({**row, "suite": suite.name})
@@ -419,6 +427,30 @@ class Run:
         if self._bar is not None:
             self._bar.update(1)
         return row
+
+    def heartbeat(self) -> None:
+        """Refresh the run manifest's heartbeat (at most every
+        ``runs.HEARTBEAT_EVERY_S``)."""
+        import time
+
+        from jobs.results import runs
+        if self.results is not None and time.monotonic() - self._beat > runs.HEARTBEAT_EVERY_S:
+            runs.heartbeat(self.results, self.run_id)
+            self._beat = time.monotonic()
+
+    def finish(self, *, compact: bool = False) -> None:
+        """Mark the run finished in its manifest (a run is ``incomplete``
+        until then, once its driver is gone); ``compact``: first rewrite its
+        rows as one file per partition (``jobs.results.compact_run``)."""
+        if self.results is None:
+            return
+        from jobs.results import compact_run, runs
+        files = []
+        if compact and self._writers:
+            files = compact_run(self.results, self.run_id)
+        runs.finish(self.results, self.run_id, counts=dict(self.counts))
+        if files:
+            print(f"results: run {self.run_id} compacted into {len(files)} file(s)", flush=True)
 
     def count_external(self, outcome_counts: Counter[str]) -> None:
         """Fold in the counts of parts that write their own rows (selfcheck,

@@ -4,6 +4,7 @@ the run."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -46,12 +47,20 @@ def str_list(choices: Sequence[str] | None = None) -> Callable[[str], tuple[str,
 
 
 def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0 (``inf`` and ``nan`` are refused: a
+    deadline must end)."""
+    return positive_number(text, "seconds")
+
+
+def positive_number(text: str, what: str = "") -> float:
+    """A finite number > 0."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a number{' of ' + what if what else ''}, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text!r}")
     return value
 
 
@@ -70,12 +79,19 @@ def open_results(args: argparse.Namespace):
     from jobs.results import ResultsWriter, env_info
     if args.no_results:
         return None, {}
+    from jobs.results import runs
     writer = ResultsWriter(args.results, suite=args.suite, trigger=args.trigger, run_id=args.run_id)
-    return writer, env_info()
+    environment = env_info()
+    if args.run_id is None:  # a run of its own (not one joined with --run-id): manifest it
+        runs.begin(args.results, writer.run_id, trigger=args.trigger, facts=environment)
+    return writer, environment
 
 
 def report(writer, failures: int) -> None:
-    """The closing line of a job."""
+    """The closing line of a job; marks a run this process began finished."""
+    if writer is not None:
+        from jobs.results import runs
+        runs.finish(writer.root, writer.run_id)
     where = (f"rows written to {writer.directory}/ (run {writer.run_id})" if writer
              else "no rows written (--no-results)")
     print(f"{'FAILED' if failures else 'OK'}: {failures} failing case(s); {where}", flush=True)

@@ -103,8 +103,10 @@ def timed_rows(table) -> list[dict]:
 
 
 def detect(results: str | Path, run_id: str, rule: Rule = Rule()) -> list[Verdict]:
-    """Verdicts for every timed case of run ``run_id`` under ``results``."""
+    """Verdicts for every timed case of run ``run_id`` under ``results``;
+    history is earlier nightly runs that finished (never an incomplete one)."""
     from jobs.results import read_results
+    from jobs.results.runs import BASELINE_STATUSES
     table = read_results(results)
     rows = timed_rows(table)
     current = [r for r in rows if r["run_id"] == run_id]
@@ -113,7 +115,8 @@ def detect(results: str | Path, run_id: str, rule: Rule = Rule()) -> list[Verdic
     started = min(r["started_at"] for r in current)
     by_case: dict[tuple, dict[str, list[tuple]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r["run_id"] != run_id and r["trigger"] == "nightly" and r["started_at"] < started:
+        if r["run_id"] != run_id and r["trigger"] == "nightly" and r["started_at"] < started \
+                and r.get("run_status", "unrecorded") in BASELINE_STATUSES:
             by_case[tuple(r[k] for k in KEY)][r["run_id"]].append((r["started_at"], r[METRIC]))
     verdicts = []
     for key, values in _per_case(current).items():

@@ -9,8 +9,10 @@ A run prints its identity (trigger, commit, backend, GPUs), counts by suite,
 job and outcome, then the failing rows with their repro commands and the
 timed rows (``--all``: every row). A comparison lines the two runs' cases
 up by identity and prints the cases whose outcome changed and the timed
-cases with their B/A ratio. Exit status 1 when the (last) run has failing
-rows, 2 when a run id is unknown.
+cases with their B/A ratio. A run's manifest status (finished, running,
+incomplete: its driver went away before it finished) is printed with it.
+Exit status 1 when the (last) run has failing rows or is incomplete, 2 when
+a run id is unknown.
 """
 
 from __future__ import annotations
@@ -62,10 +64,11 @@ def _resolve(results: Path, wanted: list[str]) -> list[str]:
 
 def list_runs_table(results: Path) -> None:
     from jobs.results import list_runs
-    table = Table([Col("run_id", 33), Col("trigger", 8), Col("started_at", 20),
+    table = Table([Col("run_id", 33), Col("status", 10), Col("trigger", 8), Col("started_at", 20),
                    Col("rows", 6, "d"), Col("suites", 30)])
     for r in list_runs(results).to_pylist():
-        table.row([r["run_id"], r["trigger"], f"{r['started_at']:%Y-%m-%d %H:%M:%S}", r["rows"],
+        table.row([r["run_id"], r["run_status"], r["trigger"],
+                   f"{r['started_at']:%Y-%m-%d %H:%M:%S}", r["rows"],
                    ",".join(sorted(r["suites"]))])
 
 
@@ -76,7 +79,12 @@ def print_run(results: Path, run_id: str, *, show_all: bool = False) -> int:
     print(f"run {run_id}  trigger={first['trigger']}  commit={first['git_commit'] or 'unknown'}  "
           f"host={first['hostname']}  backends={','.join(backends)}")
     print(f"started {min(r['started_at'] for r in rows):%Y-%m-%d %H:%M:%S} UTC, "
-          f"{len(rows)} rows; topology: {brief(first['topology'])}\n")
+          f"{len(rows)} rows; topology: {brief(first['topology'])}")
+    status = first.get("run_status") or "unrecorded"
+    print(f"status: {status}" + {
+        "incomplete": " -- the driver went away before the run finished: these counts cover "
+                      "only the cases that ended, and the run is no regression baseline",
+        "running": " -- the run has not finished yet"}.get(status, "") + "\n")
     counts: Counter = Counter((r["suite"], r["job"], r["outcome"]) for r in rows)
     groups = sorted({(s, j) for s, j, _ in counts})
     summary = Table([Col("suite", 10), Col("job", 12), Col("pass", 6, "d"), Col("fail", 6, "d"),
@@ -97,7 +105,7 @@ def print_run(results: Path, run_id: str, *, show_all: bool = False) -> int:
         print(f"\n{len(failing)} failing row(s):")
         for r in failing:
             print(f"  [{r['outcome']}] {r['reason'] or ''}\n      {r['repro_command'] or '(no repro recorded)'}")
-    return 1 if failing else 0
+    return 1 if failing or status == "incomplete" else 0
 
 
 def compare(results: Path, run_a: str, run_b: str) -> int:

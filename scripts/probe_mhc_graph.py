@@ -62,7 +62,7 @@ def main() -> None:
             torch.cuda.synchronize()
             eager = (time.perf_counter() - t0) / 200 * 1e6
             d = grp.diagnose()
-            print(f"{spec} M={m} eager {eager:.1f} us/call ok={d.ok} {'' if d.ok else d.message[:200]}",
+            print(f"{spec} M={m} eager {eager:.1f} us/call ok={d.ok} {'' if d.ok else d.summary()[:200]}",
                   flush=True)
             for calls in a.calls:
                 grp.recover()
@@ -77,7 +77,7 @@ def main() -> None:
                     dt = (time.perf_counter() - t0) / calls * 1e6
                     d = grp.diagnose()
                     print(f"{spec} M={m} graph calls={calls} replay {rep}: {dt:.1f} us/call "
-                          f"ok={d.ok} {'' if d.ok else d.message[:300]}", flush=True)
+                          f"ok={d.ok} {'' if d.ok else d.summary()[:300]}", flush=True)
                 del graph
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cluster.diagnosis import (MailboxCheck, RankReport, diagnose, diagnose_start,
+from kernels.lamport.diagnosis import (MailboxCheck, RankReport, diagnose, diagnose_start,
                                fragment_lanes, pending_lanes)
 from kernels.lamport.mailbox import TimeoutRecord
 

@@ -12,7 +12,7 @@ from cluster.backend import make_backend, require_backend
 from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs, make_case
 from cluster.emulated import EmulatedRank
 from cluster.emulated.lamport import consume, publish
-from cluster.emulated.segment import HostMailbox, segment_name
+from cluster.emulated.segment import HostMailbox, segment_name, unlink_segment
 from cluster.group import TPGroup
 from kernels.lamport.protocol import ACTIVE_STAGE, NEXT_STAGE, slot_index
 from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
@@ -56,13 +56,14 @@ def test_slot_layout_is_the_protocol_index():
         box.unlink()
 
 
-@pytest.mark.parametrize("ranks", [3], indirect=True)
+@pytest.mark.parametrize("ranks", [4], indirect=True)
 def test_calls_match_reference_and_rotate_stages(ranks):
     for seq, (tokens, inputs) in enumerate([(1, "random"), (3, "order_sensitive"),
                                             (8, "sentinel_pattern"), (2, "random")]):
         case = make_case(capacity=CAPACITY, tokens=tokens, inputs=inputs, seed=seq)
         results = run_all(ranks, {**case, "seq": seq})
-        partials, residual, weight = case_inputs(case, tp=3, hidden=HIDDEN)
+        i = case_inputs(case, tp=len(ranks), hidden=HIDDEN)
+        partials, residual, weight = i["partials"], i["residual"], i["norm_weight"]
         norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, case["eps"])
         for res in results:
             assert res["consumed_stage"] == seq % 3 and res["record_count"] == 0
@@ -71,6 +72,48 @@ def test_calls_match_reference_and_rotate_stages(ranks):
             assert_bit_exact(bf16_from_bits(res["outputs"]["residual"]), residual_ref, "residual")
             assert_bit_exact(bf16_from_bits(res["outputs"]["norm"]), norm_ref, "norm")
         assert all(r.state()["check"]["stage_state"] == (seq % 3, (seq + 1) % 3) for r in ranks)
+
+
+OP_CASES = [("finalize_publish", {"top_k": 3}, ("random", "bf16_weights", "no_route",
+                                             "order_sensitive", "sentinel_pattern")),
+            ("embed_norm", {}, ("random", "shard_edges", "sentinel_pattern")),
+            ("all_reduce_mhc", {"hc": 2}, ("random", "order_sensitive", "sentinel_pattern")),
+            ("all_reduce_mhc", {"hc": 4, "finalize": True, "top_k": 2},
+             ("random", "sentinel_pattern"))]
+
+
+@pytest.mark.parametrize("ranks", [4], indirect=True)
+@pytest.mark.parametrize("op, fields, kinds", OP_CASES)
+def test_every_collective_op_matches_its_reference(ranks, op, fields, kinds):
+    """Each registered collective op through the emulated protocol: the
+    payload from its reference, the consumer's epilogue, every output
+    within its bound on every rank (cluster.cases.check_outputs), the
+    mailbox clean, the stage rotating; a wrong rank order is caught."""
+    from cluster.cases import check_outputs
+    for seq, (tokens, kind) in enumerate(zip((1, 5, 8, 2, 3), kinds)):
+        case = make_case(capacity=CAPACITY, op=op, tokens=tokens, inputs=kind, seed=seq,
+                         **fields)
+        results = run_all(ranks, {**case, "seq": seq})
+        for res in results:
+            assert res["record_count"] == 0 and res["mailbox_clean"]
+            report = check_outputs(case, tp=len(ranks), hidden=HIDDEN, outputs=res["outputs"])
+            assert report["ok"], (op, kind, report)
+            assert all(v["elements"] > 0 for k, v in report.items() if k != "ok")
+        swapped = dict(results[0]["outputs"])
+        swapped[next(iter(swapped))] = swapped[next(iter(swapped))] ^ np.uint16(1)
+        assert not check_outputs(case, tp=len(ranks), hidden=HIDDEN, outputs=swapped)["ok"]
+
+
+def test_case_fields_are_validated_per_op():
+    with pytest.raises(ValueError, match="unknown case fields \\['hc'\\] for op all_reduce_norm"):
+        make_case(capacity=8, tokens=1, hc=4)
+    with pytest.raises(ValueError, match="hc = 9"):
+        make_case(capacity=8, tokens=1, op="all_reduce_mhc", hc=9)
+    with pytest.raises(ValueError, match="unknown inputs 'order_sensitive'"):
+        make_case(capacity=8, tokens=1, op="embed_norm", inputs="order_sensitive")
+    with pytest.raises(ValueError, match="unknown op 'nope'; known"):
+        make_case(capacity=8, tokens=1, op="nope")
+    assert make_case(capacity=8, tokens=1, op="finalize_publish")["top_k"] == 8
 
 
 def test_publish_sanitizes_and_keeps_negative_subnormals():
@@ -162,6 +205,39 @@ def test_setup_names_the_peer_that_never_came():
     with pytest.raises(TimeoutError):  # the failed rank left nothing behind
         HostMailbox.attach(segment_name(group, 0), tp=2, capacity=2, hidden=8, timeout_s=0)
     rank.close()
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    ({"tp": 3}, ValueError, "tp must be one of 1, 2, 4, 8, got 3"),
+    ({"tp": 16}, ValueError, "tp must be one of 1, 2, 4, 8, got 16"),
+    ({"group_id": "a/b"}, ValueError, "group_id must be an ASCII word"),
+    ({"hidden": 64.0}, TypeError, "hidden must be an int, got float 64.0"),
+    ({"capacity": True}, TypeError, "capacity must be an int, got bool"),
+    ({"timeout_s": float("nan")}, ValueError, "timeout_s must be finite"),
+])
+def test_emulated_setup_refuses_what_the_kernels_refuse_before_allocating(bad, error, message):
+    import os
+    before = set(os.listdir("/dev/shm"))
+    kwargs = {"group_id": uuid.uuid4().hex[:12], "rank": 0, "tp": 2, "capacity": 2,
+              "hidden": HIDDEN, "timeout_s": 0.1, **bad}
+    with pytest.raises(error, match=message):
+        EmulatedRank().setup(**kwargs)
+    assert set(os.listdir("/dev/shm")) <= before  # nothing allocated
+
+
+def test_an_empty_segment_left_by_a_failed_setup_is_removable():
+    import _posixshmem
+    import os
+    name = f"ll-{uuid.uuid4().hex[:12]}-r0"
+    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.close(fd)  # created, never sized: what a setup killed before ftruncate leaves
+    box, _ = HostMailbox.open_own(name, tp=1, capacity=1, hidden=8)  # replaces it
+    box.close()
+    unlink_segment(name)
+    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.close(fd)
+    unlink_segment(name)
+    assert not os.path.exists(f"/dev/shm/{name}")
 
 
 def test_unknown_backend_and_bad_cases_are_named():

@@ -11,7 +11,7 @@ import ray
 
 from cluster.backend import BACKENDS, make_backend, needs_rendezvous, release_rank, require_backend
 from cluster.cases import check_outputs, make_case
-from cluster.diagnosis import RankReport, diagnose
+from kernels.lamport.diagnosis import RankReport, diagnose
 from cluster.gpu import GpuRank
 from cluster.gpu.ipc import IpcHandle, check_handles, peer_addresses
 from cluster.gpu.report import mask_ranks, result_fields
@@ -185,7 +185,7 @@ def test_peer_table_opens_every_peer_but_itself():
 # ---------------------------------------------------------------- cases
 def test_zero_residual_case_and_unobserved_sum():
     case = make_case(capacity=4, tokens=2, residual="zeros")
-    with pytest.raises(ValueError, match=r"unknown residual 'ones'"):
+    with pytest.raises(ValueError, match=r"residual = 'ones' is not valid"):
         make_case(capacity=4, tokens=2, residual="ones")
     report_ = check_outputs(case, tp=2, hidden=HIDDEN, outputs={
         "sum": None, "residual": np.zeros((2, HIDDEN), np.uint16),

@@ -51,7 +51,8 @@ def groups(cluster):
 
 
 def assert_matches_reference(call, tp):
-    partials, residual, weight = case_inputs(call.case, tp=tp, hidden=HIDDEN)
+    i = case_inputs(call.case, tp=tp, hidden=HIDDEN)
+    partials, residual, weight = i["partials"], i["residual"], i["norm_weight"]
     norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, call.case["eps"])
     for r, res in enumerate(call.results):
         out = res["outputs"]
@@ -106,6 +107,28 @@ def test_fault_meets_expected_outcome(groups, kind):
     g.recover()
     verdict = run_fault(g, kind, rank=rank, budget_ns=BUDGET_NS)
     assert verdict.met, f"{kind}: expected {verdict.expected!r}, seen {verdict.seen!r}"
+
+
+OTHER_OPS = {"finalize_publish": {"top_k": 2}, "embed_norm": {},
+             "all_reduce_mhc": {"hc": 2, "finalize": True, "top_k": 2}}
+
+
+@pytest.mark.parametrize("kind", sorted(set(FAULT_KINDS) - REBUILDS))
+@pytest.mark.parametrize("op", sorted(OTHER_OPS))
+def test_every_collective_op_meets_every_fault_outcome(groups, op, kind):
+    """The campaign under each other collective op's payload and epilogue
+    (cluster.ops): the protocol is the same, so every expectation holds;
+    the rebuilding kinds do not depend on the payload (all_reduce_norm above)."""
+    g = groups[2]
+    g.recover()
+    verdict = run_fault(g, kind, rank=1, budget_ns=BUDGET_NS,
+                        fields={"op": op, **OTHER_OPS[op]})
+    assert verdict.met, f"{op} {kind}: expected {verdict.expected!r}, seen {verdict.seen!r}"
+
+
+def test_fault_kind_an_op_does_not_declare_is_refused(groups):
+    with pytest.raises(ValueError, match="does not apply to op indexer"):
+        run_fault(groups[2], "skip_publish", rank=1, fields={"op": "indexer"})
 
 
 def test_hung_actor_killed_group_rebuilt_results_kept(groups):

@@ -164,6 +164,15 @@ def test_overview_counts_equal_the_dataset(site, dataset):
     assert len(runs) == sample.RUNS
 
 
+def test_every_registered_op_is_named_on_the_correctness_page(site):
+    """The sample holds all_reduce_norm and finalize_publish rows; the other
+    registered ops (cluster.ops) are named as absent from the run."""
+    doc = parse(site / "correctness.html")
+    text = " ".join(doc.text.split())
+    assert ("registered ops the run did not check: embed_norm, all_reduce_mhc, indexer"
+            in text)
+
+
 def test_correctness_matrix_cells_link_to_their_detail_rows(site):
     doc = parse(site / "correctness.html")
     matrix = doc.find("table", cls="matrix", data_op="all_reduce_norm")
@@ -231,7 +240,11 @@ def test_faults_page_shows_diagnosis(site):
     assert "python -m jobs faults --kind kill_rank --tp 8" in text
     summary = doc.find("table", id="fault-summary").find("tbody").find_all("tr")
     assert [[td.text for td in tr.find_all("td")] for tr in summary] == [
-        ["corrupt_flag", "1", "1", "0", "0", "1"], ["kill_rank", "1", "0", "1", "1", "1"]]
+        ["corrupt_flag", "all_reduce_norm", "1", "1", "0", "0", "1"],
+        ["kill_rank", "all_reduce_norm", "1", "0", "1", "1", "1"]]
+    note = " ".join(doc.find("section").text.split())
+    assert ("Collective ops with no fault row in these runs: finalize_publish, embed_norm, "
+            "all_reduce_mhc.") in note
 
 
 def test_every_relative_link_resolves(site):
@@ -321,6 +334,24 @@ def test_rebuild_replaces_the_site_but_not_a_foreign_folder(site, dataset, tmp_p
     with pytest.raises(FileExistsError):
         build_site(dataset, foreign)
     assert (foreign / "keep.txt").exists()
+    # an index.html alone does not make a folder a site built here
+    (foreign / "index.html").write_text("<p>mine</p>")
+    with pytest.raises(FileExistsError, match="marker"):
+        build_site(dataset, foreign)
+    assert sorted(p.name for p in foreign.iterdir()) == ["index.html", "keep.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert build_site(dataset, empty).is_file()
+
+
+def test_cli_build_refuses_a_foreign_directory(tmp_path, dataset, capsys):
+    foreign = tmp_path / "docs"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("x")
+    (foreign / "notes.md").write_text("y")
+    assert cli(["build", "--results", str(dataset), "--out", str(foreign)]) == 2
+    assert "refusing to replace" in capsys.readouterr().err
+    assert (foreign / "notes.md").read_text() == "y"
 
 
 def test_cli_build_and_bad_results(tmp_path, dataset, capsys):

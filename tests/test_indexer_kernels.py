@@ -70,6 +70,18 @@ def test_checks_catch_mutations(rows):
     assert checks.check_projection(proj.lines + ["mapa.shared::cluster.u32 r, a, b;"], v)
     assert checks.check_projection([ln for ln in split.lines if "mapa" not in ln],
                                    split.variant)
+    # the early-launch build with launch_dependents back after the wait, and
+    # the fused builds' early/late slot-code loads and predicated weight loads
+    launch = _row(rows, "fusedlaunch")
+    late = [ln.replace("griddepcontrol.wait", "X").replace(
+        "griddepcontrol.launch_dependents", "griddepcontrol.wait").replace(
+        "X", "griddepcontrol.launch_dependents") for ln in launch.lines]
+    assert not checks.check_fused(launch.lines, launch.variant)
+    assert any("must follow" in e for e in checks.check_fused(late, launch.variant))
+    assert checks.check_fused(fused.lines + ["@p ld.global.nc.L1::no_allocate.v4.u32 {a}, [b];"],
+                              fused.variant)
+    early = _row(rows, "fusedearly")
+    assert checks.check_fused(early.lines + ["ld.global.u32 %r1, [%rd1];"], early.variant)
     # the fused kernel without its st.async pushes or its FP8 conversion
     assert checks.check_fused([ln for ln in fused.lines if "st.async" not in ln], fused.variant)
     assert checks.check_fused([ln for ln in fused.lines if "e4m3x2" not in ln], fused.variant)

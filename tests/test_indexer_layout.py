@@ -235,6 +235,7 @@ def test_scales():
 def test_fused_variant():
     assert L.FusedVariant().name == "load-all"
     assert L.FusedVariant(True, True).name == "skip-zero+early"
+    assert L.FusedVariant(True, True, True).name == "skip-zero+early+launch"
     assert len(set(L.FUSED_CANDIDATES)) == len(L.FUSED_CANDIDATES)
     assert L.GB300.fused_variant == L.FusedVariant()
     with pytest.raises(ValueError, match="FusedVariant.skip_zero must be a bool, got 1"):

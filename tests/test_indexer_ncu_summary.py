@@ -11,16 +11,16 @@ S = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(S)
 
 DETAILS = '''"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"
-"0","1","kernel_cutlass_fused_kernel","GPU Speed Of Light Throughput","Duration","us","3.10"
+"0","1","kernel_cutlass_fused_kernel","GPU Speed Of Light Throughput","Duration","us","3.10","rule","x"
 "0","1","kernel_cutlass_fused_kernel","GPU Speed Of Light Throughput","DRAM Throughput","%","41.2"
 "0","1","kernel_cutlass_fused_kernel","Launch Statistics","Grid Size","","80"
 "0","1","kernel_cutlass_fused_kernel","Launch Statistics","Shared Memory Configuration Size","KB","8"
 "1","1","kernel_cutlass_kernel","GPU Speed Of Light Throughput","Duration","us","2.50"
 '''
-RAW = '''"ID","Kernel Name","dram__bytes_read.sum","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
-"","","Mbyte","ratio","ratio"
-"0","kernel_cutlass_fused_kernel","9.20","0.5","12.25"
-"1","kernel_cutlass_kernel","4.60","3.0","1.0"
+RAW = '''"ID","Kernel Name","launch__grid_size","dram__bytes_read.sum","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+"","","","Mbyte","ratio","ratio"
+"0","kernel_cutlass_fused_kernel","80","9.20","0.5","12.25"
+"1","kernel_cutlass_kernel","40","4.60","3.0","1.0"
 '''
 
 
@@ -43,6 +43,7 @@ def test_summary_text(tmp_path):
     assert "Duration: 3.10 us" in blocks[0] and "Grid Size: 80" in blocks[0]
     assert "Shared Memory Configuration Size" not in text  # not selected
     assert "dram__bytes_read.sum: 9.20 Mbyte" in blocks[0]
+    assert "launch__grid_size: 80" in blocks[0] and "launch__grid_size: 40" in blocks[1]
     assert "stalls (warps per issue): long_scoreboard 12.25, barrier 0.50" in blocks[0]
     assert "stalls (warps per issue): barrier 3.00, long_scoreboard 1.00" in blocks[1]
     assert "note:" not in text

@@ -22,7 +22,7 @@ version = 3
 [[correctness]]
 op = "all_reduce_norm"
 tp = [2, 4]
-hidden = 64
+hidden = 256
 tokens = [1, 3]
 inputs = ["random"]
 """
@@ -38,8 +38,8 @@ def test_bundled_suites_load_and_expand():
     from cluster.faults import FAULT_KINDS
     assert {c.fault for c in smoke.of("faults")} == set(FAULT_KINDS)
     # A group's cases keep the suite's M sequence.
-    tp2 = [c.tokens for c in smoke.of("correctness")
-           if c.tp == 2 and c.inputs == "random" and c.placement == "auto"]
+    tp2 = [c.tokens for c in smoke.of("correctness") if c.op == "all_reduce_norm"
+           and c.tp == 2 and c.inputs == "random" and c.placement == "auto"]
     assert tp2 == [1, 3, 8, 2]
 
 
@@ -57,8 +57,14 @@ def test_every_repro_command_selects_exactly_its_case():
 
 def test_filters_narrow_and_an_empty_selection_is_an_error():
     suite = load_suite(suite_path("smoke"))
-    chosen = select(suite, ("correctness",), Filters(tp=(2,), tokens=(3,)))
+    chosen = select(suite, ("correctness",), Filters(ops=("all_reduce_norm",), tp=(2,),
+                                                     tokens=(3,)))
     assert {(c.tp, c.tokens) for c in chosen} == {(2, 3)} and len(chosen) == 6
+    mhc = select(suite, ("correctness",), Filters(ops=("all_reduce_mhc",),
+                                                  op_args=("finalize=true",)))
+    assert len(mhc) == 2 and all(dict(c.op_args)["finalize"] is True for c in mhc)
+    with pytest.raises(ConfigError, match="--op-args: 'finalize' must be NAME=VALUE"):
+        select(suite, ("correctness",), Filters(op_args=("finalize",)))
     virtual = select(suite, ("correctness",), Filters(tp=(2,), tokens=(3,),
                                                       placement=("virtual-ranks",)))
     assert {c.placement for c in virtual} == {"virtual-ranks"} and len(virtual) == 3
@@ -77,12 +83,12 @@ def test_filters_narrow_and_an_empty_selection_is_an_error():
     ("format = 1\nname='x'\nversion=1\nbogus=1", r"unknown key\(s\) \['bogus'\]"),
     (GOOD.replace("tokens = [1, 3]", "tokens = [1, 3]\ntpp = 2"), r"\[\[correctness\]\] #1: unknown key\(s\) \['tpp'\]"),
     (GOOD.replace('op = "all_reduce_norm"', 'op = "allreduce"'), "op = 'allreduce' is not one of"),
-    (GOOD.replace("hidden = 64", "hidden = -64"), "hidden = -64 must be a positive number"),
-    (GOOD.replace("hidden = 64\n", ""), "hidden is required"),
+    (GOOD.replace("hidden = 256", "hidden = -64"), "hidden = -64: hidden must be a positive multiple of 8"),
+    (GOOD.replace("hidden = 256\n", ""), "hidden is required"),
     (GOOD.replace('inputs = ["random"]', 'inputs = ["randn"]'), "inputs = 'randn' is not one of"),
-    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=64\ntokens=4\nkinds=['nap']",
+    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=256\ntokens=4\nkinds=['nap']",
      r"unknown fault kind\(s\) \['nap'\]"),
-    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=64\ntokens=4\nrank=5",
+    (GOOD + "[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=256\ntokens=4\nrank=5",
      r"rank = 5 is outside 0..1"),
     ("format = 1\nname = 'x'\nversion = 1\n[[correctness]\n", "not valid TOML"),
 ])

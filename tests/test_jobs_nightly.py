@@ -95,7 +95,11 @@ def test_rows_carry_every_schema_field_that_applies(smoke):
     virtual = [r for r in rows if r["placement"] == "virtual-ranks"]
     assert virtual and all(r["job"] == "correctness" and r["outcome"] == "skipped"
                            and "needs the gpu backend" in r["reason"] for r in virtual)
-    rows = [r for r in rows if r["placement"] != "virtual-ranks"]
+    indexer = [r for r in rows if r["op"] == "indexer" and r["job"] == "correctness"]
+    assert indexer and all(r["outcome"] == "skipped" and r["reason"] == (
+        "op indexer: needs a GPU: not a collective; runs on each rank actor's GPU")
+        for r in indexer)
+    rows = [r for r in rows if r["placement"] != "virtual-ranks" and r not in indexer]
     for r in rows:
         missing = sorted(c for c in APPLIES[r["job"]] if r[c] is None)
         assert not missing, (r["job"], r["op"], r.get("fault_kind"), missing)
@@ -110,12 +114,42 @@ def test_rows_carry_every_schema_field_that_applies(smoke):
             assert r["t_median_us"] is None  # never a fake timing
         if r["job"] == "correctness":
             assert r["outcome"] == "pass" and r["mismatches"] == 0 and r["max_ulp"] == 0
-            assert r["elements"] == 2 * r["tp"] * 3 * r["tokens"] * r["hidden"]
+            assert r["x"]["collective"] is True
+            if r["op"] == "all_reduce_norm":
+                assert r["elements"] == 2 * r["tp"] * 3 * r["tokens"] * r["hidden"]
+            else:
+                assert r["elements"] >= r["tp"] * 2 * r["tokens"] * r["hidden"]
+
+
+def test_every_op_runs_and_no_row_says_the_cluster_cannot(smoke):
+    """Issue 15: the emulated smoke passes every collective op (finalize,
+    embedding, mHC with and without its finalize) and marks the indexer
+    (no collective) as needing a GPU; no row says an op is not run by the
+    cluster."""
+    from cluster import ops
+    _, rows, _ = smoke
+    correctness = [r for r in rows if r["job"] == "correctness"]
+    passed = {r["op"] for r in correctness if r["outcome"] == "pass"}
+    assert passed == set(ops.collective())
+    assert {r["x"].get("finalize") for r in correctness if r["op"] == "all_reduce_mhc"} \
+        == {False, True}
+    assert {r["op"] for r in correctness} == set(ops.names())
+    assert [r["x"]["collective"] for r in correctness if r["op"] == "indexer"] == [False] * 3
+    for r in rows:
+        assert "cluster runs only" not in (r["reason"] or "") and "so far" not in (r["reason"] or "")
+    faulted = {r["op"] for r in rows if r["job"] == "faults" and r["outcome"] == "pass"}
+    assert faulted == set(ops.collective())
 
 
 def test_the_fault_campaign_meets_every_expected_outcome(smoke):
     _, rows, _ = smoke
-    faults = {r["fault_kind"]: r for r in rows if r["job"] == "faults"}
+    every = [r for r in rows if r["job"] == "faults"]
+    assert all(r["outcome"] == "pass" for r in every), [
+        (r["op"], r["fault_kind"], r["reason"]) for r in every if r["outcome"] != "pass"]
+    others = {(r["op"], r["fault_kind"]) for r in every if r["op"] != "all_reduce_norm"}
+    assert others == {(op, k) for op in ("finalize_publish", "embed_norm", "all_reduce_mhc")
+                      for k in ("skip_publish", "negative_zero_payload", "unsanitized_lane")}
+    faults = {r["fault_kind"]: r for r in every if r["op"] == "all_reduce_norm"}
     assert set(faults) == set(FAULT_KINDS)
     for kind, r in faults.items():
         assert r["outcome"] == "pass", (kind, r["reason"])
@@ -135,7 +169,7 @@ def test_report_prints_the_run_and_compares(smoke, capsys):
     assert cli.main(["report", "--results", str(root / "results")]) == 0
     out = capsys.readouterr().out
     assert f"run {run_id}" in out and "trigger=ci" in out
-    assert "smoke       faults            10       0" in out
+    assert "smoke       faults            19       0" in out
     assert cli.main(["report", "--results", str(root / "results"), run_id[:20], run_id]) == 0
     assert "0 case(s) changed outcome" in capsys.readouterr().out
     assert cli.main(["report", "--results", str(root / "results"), "nosuch"]) == 2

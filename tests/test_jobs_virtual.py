@@ -20,8 +20,10 @@ GROUP = [c for c in SUITE.of("correctness") if c.placement == "virtual-ranks" an
 
 
 def _check(ok=True, mismatches=0, ulp=0.0):
-    part = {"mismatches": mismatches, "max_ulp": ulp, "nan": False}
-    return {"ok": ok, "sum": {"observed": False}, "residual": part, "norm": dict(part)}
+    part = {"elements": 1024, "mismatches": mismatches, "max_ulp": ulp, "nan": False,
+            "bound_ulp": 0, "ok": ok}
+    return {"ok": ok, "sum": {"observed": False}, "residual": part,
+            "norm": dict(part, bound_ulp=1)}
 
 
 def _call(graph, *, tp=4, ok=True, clean=True, diagnosis=None, missing=()):
@@ -43,6 +45,27 @@ def test_spec_carries_the_m_sequence_and_one_seed_per_repeat():
         assert len(set(c["seeds"])) == case.repeats == 3  # new data every call
     plain = virtual_spec([dataclasses.replace(c, variant="plain") for c in GROUP])
     assert plain["watchdog_ns"] == 0
+
+
+@pytest.mark.parametrize("op, fields", [("finalize_publish", {"top_k": 6}), ("embed_norm", {}),
+                                        ("all_reduce_mhc", {"hc": 4, "finalize": True})])
+def test_every_collective_op_has_a_virtual_ranks_spec(op, fields):
+    group = [dataclasses.replace(c, op=op, top_k=fields.get("top_k"), hc=fields.get("hc"),
+                                 op_args=tuple((k, v) for k, v in fields.items()
+                                               if k not in ("top_k", "hc")))
+             for c in GROUP]
+    spec = virtual_spec(group)
+    validate_spec(spec)
+    assert spec["op"] == op and spec["fields"] == fields
+
+
+def test_the_indexer_has_no_virtual_ranks_form():
+    spec = dict(virtual_spec(GROUP), op="indexer", fields={})
+    with pytest.raises(ValueError, match="op indexer has no virtual-ranks form"):
+        validate_spec(spec)
+    spec = dict(virtual_spec(GROUP), fields={"hc": 4})
+    with pytest.raises(ValueError, match=r"op all_reduce_norm has no fields \[.hc.\]"):
+        validate_spec(spec)
 
 
 @pytest.mark.parametrize("change, message", [

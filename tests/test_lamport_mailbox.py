@@ -2,7 +2,8 @@
 
 import pytest
 
-from kernels.lamport.mailbox import (RankErrors, diagnose, multicast_decision,
+from kernels.lamport.diagnosis import diagnose_errors as diagnose
+from kernels.lamport.mailbox import (RankErrors, multicast_decision,
                                      require_multicast)
 from kernels.lamport.protocol import (ERR_BAD_STAGE, ERR_COUNT, ERR_HEADER_WORDS,
                                       ERR_MISSING_MASK, ERR_UNSANITIZED_MASK,
@@ -65,24 +66,27 @@ def test_diagnose_names_the_rank_that_skipped():
                _report(2, 0, missing=[0, 1, 2, 3]), _report(3, 1, missing=[2])]
     d = diagnose(reports)
     assert d.missing_ranks == {2} and d.stale_ranks == {2}
-    assert "missing ranks: {2}" in d.message and "stale stage" in d.message
+    assert "missing ranks: {2}" in d.summary() and "stale stage" in d.summary()
 
 
 def test_diagnose_tp2_and_clean():
     d = diagnose([_report(0, 1, missing=[1]), _report(1, 0, missing=[0, 1])])
     assert d.missing_ranks == {1}
     assert diagnose([_report(0, 1), _report(1, 1)]).ok
-    assert diagnose([_report(0, 1), _report(1, 1)]).message == "ok"
+    assert diagnose([_report(0, 1), _report(1, 1)]).summary() == "ok"
 
 
 def test_diagnose_late_rank_without_stale_stage():
+    """Rank 3 published at the right stage but its data came too late: a
+    late rank (the cluster's vocabulary), neither missing nor stale."""
     d = diagnose([_report(0, 1, missing=[3]), _report(1, 1, missing=[3]),
                   _report(2, 1, missing=[3]), _report(3, 1)])
-    assert d.missing_ranks == {3} and not d.stale_ranks
+    assert d.late_ranks == {3} and not d.missing_ranks and not d.stale_ranks
+    assert "late ranks: {3}" in d.summary()
 
 
 def test_diagnose_unsanitized_and_bad_stage_are_distinct():
     d = diagnose([_report(0, 1, unsanitized=[1]), _report(1, 1)])
     assert d.unsanitized_ranks == {1} and not d.missing_ranks
     d = diagnose([_report(0, 1), _report(1, 7, bad=7)])
-    assert d.bad_stage_ranks == {1} and "out-of-range stage 7" in d.message
+    assert d.bad_stage_ranks == {1} and "stage_state corrupt on rank 1: read stage 7" in d.summary()

@@ -10,7 +10,8 @@ about GPU speed.
 """
 
 from cluster.emulated.rank import EmulatedRank
-from cluster.emulated.segment import segment_name, unlink_segment
+from cluster.emulated.segment import (remove_driver_segments, segment_name, sweep_orphans,
+                                      unlink_segment)
 
 Backend = EmulatedRank
 
@@ -20,4 +21,4 @@ def release_rank(group_id: str, rank: int) -> None:
     unlink_segment(segment_name(group_id, rank))
 
 
-__all__ = ["Backend", "EmulatedRank", "release_rank"]
+__all__ = ["Backend", "EmulatedRank", "release_rank", "remove_driver_segments", "sweep_orphans"]

@@ -30,16 +30,25 @@ its mailbox behind, dirty, exactly as a device buffer from a pool would be;
 the next setup of the group finds it, reports it and scrubs it. The rank
 that owns a segment unlinks it on a clean close. (Python 3.13's
 ``track=False`` does what :func:`_untrack` does.)
+
+Names carry their driver: a TP group's id is ``<run tag>.p<driver pid>-<12
+hex>`` (:func:`cluster.group.new_group_id`), so :func:`sweep_orphans` can
+remove, at the start of a later run, the segments of drivers that are gone
+(``kill -9`` included), and a driver's own leftovers can be removed by
+prefix (:func:`remove_driver_segments`).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from cluster.diagnosis import MailboxCheck
+from cluster.procs import started_at
+from kernels.lamport.diagnosis import MailboxCheck
 from kernels.lamport.protocol import (ACTIVE_STAGE, LAMPORT_GENERATIONS, NEXT_STAGE,
                                       SENTINEL_BF16, mailbox_shape)
 
@@ -49,8 +58,51 @@ _META, _STAGE, _HEADERS = 0, 32, 64
 _POLL_S = 0.01
 
 
+SHM_DIR = "/dev/shm"
+_OWNED = re.compile(r"ll-(?P<tag>[A-Za-z0-9_.-]*?)\.p(?P<pid>[0-9]+)-[0-9a-f]{12}-r[0-9]+")
+
+
 def segment_name(group_id: str, rank: int) -> str:
     return f"ll-{group_id}-r{rank}"
+
+
+def driver_gone(name: str) -> bool:
+    """Whether ``name`` is a segment whose driver (the pid in its name) is no
+    longer running on this host: no such process, or one that started after
+    the segment was made (a reused pid). Names without a driver: False."""
+    match = _OWNED.fullmatch(name)
+    if match is None:
+        return False
+    try:
+        made = os.stat(os.path.join(SHM_DIR, name)).st_mtime
+    except OSError:
+        return False
+    started = started_at(int(match["pid"]))
+    return started is None or started > made + 2.0
+
+
+def sweep_orphans() -> list[str]:
+    """Remove every segment of a driver that is gone; returns their names."""
+    try:
+        names = sorted(os.listdir(SHM_DIR))
+    except OSError:
+        return []
+    removed = [n for n in names if driver_gone(n)]
+    for name in removed:
+        unlink_segment(name)
+    return removed
+
+
+def remove_driver_segments(pid: int) -> list[str]:
+    """Remove every segment made for driver ``pid``; returns their names."""
+    try:
+        names = sorted(os.listdir(SHM_DIR))
+    except OSError:
+        return []
+    mine = [n for n in names if (m := _OWNED.fullmatch(n)) and int(m["pid"]) == pid]
+    for name in mine:
+        unlink_segment(name)
+    return mine
 
 
 def _layout(tp: int, capacity: int, hidden: int) -> tuple[int, int]:
@@ -91,7 +143,11 @@ class HostMailbox:
             shm = _untrack(shared_memory.SharedMemory(name, create=True, size=size))
             created = True
         except FileExistsError:
-            shm = _untrack(shared_memory.SharedMemory(name))
+            try:
+                shm = _untrack(shared_memory.SharedMemory(name))
+            except ValueError:  # an empty segment a failed setup left: replace it
+                unlink_segment(name)
+                shm = _untrack(shared_memory.SharedMemory(name, create=True, size=size))
             created = False
         box = cls(shm, tp=tp, capacity=capacity, hidden=hidden)
         if created or box.meta[0] != MAGIC:
@@ -157,10 +213,12 @@ class HostMailbox:
 
 
 def unlink_segment(name: str) -> None:
-    """Remove a segment by name; a no-op if it is gone."""
+    """Remove a segment by name, empty or not; a no-op if it is gone. (It
+    never maps the segment: an empty one, left by a setup that failed after
+    creating it, cannot be mapped; and the resource tracker never hears of
+    it, as in :func:`_untrack`.)"""
+    import _posixshmem
     try:
-        shm = shared_memory.SharedMemory(name)  # registers it with the tracker ...
+        _posixshmem.shm_unlink("/" + name)
     except FileNotFoundError:
-        return
-    shm.close()
-    shm.unlink()  # ... and unlink unregisters it: the tracker stays balanced
+        pass

@@ -4,7 +4,7 @@
   + symmetric memory, or shared GPU over gloo + CUDA IPC);
 - :mod:`.ipc`: CUDA IPC handle export / exchange / peer table;
 - :mod:`.report`: the kernels' error buffer → the result contract's
-  diagnosis fields (cluster.diagnosis makes the group view).
+  diagnosis fields (kernels.lamport.diagnosis makes the group view).
 """
 
 from cluster.gpu.rank import ALL_GPUS_VISIBLE, UNSUPPORTED_INJECTIONS, GpuRank

@@ -12,18 +12,23 @@ Placements (``options["placement"]``):
   builds the peer table (:mod:`cluster.gpu.ipc`) →
   :meth:`~kernels.lamport.mailbox.Mailbox.from_peer_table`.
 
-Kernels: one :class:`kernels.lamport.all_reduce_norm.AllReduceNorm` per
-(watchdog budget, eps) on the one mailbox (they share its stage rotation);
-the compiled kernels come from ``kernels.lamport.compile.cached``, keyed by
-frozen configs, so a sweep compiles each configuration once per process.
-:meth:`prepare` compiles before a call: a rank still compiling while its
-peers' watchdogs run would read as a missing rank.
+Kernels: every op of :mod:`cluster.ops` through its declaration's
+``RankKernel`` (AllReduceNorm for all_reduce_norm, its finalize publish and
+its embedding path; AllReduceMHC with or without its finalize; the indexer,
+which is no collective and leaves the mailbox alone), one per
+``RankKernel.key`` (op, watchdog budget, eps, op fields) on the one mailbox
+(they share its stage rotation: every rank makes the same sequence of
+calls); the compiled kernels come from ``kernels.lamport.compile.cached``,
+keyed by frozen configs, so a sweep compiles each configuration once per
+process. :meth:`prepare` compiles before a call: a rank still compiling
+while its peers' watchdogs run would read as a missing rank.
 
 Results follow cluster.backend's contract; the diagnosis fields come from
 the kernels' error buffer (:mod:`cluster.gpu.report`). Outputs are poisoned
-before every call. The consumer writes ``residual_out`` and ``norm_out``
-only: ``outputs["sum"]`` is reported when the case's residual is zero
-(then residual_out is BF16(sum) bit for bit), else None (not observed).
+before every call. Outputs a consumer does not write (the reduced sum) are
+None (not observed), except where the op makes them observable (a zero
+residual: residual_out is then BF16(sum) bit for bit). The check runs on the
+rank, with the facts the kernel decided (e.g. mHC rank lanes).
 
 Fault injections: every kind of cluster.injection except
 ``unsanitized_lane`` (the GPU publish always sanitizes; that fault is
@@ -38,8 +43,9 @@ import os
 import time
 from collections.abc import Mapping
 
-from cluster.cases import bits_from_bf16, case_inputs, check_outputs
-from cluster.diagnosis import MailboxCheck
+from cluster import ops
+from cluster.cases import case_inputs, check_outputs
+from kernels.lamport.diagnosis import MailboxCheck
 from cluster.gpu.ipc import check_handles, export_buffer, open_buffer, peer_addresses
 from cluster.gpu.report import result_fields
 from cluster.injection import validate_injection
@@ -178,44 +184,43 @@ class GpuRank:
         """Build (and compile) the kernels ``case`` needs, before any rank's
         watchdog starts; returns what it took."""
         started = time.monotonic()
-        self._kernel(int(case["budget_ns"]), float(case["eps"]))
+        self._op_kernel(case)
         return {"rank": self._rank, "prepare_s": time.monotonic() - started,
                 "kernels": len(self._kernels)}
 
-    def _kernel(self, budget_ns: int, eps: float):
-        key = (budget_ns, eps)
+    def _op_kernel(self, case: Mapping):
+        """The op's RankKernel for ``case`` on this rank's mailbox (cached by
+        its key)."""
+        kind = ops.get(case["op"]).module().RankKernel
+        budget = int(case["budget_ns"])
+        key = kind.key(case, budget)
         if key not in self._kernels:
-            from kernels.lamport.all_reduce_norm import AllReduceNorm
-
-            self._kernels[key] = AllReduceNorm(
-                hidden_size=self._hidden, max_num_tokens=self._capacity, eps=eps,
-                transport=self._transport, watchdog_ns=budget_ns, mailbox=self._own())
+            self._kernels[key] = kind(self._own(), hidden=self._hidden, capacity=self._capacity,
+                                      transport=self._transport, watchdog_ns=budget, case=case)
         return self._kernels[key]
 
     # -- one call
     def run_case(self, case: dict) -> dict:
         import torch
 
-        from kernels.reference.numerics import poison_
-
         box = self._own()
+        spec = ops.get(case["op"])
         fault = validate_injection(case.get("fault")) or {"kind": None}
         kind = fault["kind"]
         if kind in UNSUPPORTED_INJECTIONS:
             raise ValueError(f"fault injection {kind!r} is not supported by the gpu backend "
                              f"({UNSUPPORTED_INJECTIONS[kind]})")
+        if kind is not None and not spec.collective:
+            raise ValueError(f"fault injection {kind!r}: op {spec.name} is not a collective")
         tokens = int(case["tokens"]) + (fault["delta"] if kind == "tokens_delta" else 0)
         if not 1 <= tokens <= self._capacity:
             raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")
-        arn = self._kernel(int(case["budget_ns"]), float(case["eps"]))
-        partials, residual, weight = case_inputs(case, tp=self._tp, hidden=self._hidden,
-                                                 tokens=tokens)
-        dev = self._device
-        x = partials[self._rank].contiguous().to(dev)
-        residual_d, weight_d = residual.to(dev), weight.to(dev)
-        out = (poison_(torch.empty_like(residual_d)), poison_(torch.empty_like(residual_d)))
-        arn.validate(x, residual_d, weight_d, out)
+        kernel = self._op_kernel(case)
+        inputs = case_inputs(case, tp=self._tp, hidden=self._hidden, tokens=tokens)
+        kernel.load(case, inputs, self._rank, self._device)
         seq = int(case["seq"])
+        if not spec.collective:
+            return self._run_local(case, kernel, seq=seq, tokens=tokens)
         expected_stage = self._calls % LAMPORT_GENERATIONS
         self._calls += 1
         box.clear_errors()
@@ -234,27 +239,45 @@ class GpuRank:
             time.sleep(fault["delay_ns"] / 1e9)
         published = kind != "skip_publish"
         if published:
-            arn.publish(x)
+            kernel.publish()
         if kind == "die_after_publish":
-            torch.cuda.synchronize(dev)
+            torch.cuda.synchronize(self._device)
             os._exit(1)
         consume_from = time.monotonic_ns()
-        arn.consume(residual_d, weight_d, out)
-        torch.cuda.synchronize(dev)
+        kernel.consume()
+        torch.cuda.synchronize(self._device)
         done = time.monotonic_ns()
 
         errors = box.read_errors()
-        norm_bits, residual_bits = bits_from_bf16(out[0].cpu()), bits_from_bf16(out[1].cpu())
-        outputs = {"sum": residual_bits.copy() if case.get("residual") == "zeros" else None,
-                   "residual": residual_bits, "norm": norm_bits}
+        outputs = kernel.outputs()
         result = result_fields(errors, seq=seq, tokens=tokens, expected_stage=expected_stage,
                                next_stage_before=next_before, published=published)
         result.update({
             "mailbox_clean": box.is_all_sentinel(), "outputs": outputs,
             "publish_ns": consume_from - started, "consume_ns": done - consume_from,
-            "check": check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs),
+            "check": check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
+                                   facts=kernel.facts()),
         })
         return result
+
+    def _run_local(self, case: dict, kernel, *, seq: int, tokens: int) -> dict:
+        """An op that is no collective (the indexer) on this rank's GPU: no
+        publish, no stage; the result says the protocol was not touched (in
+        step, nothing missing) and carries the op's own check."""
+        import torch
+
+        stage = self._calls % LAMPORT_GENERATIONS
+        started = time.monotonic_ns()
+        kernel.consume()
+        torch.cuda.synchronize(self._device)
+        done = time.monotonic_ns()
+        return {"rank": self._rank, "seq": seq, "tokens": tokens, "expected_stage": stage,
+                "published_stage": stage, "consumed_stage": stage, "bad_stage": None,
+                "missing_sources": [], "partial_sources": [], "headers": [], "records": [],
+                "record_count": 0, "header_mismatch": False,
+                "mailbox_clean": self._own().is_all_sentinel(), "outputs": kernel.outputs(),
+                "publish_ns": 0, "consume_ns": done - started, "collective": False,
+                "check": kernel.check()}
 
     # -- timing (cluster.measure)
     def time_case(self, spec: dict) -> dict:

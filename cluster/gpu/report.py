@@ -4,8 +4,8 @@ The watchdog consumer leaves, per rank, an error buffer (records, the
 missing / unsanitized source masks, the bad-stage flag) and the stage state;
 :class:`kernels.lamport.mailbox.RankErrors` decodes them. This turns one
 decoded buffer plus the host's stage facts into the fields of the backend
-result contract (cluster.backend), so :class:`cluster.diagnosis.RankReport`
-and :func:`cluster.diagnosis.diagnose` make the group view for the GPU path
+result contract (cluster.backend), so :class:`kernels.lamport.diagnosis.RankReport`
+and :func:`kernels.lamport.diagnosis.diagnose` make the group view for the GPU path
 exactly as for the emulated one. Pure (no CUDA).
 """
 

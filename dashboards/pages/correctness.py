@@ -2,10 +2,15 @@
 (the correctness job's; fault, profile, compile and self-check rows have
 pages of their own) — rows backend · transport · tp, columns tokens — each
 cell coloured by its worst outcome and linking to its rows on
-details-<op>.html (every row of the op: ULP, mismatches, reason, repro)."""
+details-<op>.html (every row of the op: ULP, mismatches, reason, repro).
+Every registered op (cluster.ops) is listed: one without rows in the run is
+named as such, and an op that is not a collective says so."""
 
 from __future__ import annotations
 
+import json
+
+from cluster import ops as registry
 from dashboards import html as h
 from dashboards import palette
 from dashboards.model import (OUTCOME_SEVERITY, Row, case_label, group, slug, sort_key,
@@ -30,6 +35,11 @@ def render(site: Site) -> dict[str, str]:
         if checked:
             sections.append(_matrix(op, checked))
         pages[f"details-{slug(op)}.html"] = _details_page(site, run, op, rows)
+    absent = [op for op in registry.names()
+              if not any(row_job(r) == "correctness" for r in by_op.get((op,), ()))]
+    if absent and sections:
+        sections.append(h.section("Ops without correctness rows in this run", h.tag(
+            "p", "registered ops the run did not check: " + ", ".join(absent), cls="note")))
     legend = h.tag("div", h.join(
         h.Markup(h.badge(o) + " ") for o in palette.OUTCOME_COLOURS), cls="legend-row")
     body = h.join([
@@ -82,7 +92,31 @@ def _matrix(op: str, rows: list[Row]) -> h.Markup:
         body.append(h.tag("tr", h.join(tds)))
     table = h.tag("table", h.Markup(f"<thead><tr>{head}</tr></thead><tbody>{h.join(body)}</tbody>"),
                   cls="data matrix", data_op=op)
-    return h.section(h.op_chip(op, f"details-{slug(op)}.html"), table, id=f"op-{slug(op)}")
+    local = any(_extra(r).get("collective") is False for r in rows)
+    note = ("not a collective: it runs on each rank actor's GPU on its own (no Lamport exchange)"
+            if local else None)
+    return h.section(h.op_chip(op, f"details-{slug(op)}.html"), table, id=f"op-{slug(op)}",
+                     note=note)
+
+
+def _extra(row: Row) -> dict:
+    try:
+        value = json.loads(row.get("extra") or "{}")
+    except (json.JSONDecodeError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def op_fields(row: Row) -> str | None:
+    """The row's op fields that are no column of their own (finalize, heads,
+    path, ...: the op's declaration in cluster.ops), as ``name=value``."""
+    try:
+        declared = registry.get(row["op"]).fields
+    except ValueError:
+        return None
+    extra = _extra(row)
+    parts = [f"{k}={extra[k]}" for k in declared if k in extra and k not in ("top_k", "hc")]
+    return " ".join(parts) or None
 
 
 #: (header, field or None for computed, numeric) of the details table.
@@ -92,13 +126,14 @@ DETAIL_COLUMNS = [
     ("backend", "backend", False), ("transport", "transport", False),
     ("placement", "placement", False), ("tp", "tp", True), ("hidden", "hidden", True),
     ("tokens", "tokens", True), ("top_k", "top_k", True), ("hc", "hc", True),
+    ("op fields", "op_fields", False),
     ("dtype", "dtype", False), ("max ULP", "max_ulp", True), ("max abs err", "max_abs_err", True),
     ("mismatches", "mismatches", True), ("elements", "elements", True),
     ("median µs", "t_median_us", True), ("baseline µs", "baseline_median_us", True),
     ("ratio", "ratio", True), ("reason", None, False), ("reproduce", "repro_command", False),
 ]
 IDENTITY = {"variant", "backend", "transport", "placement", "tp", "hidden", "tokens", "top_k",
-            "hc", "dtype"}
+            "hc", "dtype", "op_fields"}
 
 
 def _cell(site: Site, r: Row, header: str, field: str | None):
@@ -116,6 +151,8 @@ def _cell(site: Site, r: Row, header: str, field: str | None):
         return h.ratio(r.get(field))
     if field == "repro_command":
         return h.repro(r.get(field))
+    if field == "op_fields":
+        return op_fields(r)
     return r.get(field)
 
 
@@ -129,6 +166,7 @@ def _details_page(site: Site, run, op: str, rows: list[Row]) -> str:
     columns, constant = [], []
     for header, field, numeric in DETAIL_COLUMNS:
         values = ({row_job(r) for r in rows} if field == "job" else
+                  {op_fields(r) for r in rows} if field == "op_fields" else
                   {r.get(field) for r in rows} if field else {1})
         if field and field != "repro_command" and values == {None}:
             continue

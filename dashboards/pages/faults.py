@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from cluster import ops as registry
 from dashboards import html as h
 from dashboards.model import Row, case_label, group, sort_key
 from dashboards.pages import Site, details_href, no_results
@@ -75,22 +76,25 @@ def render(site: Site) -> dict[str, str]:
         return {"faults.html": site.page("Faults & hangs", "faults.html", body)}
     latest_ids = {r["_index"] for r in site.results.latest.rows}
     summary_rows = []
-    for (kind,), rows in sorted(group(faults, "fault_kind").items(),
-                                key=lambda kv: sort_key(kv[0][0])):
+    for (kind, op), rows in sorted(group(faults, "fault_kind", "op").items(),
+                                   key=lambda kv: (sort_key(kv[0][0]), sort_key(kv[0][1]))):
         summary_rows.append([
-            kind if kind is not None else "(observed, not injected)", len(rows),
+            kind if kind is not None else "(observed, not injected)", op, len(rows),
             sum(r["outcome"] == "pass" for r in rows),
             sum(r["outcome"] in ("fail", "hang", "error") for r in rows),
             sum(r["outcome"] == "hang" or call_outcome(r) == "hang" for r in rows),
             sum(r["_index"] in latest_ids for r in rows)])
-    summary = h.table(["fault kind", "rows", "handled as expected", "not handled",
+    summary = h.table(["fault kind", "op", "rows", "handled as expected", "not handled",
                        "hung (call or case)", "in latest run"], summary_rows,
-                      numeric=range(1, 6), id="fault-summary", cls="compact")
-    sections = [h.section("By fault kind", summary, note=(
+                      numeric=range(2, 7), id="fault-summary", cls="compact")
+    untested = [op for op in registry.collective() if op not in {r["op"] for r in faults}]
+    sections = [h.section("By fault kind and op", summary, note=(
         "handled as expected: the job's verdict on the row is pass (the fault was detected, "
         "diagnosed and recovered from as the campaign expects); not handled: fail, hang or "
         "error. stage: Lamport generation (0..2); token/fragment: where the watchdog fired; "
-        "missing ranks: the ranks the group view blames."))]
+        "missing ranks: the ranks the group view blames."
+        + (f" Collective ops with no fault row in these runs: {', '.join(untested)}."
+           if untested else "")))]
     for run in runs:
         rows = [r for r in run.rows if is_fault(r)]
         if not rows:

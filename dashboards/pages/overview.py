@@ -40,7 +40,8 @@ def render(site: Site) -> dict[str, str]:
     c = counts(site, rows)
     env = run.env()
     duration = (run.finished_at - run.started_at).total_seconds() if run.finished_at else None
-    meta = [("run", run.run_id), ("trigger", run.trigger), ("started", h.fmt(run.started_at)),
+    meta = [("run", run.run_id), ("status", _status(run)), ("trigger", run.trigger),
+            ("started", h.fmt(run.started_at)),
             ("duration", f"{duration:,.0f} s" if duration is not None else None),
             ("suites", ", ".join(run.suites)),
             ("commit", ", ".join(str(v)[:12] for v in env["git_commit"]) or None),
@@ -106,12 +107,21 @@ def render(site: Site) -> dict[str, str]:
         links = [h.link(f"environment.html#run-{r.run_id}", "environment")]
         if prev:
             links.append(h.link(f"compare.html?a={prev.run_id}&b={r.run_id}", "vs previous"))
-        run_rows.append([h.tag("code", r.run_id, cls="run"), r.trigger, h.fmt(r.started_at), len(r.rows),
+        run_rows.append([h.tag("code", r.run_id, cls="run"), _status(r), r.trigger,
+                         h.fmt(r.started_at), len(r.rows),
                          *_count_cells(rc, COUNT_KEYS), h.join(links, " · ")])
-    runs_table = h.table(["run", "trigger", "started", "cases", *COUNT_KEYS, "links"], run_rows,
-                         numeric=range(3, 4 + len(COUNT_KEYS)), id="runs")
+    runs_table = h.table(["run", "status", "trigger", "started", "cases", *COUNT_KEYS, "links"],
+                         run_rows, numeric=range(4, 5 + len(COUNT_KEYS)), id="runs")
 
+    warning = (h.tag("p", f"This run is {run.status.upper()}: "
+                     + ("its driver went away before it finished; its counts cover only the "
+                        "cases that ended, and it is no regression baseline."
+                        if run.status == "incomplete" else
+                        "it has not finished yet; it is no regression baseline."),
+                     cls="incomplete", id="run-status")
+               if run.status in ("incomplete", "running") else "")
     body = h.join([
+        warning,
         cards,
         h.section("Latest run", meta_html),
         h.section("Needs attention", att_table, skipped_html, id="attention-section",
@@ -126,6 +136,11 @@ def render(site: Site) -> dict[str, str]:
     sub = h.join(["Latest run ", h.tag("code", run.run_id), f" · {run.trigger} · "
                   f"{h.fmt(run.started_at)}"])
     return {"index.html": site.page("Overview", "index.html", body, charts=True, subtitle=sub)}
+
+
+def _status(run) -> h.Markup:
+    """The run's manifest status as a badge (``unrecorded``: no manifest)."""
+    return h.tag("span", run.status, cls=f"status-{run.status}", data_k="run-status")
 
 
 def _case_table(site: Site, rows: list[Row], empty: str, table_id: str,

@@ -8,11 +8,12 @@ from jobs.results.environment import env_info, git_commit
 from jobs.results.schema import (BACKENDS, COLUMNS, JOBS, OUTCOMES, SCHEMA, SCHEMA_VERSION,
                                  SCHEMA_VERSION_KEY, TRIGGERS, Column, make_row,
                                  row_job, rows_to_table)
-from jobs.results.store import (READ_SCHEMA, ResultsWriter, compact, list_runs, new_run_id,
-                                read_results)
+from jobs.results.store import (FILE_SCHEMA, READ_SCHEMA, QuarantineWarning, ResultsWriter,
+                                compact, compact_run, list_runs, new_run_id, read_results)
 
 __all__ = [
-    "BACKENDS", "COLUMNS", "JOBS", "OUTCOMES", "READ_SCHEMA", "SCHEMA", "SCHEMA_VERSION",
-    "SCHEMA_VERSION_KEY", "TRIGGERS", "Column", "ResultsWriter", "compact", "env_info", "git_commit",
-    "list_runs", "make_row", "new_run_id", "read_results", "row_job", "rows_to_table",
+    "BACKENDS", "COLUMNS", "FILE_SCHEMA", "JOBS", "OUTCOMES", "QuarantineWarning", "READ_SCHEMA",
+    "SCHEMA", "SCHEMA_VERSION", "SCHEMA_VERSION_KEY", "TRIGGERS", "Column", "ResultsWriter",
+    "compact", "compact_run", "env_info", "git_commit", "list_runs", "make_row", "new_run_id",
+    "read_results", "row_job", "rows_to_table",
 ]

@@ -25,8 +25,11 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
-"""2: the ``job`` column."""
+SCHEMA_VERSION = 3
+"""2: the ``job`` column. 3: files leave out ``suite`` (the partition key
+gives it) and the per-run facts (``runs.RUN_FACTS``, kept once in the run
+manifest); readers fill both in, so ``read_results`` returns the same
+columns as for version 2."""
 SCHEMA_VERSION_KEY = b"lamport_lab.schema_version"
 
 OUTCOMES = ("pass", "fail", "hang", "error", "skipped")

@@ -9,7 +9,7 @@ Checks on the kernel's instruction lines:
 - ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`` present;
 - every weight load (``ld.global.nc``) before ``griddepcontrol.wait``, every
   input load (``ld.global.v4``) after it, ``wait`` before
-  ``launch_dependents``;
+  ``launch_dependents`` (after it exactly in the fused early-launch build);
 - split-K builds: ``barrier.cluster`` and ``mapa`` + ``ld.shared::cluster``
   (the DSMEM partial sums); no-split builds: none of them;
 - fused builds: the mbarrier init and its cluster fence and the relaxed
@@ -27,9 +27,10 @@ CHECK_K = 7168
 CHECK_SHAPE = dict(key=128, heads=64, gate=128)
 #: (name, tokens, warps, split) of the projection variants.
 PROJECTION_VARIANTS = (("proj16x1", 1, 16, 1), ("proj16x1", 16, 16, 1), ("proj8x4", 64, 8, 4))
-#: (name, tokens, BF16 head weights, (skip_zero, early_consts)) of the fused variants.
+#: (name, tokens, BF16 head weights, FusedVariant fields) of the fused variants.
 FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True, (False, False)),
-                  ("fusedskip", 1, False, (True, False)), ("fusedearly", 16, False, (True, True)))
+                  ("fusedskip", 1, False, (True, False)), ("fusedearly", 16, False, (True, True)),
+                  ("fusedlaunch", 1, True, (True, True, True)))
 
 
 def _first(lines, pattern):
@@ -45,14 +46,15 @@ def _all(lines, prefix):
     return [i for i, ln in enumerate(lines) if _unguarded(ln).startswith(prefix)]
 
 
-def _common(lines) -> tuple[list[str], int]:
+def _common(lines, early_launch: bool = False) -> tuple[list[str], int]:
     errs = []
     wait = _first(lines, "griddepcontrol.wait")
     launch = _first(lines, "griddepcontrol.launch_dependents")
     if not any(ln.startswith("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") for ln in lines):
         errs.append("no mma.sync m16n8k16 bf16")
-    if wait < 0 or launch < 0 or not wait < launch:
-        errs.append(f"griddepcontrol.wait ({wait}) must precede launch_dependents ({launch})")
+    if wait < 0 or launch < 0 or (launch < wait) != early_launch:
+        errs.append(f"griddepcontrol.wait ({wait}) must {'follow' if early_launch else 'precede'} "
+                    f"launch_dependents ({launch})")
     weights = _all(lines, "ld.global.nc")
     inputs = _all(lines, "ld.global.v4")
     if not weights:
@@ -81,7 +83,7 @@ def check_projection(lines: list[str], v) -> list[str]:
 
 
 def check_fused(lines: list[str], v) -> list[str]:
-    errs, wait = _common(lines)
+    errs, wait = _common(lines, early_launch="launch" in v.detail)
     order = [_first(lines, p) for p in ("mbarrier.init.shared", "fence.mbarrier_init",
                                          "barrier.cluster.arrive.relaxed")]
     if min(order) < 0 or not order[0] < order[1] < order[2] < wait:

@@ -37,7 +37,8 @@ loads, never arithmetic, so every variant writes the same bits:
 ``skip_zero`` predicates off the loads of the layout's zero rows (at 64 heads
 half of the 80 CTAs' slots), ``early_consts`` loads each thread's slot code
 and the key CTAs' LayerNorm weight and bias with the weights, before the PDL
-wait, instead of in the epilogue.
+wait, instead of in the epilogue; ``early_launch`` lets the next kernel launch
+(``launch_dependents``) at the start instead of after the PDL wait.
 """
 
 from __future__ import annotations
@@ -300,6 +301,8 @@ class ProjectionKernel:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         cta, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(f.variant.early_launch):
+            cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(f.variant.skip_zero):
             b = self.load_weights(w, cta, 0, warp, lane, self.live_row(cta, lane))
         else:
@@ -337,7 +340,8 @@ class ProjectionKernel:
             cute.arch.cluster_arrive_relaxed()
 
         cute.arch.griddepcontrol_wait()
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not f.variant.early_launch):
+            cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(f.padded > self.heads):
             spare = f.padded - self.heads
             for i in cutlass.range(cta * self.warps + warp, self.tokens * spare,

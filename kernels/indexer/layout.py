@@ -150,26 +150,34 @@ class FusedVariant:
     slot codes and the key CTAs' LayerNorm weight and bias are loaded before
     the PDL wait with the weights (non-coherent loads of constant parameters),
     instead of after the GEMV (a dependent round trip in the epilogue).
-    Frozen and hashable: part of the compile-cache key."""
+    ``early_launch``: ``griddepcontrol.launch_dependents`` first thing in the
+    kernel instead of after ``griddepcontrol.wait``, so the next kernel's CTAs
+    may take free SMs (and issue their own pre-wait loads) while this one
+    still waits on its predecessor; safe because a dependent's own wait still
+    waits for this grid's completion and memory flush. Frozen and hashable:
+    part of the compile-cache key."""
 
     skip_zero: bool = False
     early_consts: bool = False
+    early_launch: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("skip_zero", "early_consts"):
+        for name in ("skip_zero", "early_consts", "early_launch"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
 
     @property
     def name(self) -> str:
-        parts = (["skip-zero"] if self.skip_zero else []) + (["early"] if self.early_consts else [])
+        parts = ((["skip-zero"] if self.skip_zero else []) + (["early"] if self.early_consts else [])
+                 + (["launch"] if self.early_launch else []))
         return "+".join(parts) or "load-all"
 
 
 #: The fused kernel's candidates the benchmark's ``--sweep`` times side by
 #: side: today's kernel, then each change added in turn.
 FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
-                    FusedVariant(skip_zero=True, early_consts=True))
+                    FusedVariant(skip_zero=True, early_consts=True),
+                    FusedVariant(skip_zero=True, early_consts=True, early_launch=True))
 
 
 @dataclass(frozen=True)
@@ -288,11 +296,17 @@ GB300 = TacticTable(
 #: 8 warps x 4 CTAs was up to 1.4x faster at 64 tokens and within 10% at
 #: 1-16). Beyond 64 tokens: 8 warps x 4 CTAs (fastest alone at 64). Head
 #: counts below 32 were not measured and keep the seed's rule (<= 2 tokens).
+#: Fused variant: skip-zero+early, measured 2026-11-30 (``scripts/gpu/
+#: indexer_gpu_run.sh``; docs/results/indexer_roofline_h200_2026-11-30.md):
+#: of the three candidates then, fastest (one tie) in 18 of the 20 (K 7168/4096,
+#: heads 64/32, tokens 1-16) cells, behind skip-zero alone at K 7168, heads 64,
+#: tokens 4 and 8, and faster than load-all in all 20.
 H200 = TacticTable(
     name="h200",
     ranges=(TacticRange(64, Tactic(16, 1)), TacticRange(MAX_TOKENS, Tactic(8, 4))),
     fuse=FuseRule(max_tokens=2, wide_heads=32, wide_max_tokens=64),
-    source="measured on H200 2026-11-29 (benchmarks.indexer --sweep)",
+    source="measured on H200 2026-11-29 (benchmarks.indexer --sweep); fused variant 2026-11-30",
+    fused_variant=FusedVariant(skip_zero=True, early_consts=True),
 )
 #: Tables by compute capability (``sm_XY``); the one place to add a GPU.
 TACTIC_TABLES: dict[str, TacticTable] = {"sm_90": H200, "sm_100": GB300, "sm_103": GB300}

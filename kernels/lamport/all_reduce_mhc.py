@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import torch
 
 from kernels.moe import MoEOutput, RoutedExperts
-from kernels.validation import require_choice, require_range, require_tensor
+from kernels.validation import require_choice, require_range, require_tensor, require_tp
 
 from .all_reduce_norm import LamportGroupMember, LamportTimeout, VirtualRanks, _stream_handle
 from .compile import FinalizePublishConfig, PublishConfig, cached
@@ -397,8 +397,7 @@ class MHCVirtualRanks(VirtualRanks):
             raise ValueError(f"virtual ranks support transport='unicast' only, got {transport!r}")
         MHCOptions(hidden_size, hc_mult, max_num_tokens, transport, watchdog_ns,
                    top_k).validate()
-        if tp not in (1, 2, 4, 8):
-            raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+        require_tp("tp", tp)
         tuning = tuning_for(hidden_size, tp) if tuning is None else tuning
         check_geometry(hidden=hidden_size, tp=tp, cluster_size=tuning.cluster_size,
                        threads=tuning.threads, rank_lanes=tuning.rank_lanes)

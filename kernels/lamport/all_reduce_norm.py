@@ -43,14 +43,15 @@ from collections.abc import Sequence
 import torch
 
 from kernels.moe import MoEOutput, RoutedExperts
-from kernels.validation import require_choice, require_range, require_tensor
+from kernels.validation import (norm_threads, require_choice, require_int, require_number,
+                                require_range, require_tensor, require_tp)
 
 from .compile import (EmbedNormConfig, EmbedPublishConfig, FinalizePublishConfig,
                       NormConfig, PublishConfig, cached)
+from .diagnosis import GroupDiagnosis, diagnose_errors
 from .finalize_publish import (FinalizeTuning, check_finalize_options,
                                finalize_ctas_per_token)
-from .mailbox import Diagnosis, Mailbox, RankErrors, diagnose, require_multicast
-from .norm import norm_threads
+from .mailbox import Mailbox, RankErrors, require_multicast
 from .protocol import ERR_DEFAULT_RECORDS, MODES, owner_capacity, owner_rows
 from .publish import TRANSPORTS, check_owner_transport, publish_ctas_per_token
 
@@ -58,8 +59,8 @@ from .publish import TRANSPORTS, check_owner_transport, publish_ctas_per_token
 class LamportTimeout(RuntimeError):
     """A watchdog consumer gave up; ``diagnosis`` holds the group view."""
 
-    def __init__(self, diagnosis: Diagnosis) -> None:
-        super().__init__(diagnosis.message)
+    def __init__(self, diagnosis: GroupDiagnosis) -> None:
+        super().__init__(diagnosis.summary())
         self.diagnosis = diagnosis
 
 
@@ -73,14 +74,12 @@ class AllReduceNormOptions:
     mode: str = "one_shot"
 
     def validate(self) -> None:
-        norm_threads(self.hidden_size)  # ValueError with the values
-        if self.max_num_tokens < 1:
-            raise ValueError(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0, got {self.eps}")
+        """ValueError/TypeError naming the option and its value; no CUDA calls."""
+        norm_threads(self.hidden_size)
+        require_int("max_num_tokens", self.max_num_tokens, low=1)
+        require_number("eps", self.eps, positive=True)
         require_choice("transport", self.transport, TRANSPORTS)
-        if self.watchdog_ns < 0:
-            raise ValueError(f"watchdog_ns must be >= 0, got {self.watchdog_ns}")
+        require_int("watchdog_ns", self.watchdog_ns, low=0)
         require_choice("mode", self.mode, MODES)
         check_owner_transport(self.mode == "owner", self.transport)
 
@@ -235,16 +234,17 @@ class LamportGroupMember:
     def errors(self) -> RankErrors:
         return self._mailbox.read_errors()
 
-    def diagnose(self) -> Diagnosis:
-        """Group diagnosis (collective over the group when there is one)."""
+    def diagnose(self) -> GroupDiagnosis:
+        """Group diagnosis (collective over the group when there is one;
+        :func:`kernels.lamport.diagnosis.diagnose_errors`)."""
         mine = self.errors()
         if self._group is None:
-            return diagnose([mine])
+            return diagnose_errors([mine])
         import torch.distributed as dist
 
         reports: list = [None] * self.tp
         dist.all_gather_object(reports, mine, group=self._group)
-        return diagnose(reports)
+        return diagnose_errors(reports)
 
     def check(self) -> None:
         """Raise :class:`LamportTimeout` if any rank of the group recorded an error."""
@@ -283,9 +283,10 @@ class AllReduceNorm(LamportGroupMember):
                 tp=1, top_k=top_k, elements_per_thread=finalize_tuning.elements_per_thread,
                 routed_scaling_factor=float(routed_scaling_factor), shared="after",
                 prefetch_group=finalize_tuning.prefetch_group or top_k, transport=transport)
-        self.options = AllReduceNormOptions(hidden_size, max_num_tokens, float(eps),
-                                            transport, int(watchdog_ns), mode)
-        self.options.validate()
+        options = AllReduceNormOptions(hidden_size, max_num_tokens, eps, transport, watchdog_ns,
+                                       mode)
+        options.validate()
+        self.options = dataclasses.replace(options, eps=float(eps))
         self._group = group
         if mailbox is None:
             if group is not None:
@@ -519,11 +520,10 @@ class VirtualRanks:
                  finalize_tuning: FinalizeTuning | None = None, mode: str = "one_shot") -> None:
         if transport != "unicast":
             raise ValueError(f"virtual ranks support transport='unicast' only, got {transport!r}")
-        options = AllReduceNormOptions(hidden_size, max_num_tokens, float(eps), transport,
-                                       int(watchdog_ns), mode)
+        options = AllReduceNormOptions(hidden_size, max_num_tokens, eps, transport, watchdog_ns,
+                                       mode)
         options.validate()
-        if tp not in (1, 2, 4, 8):
-            raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+        require_tp("tp", tp)
         boxes = Mailbox.virtual_ranks(tp=tp, capacity=options.mailbox_rows(tp),
                                       hidden=hidden_size, device=device,
                                       error_records=error_records)
@@ -637,8 +637,9 @@ class VirtualRanks:
         torch.cuda.synchronize(self.device)
         return [r.errors() for r in self.ranks]
 
-    def diagnose(self) -> Diagnosis:
-        return diagnose(self.errors())
+    def diagnose(self) -> GroupDiagnosis:
+        """The group view of every rank's error buffer (synchronizes)."""
+        return diagnose_errors(self.errors())
 
     def check(self) -> None:
         d = self.diagnose()

@@ -29,6 +29,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 import cuda.bindings.driver as cuda
 
+from kernels.validation import require_tp
+
 from . import primitives as prim
 from .norm import NormKernel
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS,
@@ -46,8 +48,7 @@ class EmbedPublishKernel:
     """
 
     def __init__(self, *, tp: int, transport: str = "unicast") -> None:
-        if tp not in (1, 2, 4, 8):
-            raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+        require_tp("tp", tp)
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.tp = tp

@@ -74,6 +74,8 @@ import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64, Uint32
 import cuda.bindings.driver as cuda
 
+from kernels.validation import require_tp
+
 from . import primitives as prim
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS, NEXT_STAGE,
                        owner_slot_index, slot_index)
@@ -94,8 +96,7 @@ def check_finalize_options(*, tp: int, top_k: int, elements_per_thread: int,
                            routed_scaling_factor: float, shared: str,
                            prefetch_group: int, transport: str) -> None:
     """ValueError naming the option and its value."""
-    if tp not in (1, 2, 4, 8):
-        raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+    require_tp("tp", tp)
     if not 1 <= top_k <= FINALIZE_THREADS:
         raise ValueError(f"top_k must be in [1, {FINALIZE_THREADS}], got {top_k}")
     if elements_per_thread not in ELEMENTS_PER_THREAD:

@@ -19,10 +19,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from kernels.validation import require_int, require_multiple, require_tp
+
+from .diagnosis import TimeoutRecord
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, ERR_COUNT,
                        ERR_DEFAULT_RECORDS, ERR_HEADER_WORDS, ERR_MISSING_MASK,
                        ERR_RECORD_WORDS, ERR_UNSANITIZED_MASK, NEXT_STAGE,
-                       SENTINEL_INT16, error_buffer_words, mailbox_shape)
+                       SENTINEL_INT16, VEC_BF16, error_buffer_words, mailbox_shape)
 
 # ---------------------------------------------------------------- multicast gate
 MULTICAST_KILL_SWITCHES = {
@@ -62,21 +65,9 @@ def require_multicast(*, opt_in: bool, multicast_ptr: int,
 
 # ---------------------------------------------------------------- error reports
 @dataclasses.dataclass(frozen=True)
-class TimeoutRecord:
-    token: int
-    source: int
-    fragment: int
-    stage: int
-    words: tuple[int, int, int, int]
-
-    @property
-    def missing(self) -> bool:
-        return all(w == 0x80008000 for w in self.words)
-
-
-@dataclasses.dataclass(frozen=True)
 class RankErrors:
-    """One rank's error buffer and stage state, decoded on the host."""
+    """One rank's error buffer and stage state, decoded on the host
+    (:func:`kernels.lamport.diagnosis.diagnose_errors` makes the group view)."""
     rank: int
     active_stage: int
     next_stage: int
@@ -108,64 +99,6 @@ class RankErrors:
                           unsanitized_mask=u[ERR_UNSANITIZED_MASK],
                           bad_stage=None if bad == 0 else bad - 1,
                           records=tuple(records))
-
-
-def _bits(mask: int) -> set[int]:
-    return {i for i in range(32) if mask >> i & 1}
-
-
-@dataclasses.dataclass(frozen=True)
-class Diagnosis:
-    missing_ranks: frozenset[int]
-    stale_ranks: frozenset[int]
-    unsanitized_ranks: frozenset[int]
-    bad_stage_ranks: frozenset[int]
-    message: str
-
-    @property
-    def ok(self) -> bool:
-        return not (self.missing_ranks or self.stale_ranks
-                    or self.unsanitized_ranks or self.bad_stage_ranks)
-
-
-def diagnose(reports: Sequence[RankErrors]) -> Diagnosis:
-    """Group view of every rank's errors (Flight-Recorder style).
-
-    A rank that did not publish keeps its own ACTIVE_STAGE stale, so its
-    consumer reads an old (all sentinel) generation and reports every rank,
-    itself included, missing. A rank reporting itself missing is therefore
-    "stale"; the missing ranks are what the other (non-stale) reporters
-    name, plus the stale ranks themselves.
-    """
-    stale = {r.rank for r in reports if r.rank in _bits(r.missing_mask)}
-    stages = [r.active_stage for r in reports if r.rank not in stale]
-    missing: set[int] = set(stale)
-    for r in reports:
-        if r.rank not in stale:
-            missing |= _bits(r.missing_mask)
-    if not [r for r in reports if r.rank not in stale] and stale:
-        missing = set(stale)
-    unsanitized: set[int] = set()
-    for r in reports:
-        unsanitized |= _bits(r.unsanitized_mask)
-    bad = {r.rank for r in reports if r.bad_stage is not None}
-    parts = []
-    if missing:
-        parts.append(f"missing ranks: {sorted(missing)}".replace("[", "{").replace("]", "}"))
-    for rank in sorted(stale):
-        own = next(r for r in reports if r.rank == rank)
-        others = sorted(set(stages))
-        parts.append(f"rank {rank} read a stale stage (ACTIVE_STAGE={own.active_stage}, "
-                     f"others {others}): it did not publish this call")
-    if unsanitized:
-        parts.append(f"unsanitized payload (a -0.0 lane) from ranks: "
-                     f"{sorted(unsanitized)}".replace("[", "{").replace("]", "}"))
-    for rank in sorted(bad):
-        own = next(r for r in reports if r.rank == rank)
-        parts.append(f"rank {rank} read an out-of-range stage {own.bad_stage} "
-                     f"(stage_state corrupt; nothing stored through the peer table)")
-    return Diagnosis(frozenset(missing), frozenset(stale), frozenset(unsanitized),
-                     frozenset(bad), "; ".join(parts) if parts else "ok")
 
 
 # ---------------------------------------------------------------- the mailbox
@@ -202,6 +135,9 @@ class Mailbox:
                       device: torch.device | str | None = None,
                       error_records: int = ERR_DEFAULT_RECORDS) -> list["Mailbox"]:
         """tp mailboxes on one GPU; each rank's peer table lists all buffers."""
+        require_tp("tp", tp)
+        require_int("capacity", capacity, low=1)
+        require_multiple("hidden", hidden, VEC_BF16)
         device = torch.device(device if device is not None else "cuda")
         buffers = [torch.empty(mailbox_shape(tp, capacity, hidden), dtype=torch.bfloat16,
                                device=device) for _ in range(tp)]

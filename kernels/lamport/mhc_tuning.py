@@ -45,6 +45,8 @@ import dataclasses
 import math
 import os
 
+from kernels.validation import require_tp
+
 from .protocol import MAX_THREADS, VEC_BF16, WARP_SIZE
 
 RANK_LANES = (1, 2, 4, 8)
@@ -85,8 +87,7 @@ def check_geometry(*, hidden: int, tp: int, cluster_size: int, threads: int,
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0 \
             or hidden % VEC_BF16:
         raise ValueError(f"hidden_size must be a positive multiple of {VEC_BF16}, got {hidden}")
-    if tp not in (1, 2, 4, 8):
-        raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+    require_tp("tp", tp)
     if rank_lanes not in RANK_LANES:
         raise ValueError(f"rank_lanes must be one of {list(RANK_LANES)}, got {rank_lanes}")
     if tp % rank_lanes:

@@ -45,6 +45,8 @@ import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64, Uint32
 import cuda.bindings.driver as cuda
 
+from kernels.validation import norm_threads, require_int, require_tp
+
 from . import primitives as prim
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, ERR_COUNT,
                        ERR_HEADER_WORDS, ERR_MISSING_MASK, ERR_RECORD_WORDS,
@@ -52,27 +54,13 @@ from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, ERR_COUNT,
                        NEXT_STAGE, VEC_BF16, WARP_SIZE, slot_index)
 
 
-def norm_threads(hidden: int) -> int:
-    """Threads a CTA for ``hidden``; ValueError when unsupported."""
-    if hidden <= 0 or hidden % VEC_BF16:
-        raise ValueError(f"hidden_size must be a positive multiple of {VEC_BF16}, got {hidden}")
-    threads = hidden // VEC_BF16
-    if threads % WARP_SIZE or threads > MAX_THREADS:
-        raise ValueError(
-            f"hidden_size/{VEC_BF16} must be a whole number of warps <= {MAX_THREADS} "
-            f"threads, got hidden_size={hidden} ({threads} threads)")
-    return threads
-
-
 class NormKernel:
     """Lamport consume + residual add + RMSNorm for ``[M, hidden]``."""
 
     def __init__(self, *, hidden: int, tp: int, watchdog_ns: int = 0,
                  owner: bool = False) -> None:
-        if tp not in (1, 2, 4, 8):
-            raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
-        if watchdog_ns < 0:
-            raise ValueError(f"watchdog_ns must be >= 0, got {watchdog_ns}")
+        require_tp("tp", tp)
+        require_int("watchdog_ns", watchdog_ns, low=0)
         self.hidden = hidden
         self.tp = tp
         self.watchdog_ns = int(watchdog_ns)

@@ -30,6 +30,8 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 import cuda.bindings.driver as cuda
 
+from kernels.validation import require_tp
+
 from . import primitives as prim
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS,
                        NEXT_STAGE, VEC_BF16, owner_slot_index, slot_index)
@@ -67,8 +69,7 @@ class PublishKernel:
     """
 
     def __init__(self, *, tp: int, transport: str = "unicast", owner: bool = False) -> None:
-        if tp not in (1, 2, 4, 8):
-            raise ValueError(f"tp must be one of 1, 2, 4, 8, got {tp}")
+        require_tp("tp", tp)
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         check_owner_transport(owner, transport)

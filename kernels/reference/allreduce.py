@@ -23,7 +23,8 @@ from collections.abc import Sequence
 import torch
 
 from kernels.lamport.protocol import owned_tokens, owner_rows
-from kernels.validation import require_multiple, require_range, require_tensor
+from kernels.validation import (require_int, require_multiple, require_number, require_range,
+                                require_tensor)
 
 
 def stack_partials(partials: Sequence[torch.Tensor] | torch.Tensor, name: str = "partials") -> torch.Tensor:
@@ -50,7 +51,9 @@ def rank_order(tp: int, order: Sequence[int] | None) -> list[int]:
     """The reduction order: ``order`` validated as a permutation of 0..tp-1."""
     if order is None:
         return list(range(tp))
-    order = [int(r) for r in order]
+    if isinstance(order, (str, bytes)) or not isinstance(order, Sequence):
+        raise TypeError(f"order must be a sequence of rank ids, got {type(order).__name__}")
+    order = [require_int(f"order[{i}]", r) for i, r in enumerate(order)]
     if sorted(order) != list(range(tp)):
         raise ValueError(f"order must be a permutation of 0..{tp - 1}, got {order}")
     return order
@@ -78,8 +81,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     ``x * rsqrt(mean(x^2) + eps) * weight`` evaluated left to right."""
     hidden = x.shape[-1]
     require_tensor("norm_weight", weight, dtype=torch.bfloat16, shape=(hidden,), contiguous=False)
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
+    eps = require_number("eps", eps, positive=True)
     values = x.float()
     inv_rms = torch.rsqrt(values.square().mean(dim=-1, keepdim=True) + eps)
     return (values * inv_rms * weight.float()).to(torch.bfloat16)

@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from kernels.validation import require_int, require_number
+
 #: BF16 negative zero: the Lamport sentinel's bit pattern.
 BF16_NEG_ZERO_BITS = 0x8000
 #: Negative BF16 subnormals: payload values that look almost like the sentinel.
@@ -207,9 +209,23 @@ def assert_all_written(t: torch.Tensor, what: str) -> None:
 
 # --- input generators ------------------------------------------------------
 
+def _require_shape(tp: int, tokens: int, hidden: int) -> None:
+    """A generator's ``[tp, tokens, hidden]``: positive ints, below a size
+    that could not be allocated anyway."""
+    require_int("tp", tp, low=1, high=1 << 10)
+    require_int("tokens", tokens, low=1, high=1 << 24)
+    require_int("hidden", hidden, low=1, high=1 << 20)
+    if tp * tokens * hidden > 1 << 31:
+        raise ValueError(f"tp * tokens * hidden = {tp * tokens * hidden} elements is over "
+                         f"{1 << 31}; got tp={tp}, tokens={tokens}, hidden={hidden}")
+
+
 def random_partials(tp: int, tokens: int, hidden: int, *, seed: int = 0, scale: float = 1.0,
                     device=None) -> torch.Tensor:
     """``[tp, tokens, hidden]`` BF16 normal partials (deterministic by seed)."""
+    _require_shape(tp, tokens, hidden)
+    require_int("seed", seed, low=0)
+    require_number("scale", scale)
     g = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randn(tp, tokens, hidden, generator=g) * scale
     return x.to(torch.bfloat16).to(device)
@@ -224,6 +240,7 @@ def order_sensitive_partials(tp: int, tokens: int, hidden: int, *, device=None) 
     2^24 + 1 rounds to 2^24; summed as 1 + (2^24 - 2^24) it is 1. For tp < 3
     the values are spread over the ranks there are (order no longer matters).
     """
+    _require_shape(tp, tokens, hidden)
     triple = torch.tensor([2.0**24, 1.0, -(2.0**24)])
     x = torch.zeros(tp, tokens, hidden)
     cols = torch.arange(hidden)
@@ -242,6 +259,8 @@ def sentinel_pattern_partials(tp: int, tokens: int, hidden: int, *, seed: int = 
     Lamport sentinel: -0.0 (0x8000) and every negative subnormal 0x8001..0x807F,
     mixed with +0.0 and ordinary normals. A publish must sanitize -0.0 to +0.0
     and the consumer's bitwise sentinel test must not mistake the subnormals."""
+    _require_shape(tp, tokens, hidden)
+    require_int("seed", seed, low=0)
     g = torch.Generator(device="cpu").manual_seed(seed)
     n = tp * tokens * hidden
     patterns = torch.tensor([BF16_NEG_ZERO_BITS, 0x0000, *BF16_NEG_SUBNORMAL_BITS], dtype=torch.int32)

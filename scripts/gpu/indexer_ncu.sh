@@ -28,6 +28,7 @@ ncu --clock-control none --cache-control all \
     --kernel-name regex:kernelsindexerkernel \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
     --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --metrics dram__bytes_read.sum,dram__bytes_read.sum.per_second \
     -f -o "$WORK/report" \
     "$PY" -m benchmarks.indexer --ncu-calls 1 --k "$K" --heads "$HEADS" --tokens "$TOKENS" \
     --ncu-proj 16x1,4x8 > "$WORK/launches.txt" 2> "$WORK/ncu_stderr.txt" || {

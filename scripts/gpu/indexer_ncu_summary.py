@@ -23,11 +23,13 @@ DETAILS = ("Duration", "DRAM Throughput", "Memory Throughput", "L2 Cache Through
            "Theoretical Occupancy", "Achieved Occupancy", "Warp Cycles Per Issued Instruction",
            "Issued Warp Per Scheduler", "No Eligible", "Active Warps Per Scheduler",
            "Eligible Warps Per Scheduler", "L2 Hit Rate")
-#: Raw metrics (exact names), when the report has them.
-RAW = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_read.sum.per_second",
-       "dram__bytes_write.sum", "launch__grid_size", "launch__cluster_dim_x",
-       "launch__thread_block_size", "launch__waves_per_multiprocessor",
-       "device__attribute_multiprocessor_count", "sm__cycles_active.avg")
+#: Raw metrics: exact names, then every metric starting with a prefix.
+RAW = ("gpu__time_duration.sum", "device__attribute_multiprocessor_count",
+       "sm__cycles_active.avg", "sm__warps_active.avg.pct_of_peak_sustained_active")
+RAW_PREFIXES = ("dram__bytes", "dram__throughput", "launch__grid_size", "launch__cluster_dim",
+                "launch__block_size", "launch__thread_block_size", "launch__registers_per_thread",
+                "launch__waves_per_multiprocessor", "launch__occupancy_limit",
+                "launch__shared_mem_per_block")
 STALL = re.compile(r"issue_stalled_(\w+?)(?:_per_\w+)?\.ratio$")
 TOP_STALLS = 8
 
@@ -52,9 +54,10 @@ def details(path: str) -> dict[str, list[tuple[str, str, str]]]:
     if head is None:
         return out
     cols = {n: i for i, n in enumerate(rows[head])}
+    need = max(cols[c] for c in ("ID", "Metric Name", "Metric Value"))
     seen = set()
     for r in rows[head + 1:]:
-        if len(r) < len(cols):
+        if len(r) <= need:
             continue
         name = r[cols["Metric Name"]]
         key = (r[cols["ID"]], name)
@@ -97,8 +100,8 @@ def summary(labels, det, launches) -> str:
         for name, value, unit in det.get(launch_id, []):
             lines.append(f"    {name}: {value} {unit}".rstrip())
         r = launches[n] if n < len(launches) else {}
-        for name in RAW:
-            if name in r:
+        for name in RAW + tuple(k for k in r if k.startswith(RAW_PREFIXES)):
+            if name in r and r[name].strip():
                 lines.append(f"    {name}: {r[name]}")
         stalls = [(STALL.search(k).group(1), _number(v)) for k, v in r.items() if STALL.search(k)]
         stalls = sorted((s for s in stalls if s[1] == s[1]), key=lambda s: -s[1])[:TOP_STALLS]
@@ -115,7 +118,12 @@ def main(argv=None) -> int:
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
-    print(summary(launch_labels(argv[0]), details(argv[1]), raw(argv[2])))
+    det = details(argv[1])
+    print(summary(launch_labels(argv[0]), det, raw(argv[2])))
+    if not det:  # show the details page's shape, so the parser can be fixed
+        with open(argv[1]) as f:
+            print("details page: no selected metric found; its first lines:")
+            print("".join(f.readlines()[:3])[:1500])
     return 0
 
 

@@ -253,7 +253,7 @@ def probe_reduced(grp, xs, mix, ref_reduced, what):
 def assert_clean(grp, what):
     assert grp.is_all_sentinel(), f"{what}: mailbox not all sentinel"
     d = grp.diagnose()
-    assert d.ok, f"{what}: {d.message}"
+    assert d.ok, f"{what}: {d.summary()}"
 
 
 def full_case(grp, xs, mix, rank_lanes, what):
@@ -317,11 +317,11 @@ def test_watchdog_names_the_missing_rank_cluster_does_not_deadlock(rank_lanes):
         elapsed = time.perf_counter() - t0
         d = grp.diagnose()
         print(f"\nmhc watchdog {kind} R={rank_lanes}: budget {WATCHDOG_NS / 1e6:.0f} ms, "
-              f"returned in {elapsed * 1e3:.1f} ms; {d.message}; records per rank "
+              f"returned in {elapsed * 1e3:.1f} ms; {d.summary()}; records per rank "
               f"{[e.count for e in grp.errors()]}")
         assert elapsed < 10 * WATCHDOG_NS / 1e9 + 1.0, f"watchdog call took {elapsed:.3f} s"
-        assert d.missing_ranks == {2} and d.stale_ranks == {2}, d.message
-        assert "missing ranks: {2}" in d.message
+        assert d.missing_ranks == {2} and d.stale_ranks == {2}, d.summary()
+        assert "missing ranks: {2}" in d.summary()
         for e in grp.errors():
             assert e.count > 0 and e.records, e
             assert all(r.missing for r in e.records), e
@@ -357,8 +357,8 @@ def test_one_fragment_times_out_in_one_cta_of_the_cluster():
     outs = run(grp, xs, mix, skip_publish=(0,))
     sync()
     d = grp.diagnose()
-    print(f"\nmhc unsanitized: {d.message}")
-    assert d.unsanitized_ranks == {0} and not d.missing_ranks, d.message
+    print(f"\nmhc unsanitized: {d.summary()}")
+    assert d.unsanitized_ranks == {0} and not d.missing_ranks, d.summary()
     (rec,) = grp.errors()[0].records
     assert (rec.token, rec.source, rec.fragment) == (1, 0, frag) and not rec.missing
     res_out, layer = outs[0]
@@ -386,8 +386,9 @@ def test_corrupt_stage_is_flagged_without_wild_stores():
     outs = run(grp, xs, mix)
     sync()
     d = grp.diagnose()
-    print(f"\nmhc corrupt stage: {d.message}")
-    assert d.bad_stage_ranks == {1} and d.missing_ranks == {1}, d.message
+    print(f"\nmhc corrupt stage: {d.summary()}")
+    assert d.bad_stage_ranks == {1} and d.kind == "bad_stage", d.summary()
+    assert "stage_state corrupt on rank 1" in d.summary()
     for r in grp.ranks:  # rank 1 stored nothing anywhere
         plane = r.mailbox.buffer[:, 1].view(torch.int16)
         assert bool((plane == -32768).all()), f"rank 1 wrote into rank {r.rank}'s mailbox"

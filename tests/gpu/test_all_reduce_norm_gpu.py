@@ -86,11 +86,11 @@ def test_watchdog_names_the_rank_that_skipped_then_recovers():
     assert elapsed < 10 * WATCHDOG_NS / 1e9 + 1.0, f"watchdog call took {elapsed:.3f} s"
     d = grp.diagnose()
     print(f"\nwatchdog: budget {WATCHDOG_NS / 1e6:.0f} ms, skipped-publish call returned "
-          f"in {elapsed * 1e3:.1f} ms; diagnosis: {d.message}; records per rank: "
+          f"in {elapsed * 1e3:.1f} ms; diagnosis: {d.summary()}; records per rank: "
           f"{[e.count for e in grp.errors()]}")
-    assert d.missing_ranks == {2}, d.message
-    assert d.stale_ranks == {2}, d.message
-    assert "missing ranks: {2}" in d.message
+    assert d.missing_ranks == {2}, d.summary()
+    assert d.stale_ranks == {2}, d.summary()
+    assert "missing ranks: {2}" in d.summary()
     errors = grp.errors()
     for e in errors:
         assert e.count > 0 and e.records, e
@@ -115,8 +115,9 @@ def test_corrupt_stage_is_flagged_without_wild_stores():
     outs = run(grp, xs, residual, weight)
     torch.cuda.synchronize()
     d = grp.diagnose()
-    print(f"\ncorrupt stage: {d.message}")
-    assert d.bad_stage_ranks == {1} and d.missing_ranks == {1}, d.message
+    print(f"\ncorrupt stage: {d.summary()}")
+    assert d.bad_stage_ranks == {1} and d.kind == "bad_stage", d.summary()
+    assert "stage_state corrupt on rank 1" in d.summary()
     assert grp.ranks[1].mailbox.stage_state.tolist()[0] == 7
     for r in grp.ranks:  # rank 1 stored nothing anywhere
         plane = r.mailbox.buffer[:, 1].view(torch.int16)
@@ -141,8 +142,8 @@ def test_unsanitized_lane_is_reported_apart_from_missing():
     outs = run(grp, xs, residual, weight, skip_publish=(0,))
     torch.cuda.synchronize()
     d = grp.diagnose()
-    print(f"\nunsanitized: {d.message}")
-    assert d.unsanitized_ranks == {0} and not d.missing_ranks, d.message
+    print(f"\nunsanitized: {d.summary()}")
+    assert d.unsanitized_ranks == {0} and not d.missing_ranks, d.summary()
     (rec,) = grp.errors()[0].records
     assert (rec.token, rec.source, rec.fragment) == (1, 0, 1) and not rec.missing
     assert torch.isnan(outs[0][0][1].float()).all()
@@ -158,7 +159,7 @@ def test_sentinel_like_payload_and_order(kind):
         xs, residual, weight = inputs(tp, m, hidden, seed=m, kind=kind)
         outs = run(grp, xs, residual, weight)
         torch.cuda.synchronize()
-        assert grp.diagnose().ok, grp.diagnose().message
+        assert grp.diagnose().ok, grp.diagnose().summary()
         check(outs, xs, residual, weight, f"{kind} M={m}")
         assert grp.is_all_sentinel()
         # Zero residual: residual_out is the sum itself (up to the sign of zero).

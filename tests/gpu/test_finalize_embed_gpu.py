@@ -154,7 +154,7 @@ def check_embed(outs, grp, ids, positions, previous, enorm, hnorm, what):
 def assert_clean(grp, what):
     assert grp.is_all_sentinel(), f"{what}: mailbox not all sentinel"
     d = grp.diagnose()
-    assert d.ok, f"{what}: {d.message}"
+    assert d.ok, f"{what}: {d.summary()}"
 
 
 # --------------------------------------------------------------- watchdog first
@@ -192,11 +192,11 @@ def test_embed_norm_watchdog_names_the_rank_that_skipped():
     elapsed = time.perf_counter() - t0
     d = grp.diagnose()
     print(f"\nembed-norm watchdog: budget {WATCHDOG_NS / 1e6:.0f} ms, skipped-publish call "
-          f"returned in {elapsed * 1e3:.1f} ms; diagnosis: {d.message}; records per rank: "
+          f"returned in {elapsed * 1e3:.1f} ms; diagnosis: {d.summary()}; records per rank: "
           f"{[x.count for x in grp.errors()]}")
     assert elapsed < 10 * WATCHDOG_NS / 1e9 + 1.0
-    assert d.missing_ranks == {2} and d.stale_ranks == {2}, d.message
-    assert "missing ranks: {2}" in d.message
+    assert d.missing_ranks == {2} and d.stale_ranks == {2}, d.summary()
+    assert "missing ranks: {2}" in d.summary()
     ids, positions, previous, enorm, hnorm = e
     ref = ref_embed_norm(ids, positions, previous,
                          [(w[:r], s) for w, s, r in grp.shards], enorm, hnorm, EPS)

@@ -1,6 +1,11 @@
-"""Group-level diagnosis of a Lamport call from every rank's watchdog report.
+"""Group-level diagnosis of a Lamport call from every rank's watchdog report:
+the project's one diagnosis and its one vocabulary of findings.
 
-Pure functions, shared by the emulated and the GPU backends. A rank alone
+Pure functions (no torch), used by every placement: the cluster's TP groups
+(emulated and GPU rank actors, :mod:`cluster.group`), the host classes'
+process groups (``LamportGroupMember.diagnose``) and virtual ranks
+(``VirtualRanks.diagnose``), the latter two through :func:`diagnose_errors`
+from the decoded device error buffers. A rank alone
 cannot tell who is at fault: the rank that skipped its publish keeps its own
 ACTIVE_STAGE stale, reads an old (all-sentinel) generation and blames every
 rank, itself included. As PyTorch's Flight Recorder analyzer does with its
@@ -38,13 +43,26 @@ import collections
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from kernels.lamport.mailbox import TimeoutRecord
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, SENTINEL_BF16, VEC_BF16
 
 KINDS = ("ok", "bad_stage", "sequence_mismatch", "token_count_mismatch", "missing_ranks",
          "stale_stage", "late_ranks", "unsanitized_payload", "unresponsive",
          "unexplained_timeout", "dirty_mailbox")
 """Diagnosis kinds, most fundamental first (``kind`` is the first that applies)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeoutRecord:
+    """One watchdog record: the fragment a consumer gave up on."""
+    token: int
+    source: int
+    fragment: int
+    stage: int
+    words: tuple[int, int, int, int]
+
+    @property
+    def missing(self) -> bool:
+        return all(w == 0x80008000 for w in self.words)
 
 
 def ranks_str(ranks: Iterable[int]) -> str:
@@ -294,3 +312,35 @@ def diagnose_start(checks: Sequence[MailboxCheck]) -> GroupDiagnosis:
     details = (f"dirty mailbox at group start on ranks {ranks_str(ranks)}, scrubbed: "
                + "; ".join(c.describe() for c in dirty),)
     return GroupDiagnosis(kind="dirty_mailbox", dirty_ranks=ranks, details=details)
+
+
+def diagnose_errors(errors: Sequence, *, tokens: int = 0) -> GroupDiagnosis:
+    """The group diagnosis from every rank's decoded device error buffer
+    (:class:`kernels.lamport.mailbox.RankErrors`: rank, ACTIVE_STAGE, the
+    missing / unsanitized source masks, the bad-stage flag, the records),
+    for callers that hold every rank but no host-side call count (virtual
+    ranks, a process group's all-gather).
+
+    The stage facts come from the buffers themselves: a rank whose consumer
+    names itself missing did not publish (its ACTIVE_STAGE stayed where the
+    previous call left it); every other rank published at its ACTIVE_STAGE;
+    the stage the call was expected at is the one most ranks that published
+    read (so the rank that skipped is also named stale). Every rank made the
+    same call (one process, or validated), so sequence and token count are
+    taken as equal."""
+    def bits(mask: int) -> frozenset[int]:
+        return frozenset(i for i in range(32) if mask >> i & 1)
+
+    silent = {e.rank for e in errors if e.rank in bits(e.missing_mask)}
+    stages = collections.Counter(e.active_stage for e in errors
+                                 if e.rank not in silent and e.bad_stage is None)
+    reports = []
+    for e in errors:
+        expected = stages.most_common(1)[0][0] if stages else e.active_stage
+        published = None if (e.rank in silent or e.bad_stage is not None) else e.active_stage
+        reports.append(RankReport(
+            rank=e.rank, seq=0, tokens=tokens, expected_stage=expected,
+            published_stage=published, consumed_stage=e.active_stage, bad_stage=e.bad_stage,
+            missing_sources=bits(e.missing_mask), partial_sources=bits(e.unsanitized_mask),
+            records=tuple(e.records), record_count=int(e.count)))
+    return diagnose(reports, tp=max((e.rank for e in errors), default=-1) + 1)

@@ -1,0 +1,232 @@
+"""``all_reduce_norm``: Lamport all-reduce + residual add + RMSNorm
+(:class:`kernels.lamport.all_reduce_norm.AllReduceNorm`).
+
+Inputs: every rank's BF16 partial ``[M, H]`` (``random`` normals,
+``order_sensitive`` 2^24/+1/-2^24 across ranks, ``sentinel_pattern`` -0.0
+and negative subnormals: :mod:`kernels.reference.numerics`), a residual
+(``residual = "zeros"`` makes residual_out the BF16 sum bit for bit, so a
+GPU consumer that does not output the sum still shows it) and a norm
+weight, all from the case's seed. Outputs: ``sum`` and ``residual`` bit for
+bit against the FP32 rank-ordered reference, ``norm`` within 1 BF16 ULP
+(:func:`kernels.reference.allreduce.all_reduce_norm`).
+"""
+
+from __future__ import annotations
+
+from cluster.ops.spec import Field, OpSpec
+
+SPEC = OpSpec(
+    name="all_reduce_norm",
+    summary="TP all-reduce + residual add + RMSNorm (AllReduceNorm)",
+    collective=True,
+    impl=__name__,
+    inputs=("random", "order_sensitive", "sentinel_pattern"),
+    fields={"residual": Field("random", ("random", "zeros"),
+                              "zeros: residual_out is BF16(sum) bit for bit")},
+    reference="kernels.reference.allreduce:all_reduce_norm",
+    compile_variants=("publish", "consumer"),
+    baselines=("unfused", "symm_mem", "flashinfer"),
+    faults=("skip_publish", "late_within_budget", "late_beyond_budget", "token_count_differs",
+            "stage_out_of_bounds", "stage_stale", "negative_zero_payload", "unsanitized_lane",
+            "dirty_mailbox", "stuck_rank"),
+    workload="all_reduce_norm",
+)
+COLLECTIVE_FAULTS = SPEC.faults
+"""Every fault kind of DESIGN.md's table: each applies to any op that
+publishes into a Lamport mailbox (the protocol is the same)."""
+
+
+def partials(kind: str, tp: int, tokens: int, hidden: int, seed: int):
+    """``[tp, M, H]`` BF16 partials of one of the three generic input kinds."""
+    from kernels.reference import numerics
+
+    if kind == "order_sensitive":
+        return numerics.order_sensitive_partials(tp, tokens, hidden)
+    if kind == "sentinel_pattern":
+        return numerics.sentinel_pattern_partials(tp, tokens, hidden, seed=seed)
+    if kind == "random":
+        return numerics.random_partials(tp, tokens, hidden, seed=seed)
+    raise ValueError(f"unknown partials kind {kind!r}; known: random, order_sensitive, "
+                     f"sentinel_pattern")
+
+
+def residual_and_weight(case, tokens: int, hidden: int):
+    """``(residual [M, H], norm_weight [H])`` BF16 from seed + 1."""
+    import torch
+
+    g = torch.Generator().manual_seed(int(case["seed"]) + 1)
+    residual = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    if case.get("residual", "random") == "zeros":
+        residual = torch.zeros_like(residual)
+    weight = (torch.randn(hidden, generator=g) * 0.5 + 1).to(torch.bfloat16)
+    return residual, weight
+
+
+def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
+    residual, weight = residual_and_weight(case, tokens, hidden)
+    return {"partials": partials(case["inputs"], tp, tokens, hidden, int(case["seed"])),
+            "residual": residual, "norm_weight": weight}
+
+
+def payload(case, inputs: dict, rank: int):
+    return inputs["partials"][rank]
+
+
+def norm_epilogue(case, inputs: dict, reduced) -> dict:
+    """``sum``, ``residual`` and ``norm`` from the reduced BF16 sum."""
+    from kernels.reference.allreduce import add_residual, rms_norm
+
+    residual_out = add_residual(reduced, inputs["residual"])
+    return {"sum": reduced, "residual": residual_out,
+            "norm": rms_norm(residual_out, inputs["norm_weight"], case["eps"])}
+
+
+def epilogue(case, inputs: dict, reduced, rank: int) -> dict:
+    return norm_epilogue(case, inputs, reduced)
+
+
+def norm_expected(case, payloads, inputs: dict) -> dict:
+    from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
+
+    norm_ref, residual_ref = all_reduce_norm(payloads, inputs["residual"],
+                                             inputs["norm_weight"], case["eps"])
+    return {"sum": (all_reduce_sum(payloads), 0), "residual": (residual_ref, 0),
+            "norm": (norm_ref, 1)}
+
+
+def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
+    return norm_expected(case, inputs["partials"], inputs)
+
+
+class RankKernel:
+    """One rank's AllReduceNorm on a GPU mailbox (:mod:`cluster.ops.device`)."""
+
+    def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
+                 watchdog_ns: int, case) -> None:
+        from kernels.lamport.all_reduce_norm import AllReduceNorm
+
+        self.kernel = AllReduceNorm(hidden_size=hidden, max_num_tokens=capacity,
+                                    eps=float(case["eps"]), transport=transport,
+                                    watchdog_ns=watchdog_ns, mailbox=mailbox,
+                                    **self.extra_options(case))
+        self.hidden = hidden
+
+    @staticmethod
+    def key(case, watchdog_ns: int) -> tuple:
+        return ("all_reduce_norm", watchdog_ns, float(case["eps"]))
+
+    @classmethod
+    def extra_options(cls, case) -> dict:
+        """Host-class options beyond the common ones (the finalize's top_k)."""
+        return {}
+
+    def x(self, case, inputs: dict, rank: int, device):
+        return inputs["partials"][rank].contiguous().to(device)
+
+    def load(self, case, inputs: dict, rank: int, device) -> None:
+        import torch
+
+        from kernels.reference.numerics import poison_
+
+        self.case = case
+        self.xd = self.x(case, inputs, rank, device)
+        self.residual = inputs["residual"].to(device)
+        self.weight = inputs["norm_weight"].to(device)
+        self.out = (poison_(torch.empty_like(self.residual)),
+                    poison_(torch.empty_like(self.residual)))
+        self.kernel.validate(self.xd, self.residual, self.weight, self.out)
+
+    def publish(self) -> None:
+        self.kernel.publish(self.xd)
+
+    def consume(self) -> None:
+        self.kernel.consume(self.residual, self.weight, self.out)
+
+    def outputs(self) -> dict:
+        from cluster.cases import bits_from_bf16
+
+        norm, residual = (bits_from_bf16(t.cpu()) for t in self.out)
+        zeros = self.case.get("residual") == "zeros"
+        return {"sum": residual.copy() if zeros else None, "residual": residual, "norm": norm}
+
+    def facts(self) -> dict:
+        return {}
+
+
+class VirtualKernel:
+    """tp AllReduceNorm ranks in one process (VirtualRanks) over static
+    buffers, capturable in a CUDA graph (:mod:`cluster.ops.device`)."""
+
+    def __init__(self, *, tp: int, hidden: int, capacity: int, watchdog_ns: int, case) -> None:
+        from kernels.lamport.all_reduce_norm import VirtualRanks
+
+        self.group = VirtualRanks(tp=tp, hidden_size=hidden, max_num_tokens=capacity,
+                                  eps=float(case["eps"]), watchdog_ns=watchdog_ns,
+                                  **self.extra_options(case))
+        self.tp, self.hidden, self.buffers = tp, hidden, None
+
+    def load(self, case, inputs: dict, tokens: int) -> None:
+        import torch
+
+        from kernels.reference.numerics import poison_
+
+        self.case = case
+        dev = self.group.device
+        xs = [self.x(case, inputs, r, dev) for r in range(self.tp)]
+        if self.buffers is None or self.buffers["shapes"] != shapes(xs):
+            self.buffers = {"shapes": shapes(xs), "xs": xs,
+                            "residuals": [inputs["residual"].to(dev) for _ in range(self.tp)],
+                            "weight": inputs["norm_weight"].to(dev),
+                            "outs": [(torch.empty(tokens, self.hidden, dtype=torch.bfloat16,
+                                                  device=dev),
+                                      torch.empty(tokens, self.hidden, dtype=torch.bfloat16,
+                                                  device=dev)) for _ in range(self.tp)]}
+        b = self.buffers
+        for r in range(self.tp):
+            copy_into(b["xs"][r], xs[r])
+            b["residuals"][r].copy_(inputs["residual"])
+        b["weight"].copy_(inputs["norm_weight"])
+        for pair in b["outs"]:
+            for t in pair:
+                poison_(t)
+
+    extra_options = RankKernel.extra_options
+    x = RankKernel.x
+
+    def __call__(self) -> None:
+        b = self.buffers
+        self.group(b["xs"], b["residuals"], b["weight"], outs=b["outs"])
+
+    def outputs(self, rank: int) -> dict:
+        from cluster.cases import bits_from_bf16
+
+        norm, residual = (bits_from_bf16(t.cpu()) for t in self.buffers["outs"][rank])
+        zeros = self.case.get("residual") == "zeros"
+        return {"sum": residual.copy() if zeros else None, "residual": residual, "norm": norm}
+
+    def facts(self) -> dict:
+        return {}
+
+
+def shapes(value) -> tuple:
+    """The shapes of every tensor in ``value`` (a tensor, a dataclass of
+    tensors such as MoEOutput, or a sequence of those), None for None."""
+    import dataclasses
+
+    if isinstance(value, (list, tuple)):
+        return tuple(shapes(v) for v in value)
+    if dataclasses.is_dataclass(value):
+        return tuple(shapes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return None if value is None else tuple(value.shape)
+
+
+def copy_into(static, value) -> None:
+    """Copy ``value`` into the static buffer of the same structure and
+    shapes (:func:`shapes`): a tensor or a dataclass of tensors."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(static):
+        for f in dataclasses.fields(static):
+            copy_into(getattr(static, f.name), getattr(value, f.name))
+    elif static is not None:
+        static.copy_(value)

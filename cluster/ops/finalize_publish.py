@@ -1,0 +1,140 @@
+"""``finalize_publish``: AllReduceNorm fed a MoE output whose routed top-k
+reduction is still open; the finalize (weighted sum of the routed GEMM2 rows
+plus the shared expert) runs inside the publish
+(:mod:`kernels.lamport.finalize_publish`).
+
+Inputs per rank: a :class:`kernels.reference.moe.MoEPartial` (``[M*top_k,
+H]`` GEMM2 rows in permuted order, ``[M, top_k]`` routing weights,
+route indices with -1 for experts held elsewhere, a shared-expert partial)
+plus residual and norm weight as :mod:`cluster.ops.all_reduce_norm`. Kinds:
+``random`` (FP32 weights, about 30 % of routes -1, token 0 holds no route on
+rank 0), ``bf16_weights`` (the BF16-weight kernel), ``no_route`` (the last
+rank holds no route at all and the last token is routed nowhere: only the
+shared expert arrives), ``order_sensitive`` / ``sentinel_pattern`` (one route
+of weight 1 carries :mod:`kernels.reference.numerics`' partials, so the
+payload is exactly those values, -0.0 sanitized). The emulated publish is
+the rank's :func:`kernels.reference.moe.moe_finalize` (exact-FMA
+emulation); outputs and bounds as all_reduce_norm
+(:func:`kernels.reference.moe.all_reduce_norm_finalize`).
+"""
+
+from __future__ import annotations
+
+from cluster.ops import all_reduce_norm as arn
+from cluster.ops.spec import Field, OpSpec, positive_int
+
+SPEC = OpSpec(
+    name="finalize_publish",
+    summary="MoE finalize fused into the Lamport publish, then residual add + RMSNorm",
+    collective=True,
+    impl=__name__,
+    inputs=("random", "bf16_weights", "no_route", "order_sensitive", "sentinel_pattern"),
+    fields={"top_k": Field(8, positive_int, "a positive int (routes per token)"),
+            "residual": arn.SPEC.fields["residual"]},
+    reference="kernels.reference.moe:all_reduce_norm_finalize",
+    compile_variants=("publish",),
+    baselines=("unfused",),
+    faults=arn.COLLECTIVE_FAULTS,
+    workload="finalize_publish",
+)
+HELD = 0.7
+"""Probability that a route of the random kinds is held by the rank."""
+
+
+def moe_partials(kind: str, tp: int, tokens: int, hidden: int, top_k: int, seed: int, *,
+                 fp32_weights: bool = True) -> list:
+    """One :class:`kernels.reference.moe.MoEPartial` per rank (module doc)."""
+    import torch
+
+    from kernels.reference.moe import MoEPartial
+
+    wdtype = torch.float32 if fp32_weights else torch.bfloat16
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    if kind in ("order_sensitive", "sentinel_pattern"):
+        values = arn.partials(kind, tp, tokens, hidden, seed)
+        for r in range(tp):
+            idx = torch.full((tokens, top_k), -1, dtype=torch.int32)
+            idx[:, 0] = torch.arange(tokens, dtype=torch.int32)
+            weights = torch.rand(tokens, top_k, generator=g)
+            weights[:, 0] = 1.0
+            out.append(MoEPartial(values[r].contiguous(), weights.to(wdtype), idx,
+                                  torch.zeros(tokens, hidden, dtype=torch.bfloat16)))
+        return out
+    if kind not in ("random", "bf16_weights", "no_route"):
+        raise ValueError(f"unknown MoE input kind {kind!r}")
+    rows = tokens * top_k
+    for r in range(tp):
+        gemm2 = torch.randn(rows, hidden, generator=g).to(torch.bfloat16)
+        weights = torch.rand(tokens, top_k, generator=g).to(wdtype)
+        perm = torch.randperm(rows, generator=g).to(torch.int32).view(tokens, top_k)
+        keep = torch.rand(tokens, top_k, generator=g) < HELD
+        if r == 0:
+            keep[0] = False
+        if kind == "no_route":
+            keep[-1] = False
+            if r == tp - 1:
+                keep[:] = False
+        idx = torch.where(keep, perm, torch.full_like(perm, -1))
+        shared = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+        out.append(MoEPartial(gemm2, weights, idx, shared))
+    return out
+
+
+def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
+    residual, weight = arn.residual_and_weight(case, tokens, hidden)
+    moes = moe_partials(case["inputs"], tp, tokens, hidden, int(case["top_k"]),
+                        int(case["seed"]), fp32_weights=case["inputs"] != "bf16_weights")
+    return {"moes": moes, "residual": residual, "norm_weight": weight}
+
+
+def payloads(inputs: dict):
+    """``[tp, M, H]`` BF16: every rank's finalize payload (exact FMA)."""
+    from kernels.reference.moe import finalize_payloads
+
+    if "payloads" not in inputs:
+        inputs["payloads"] = finalize_payloads(inputs["moes"], fma=True)
+    return inputs["payloads"]
+
+
+def payload(case, inputs: dict, rank: int):
+    return payloads(inputs)[rank]
+
+
+def epilogue(case, inputs: dict, reduced, rank: int) -> dict:
+    return arn.norm_epilogue(case, inputs, reduced)
+
+
+def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
+    return arn.norm_expected(case, payloads(inputs), inputs)
+
+
+def moe_output(partial, device):
+    """A :class:`kernels.moe.MoEOutput` on ``device`` from a reference partial."""
+    from kernels.moe import MoEOutput, RoutedExperts
+
+    shared = partial.shared_output
+    return MoEOutput(RoutedExperts(partial.gemm2_permuted.to(device),
+                                   partial.expert_weights.to(device),
+                                   partial.expanded_idx_to_permuted_idx.to(device)),
+                     None if shared is None else shared.to(device))
+
+
+class RankKernel(arn.RankKernel):
+    """AllReduceNorm(top_k=...) publishing a MoEOutput (the finalize publish)."""
+
+    @staticmethod
+    def key(case, watchdog_ns: int) -> tuple:
+        return ("finalize_publish", watchdog_ns, float(case["eps"]), int(case["top_k"]))
+
+    @classmethod
+    def extra_options(cls, case) -> dict:
+        return {"top_k": int(case["top_k"])}
+
+    def x(self, case, inputs: dict, rank: int, device):
+        return moe_output(inputs["moes"][rank], device)
+
+
+class VirtualKernel(arn.VirtualKernel):
+    extra_options = RankKernel.extra_options
+    x = RankKernel.x

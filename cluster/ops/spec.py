@@ -1,0 +1,118 @@
+"""``OpSpec``: everything the jobs need to know about one op, in one frozen
+declaration (the nccl-tests ``testColl`` idea in Python).
+
+A declaration is plain data plus the dotted name of the module that holds
+its torch-side functions (``impl``), so importing the registry never imports
+torch. The functions an ``impl`` module provides (all on CPU torch tensors,
+deterministic in the case dict; see :mod:`cluster.ops.all_reduce_norm` for a
+complete example):
+
+``make_inputs(case, *, tp, hidden, tokens) -> dict``
+    every tensor of the group's call (each rank regenerates them and takes
+    its own share, so no tensor crosses Ray);
+``expected(case, inputs, *, tp, facts) -> dict[str, (tensor, bound)]``
+    the torch reference per output, with its bound: ``0`` bit for bit, an
+    int ``n`` within n BF16 ULP (DESIGN.md, "Numerical contract");
+collective ops also
+``payload(case, inputs, rank) -> tensor [M, hidden] BF16``
+    what rank ``rank`` publishes into the Lamport mailbox (the emulated
+    backend's publish);
+``epilogue(case, inputs, reduced, rank) -> dict[str, tensor]``
+    the consumer's epilogue from the all-reduced BF16 ``[M, hidden]`` sum
+    (the emulated backend's consumer, from the reference);
+and for GPUs
+``RankKernel`` (one rank on a Lamport mailbox, :class:`cluster.gpu.rank.GpuRank`)
+and ``VirtualKernel`` (tp ranks in one process, :mod:`cluster.gpu.virtual`):
+see :mod:`cluster.ops.device` for their contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+GENERIC_FIELDS = ("op", "tokens", "inputs", "seed", "eps", "budget_ns")
+"""Case fields every op takes (cluster.cases.make_case validates them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One op-specific case field: its default and what it accepts."""
+    default: Any
+    check: tuple | Callable[[Any], bool]
+    """A tuple of choices, or a predicate."""
+    doc: str
+
+    def validate(self, name: str, value: Any, op: str) -> Any:
+        ok = value in self.check if isinstance(self.check, tuple) else self.check(value)
+        if not ok:
+            what = f"one of {list(self.check)}" if isinstance(self.check, tuple) else self.doc
+            raise ValueError(f"op {op}: {name} = {value!r} is not valid; expected {what}")
+        return value
+
+
+def positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One op of the service (see the module docstring)."""
+    name: str
+    summary: str
+    collective: bool
+    """False: no Lamport exchange; the op runs on each rank actor's GPU on
+    its own, and its rows say ``collective=false``."""
+    impl: str
+    """Dotted module name of the torch-side functions (module docstring)."""
+    inputs: tuple[str, ...]
+    """Input kinds ``make_inputs`` generates; the first is the default."""
+    fields: Mapping[str, Field] = dataclasses.field(default_factory=dict)
+    """Op-specific case fields (top_k, hc, finalize, ...)."""
+    reference: str = ""
+    """The torch reference, ``module:function`` (for docs and rows)."""
+    compile_variants: tuple[str, ...] = ()
+    """Kernel kinds ``python -m jobs compile-check`` must compile and check
+    for this op (its provider's ``Variant.kernel`` values: these at least,
+    tuning candidates may add more; a CPU test holds the two together)."""
+    baselines: tuple[str, ...] = ()
+    """What the profile compares the fused kernel with."""
+    faults: tuple[str, ...] = ()
+    """cluster.faults kinds whose expected outcome applies to this op."""
+    workload: str = ""
+    """Name of its timed workload builder in ``cluster.measure.workloads``."""
+    needs_gpu: str | None = None
+    """Why the emulated backend cannot carry it (None: it can)."""
+    virtual_ranks: bool = True
+    """Whether the virtual-ranks placement carries it."""
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ValueError(f"op {self.name}: inputs must name at least one input kind")
+        clash = set(self.fields) & set(GENERIC_FIELDS)
+        if clash:
+            raise ValueError(f"op {self.name}: fields {sorted(clash)} are generic case fields")
+
+    def module(self) -> ModuleType:
+        """The ``impl`` module (imports torch)."""
+        return importlib.import_module(self.impl)
+
+    def workload_builder(self) -> Callable:
+        """``cluster.measure.workloads.<workload>``, looked up when asked for."""
+        module = importlib.import_module("cluster.measure.workloads")
+        try:
+            return getattr(module, self.workload or self.name)
+        except AttributeError:
+            raise ValueError(f"op {self.name}: cluster.measure.workloads has no "
+                             f"{self.workload or self.name!r}") from None
+
+    def case_fields(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The op fields of a case: defaults overlaid with ``given`` (only
+        this op's fields), each validated."""
+        out = {}
+        for name, field in self.fields.items():
+            out[name] = field.validate(name, given.get(name, field.default), self.name)
+        return out

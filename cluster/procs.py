@@ -1,0 +1,91 @@
+"""Processes on this host, read from ``/proc`` (Linux): when one started, who
+descends from whom, and stopping a set of them for good.
+
+A process is named by ``(pid, start)``: ``start`` (clock ticks since boot,
+field 22 of ``/proc/<pid>/stat``) tells a reused pid from the process it
+once named.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            stat = f.read()
+    except (OSError, ValueError):
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after its ')'
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), None when there is no
+    such process (or only a zombie of it)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == b"Z":
+        return None
+    return int(fields[19])
+
+
+def started_at(pid: int) -> float | None:
+    """When ``pid`` started, in seconds since the epoch; None when gone."""
+    ticks = process_start(pid)
+    if ticks is None:
+        return None
+    try:
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def alive(pid: int, start: int | None) -> bool:
+    """Whether the process ``(pid, start)`` still runs."""
+    now = process_start(pid)
+    return now is not None and (start is None or now == start)
+
+
+def descendants(pid: int) -> dict[int, int]:
+    """Every living descendant of ``pid``: ``{pid: start}``."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat(int(name))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(name))
+    out, todo = {}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            start = process_start(child)
+            if start is not None and child not in out:
+                out[child] = start
+                todo.append(child)
+    return out
+
+
+def stop(processes: dict[int, int], *, grace_s: float) -> dict[int, int]:
+    """SIGTERM every process of ``processes`` (``{pid: start}``) still alive,
+    SIGKILL those still there after ``grace_s`` (Ray's agents ignore
+    SIGTERM), wait for them; returns the ones that outlived both (none, but
+    for a process in uninterruptible sleep)."""
+    def living() -> dict[int, int]:
+        return {p: s for p, s in processes.items() if alive(p, s)}
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in living():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + wait_s
+        while living() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not living():
+            return {}
+    return living()

@@ -1,0 +1,229 @@
+"""The embedded local Ray cluster a job starts when it joins none.
+
+Network: the cluster listens on the loopback address only. Ray binds its
+servers (GCS, raylet, workers, dashboard and runtime-env agents, the
+autoscaler monitor) to the node IP, and ``ray.init`` turns a loopback
+``_node_ip_address`` into the machine's routable address unless Ray's own
+switch ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is set
+(``ray._private.services.get_node_ip_address`` then answers the loopback
+address); both are set for the embedded cluster and its processes.
+
+Authentication: token authentication stays on (``RAY_AUTH_MODE=token``,
+set explicitly, so Ray does not warn about a default), with the token in
+``token_path()``: a file only its owner can read or write (0600, in a 0700
+folder), made once with 32 random bytes; a looser one of ours is tightened
+to 0600, another user's is refused. Joining a cluster (``--address`` /
+RAY_ADDRESS) changes none of this: that is the user's explicit choice.
+
+Cleanup, whichever way the driver ends:
+
+- at a normal end, SIGINT or SIGTERM (turned into SystemExit while the
+  cluster runs), ``ray.shutdown()``, then every process the cluster started
+  (the driver's descendants that appeared after the start) gets SIGTERM
+  and, after ``GRACE_S``, SIGKILL (Ray's dashboard and runtime-env agents
+  ignore SIGTERM); then the mailbox segments of this driver's groups go;
+- on SIGKILL of the driver, a watchdog process (``python -m jobs.embedded
+  --watch``, started before Ray, in its own session) sees its pipe from the
+  driver close, and does the same;
+- at start, the segments of earlier drivers that are gone are swept
+  (``cluster.emulated.segment.sweep_orphans``), in case a watchdog was
+  killed too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from cluster import procs
+from jobs.config import ConfigError
+
+GRACE_S = 3.0
+"""How long the cluster's processes get between SIGTERM and SIGKILL."""
+WATCH_EVERY_S = 0.5
+TOKEN_ENV = "LAMPORT_RAY_TOKEN_FILE"
+"""Where the embedded cluster's token file is (default: token_path())."""
+
+
+def token_path() -> Path:
+    """``$LAMPORT_RAY_TOKEN_FILE``, else ``$XDG_CONFIG_HOME/lamport-lab/ray-auth-token``
+    (``~/.config/...``)."""
+    if os.environ.get(TOKEN_ENV):
+        return Path(os.environ[TOKEN_ENV])
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "lamport-lab" / "ray-auth-token"
+
+
+def ensure_token(path: Path) -> Path:
+    """The token file at ``path``, made (0600, 32 random bytes as hex) when
+    missing; a looser one of ours is tightened to 0600, one of another user
+    refused (ConfigError)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        st = path.stat()
+        if st.st_uid != os.getuid():
+            raise ConfigError(f"Ray token file {path} belongs to uid {st.st_uid}, not to you; "
+                              f"remove it or set {TOKEN_ENV}") from None
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o600)
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
+def cluster_env(token: Path) -> dict[str, str]:
+    """What the driver and every process of the embedded cluster inherit."""
+    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token)}
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    import ray._private.ray_constants as constants
+    saved = {k: os.environ.get(k) for k in env}
+    saved_flag = constants.ENABLE_RAY_CLUSTER
+    os.environ.update(env)
+    constants.ENABLE_RAY_CLUSTER = False  # read at import; ray may be imported already
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+        Config.initialize("")  # the auth mode is cached: re-read it
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):
+        pass
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved_flag
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM ends the driver through SystemExit (so every ``finally``
+    runs) while the cluster is up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Watchdog:
+    """The process that cleans up after a driver that died without doing so."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jobs.embedded", "--watch", str(os.getpid())],
+            stdin=subprocess.PIPE, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(Path(__file__).resolve().parents[1]),
+                              os.environ.get("PYTHONPATH")]))})
+
+    def stop(self) -> None:
+        """The driver cleaned up itself: the watchdog leaves quietly."""
+        try:
+            self.process.stdin.write(b"done\n")
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def cleanup(driver: int, started: dict[int, int], preexisting: set[int]) -> tuple[int, int]:
+    """Stop the cluster's processes (``started`` plus their descendants,
+    none of ``preexisting``) and remove the driver's segments; returns
+    (processes stopped, segments removed)."""
+    from cluster.emulated.segment import remove_driver_segments
+    for pid in list(started):
+        started.update(procs.descendants(pid))
+    targets = {p: s for p, s in started.items() if p not in preexisting and p != os.getpid()}
+    procs.stop(targets, grace_s=GRACE_S)
+    return len(targets), len(remove_driver_segments(driver))
+
+
+def watch(driver: int) -> int:
+    """The watchdog's loop: learn the driver's new descendants until the
+    driver says ``done`` (exit quietly) or its end of the pipe closes (the
+    driver died: clean up)."""
+    me = os.getpid()
+    preexisting = set(procs.descendants(driver)) | {me}
+    seen: dict[int, int] = {}
+    while True:
+        ready, _, _ = select.select([sys.stdin.buffer], [], [], WATCH_EVERY_S)
+        if ready:
+            data = os.read(sys.stdin.fileno(), 64)
+            if b"done" in data:
+                return 0
+            if not data:
+                break
+        if procs.process_start(driver) is None:
+            break
+        seen.update({p: s for p, s in procs.descendants(driver).items() if p not in preexisting})
+    stopped, removed = cleanup(driver, seen, preexisting)
+    print(f"jobs.embedded watchdog: driver {driver} ended without cleaning up; stopped "
+          f"{stopped} process(es) of its Ray cluster, removed {removed} segment(s)",
+          file=sys.stderr, flush=True)
+    return 0
+
+
+@contextlib.contextmanager
+def embedded_cluster(num_cpus: int) -> Iterator[str]:
+    """Start the embedded cluster (loopback only, token auth), yield how it
+    was started, and stop everything it started when the block ends."""
+    import ray
+    from cluster.emulated.segment import sweep_orphans
+    swept = sweep_orphans()
+    token = ensure_token(token_path())
+    preexisting = set(procs.descendants(os.getpid()))
+    watchdog = Watchdog()
+    preexisting.add(watchdog.process.pid)
+    with _environment(cluster_env(token)), _terminate_raises():
+        try:
+            # address="local": a fresh cluster even where another one runs on
+            # this machine (plain ray.init() would join the latest `ray start`).
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False,
+                     _node_ip_address="127.0.0.1")
+            yield (f"started an embedded local Ray cluster (num_cpus={num_cpus}, no dashboard, "
+                   f"listening on 127.0.0.1 only, token auth with {token})"
+                   + (f"; swept {len(swept)} segment(s) of drivers gone" if swept else ""))
+        finally:
+            started = {p: s for p, s in procs.descendants(os.getpid()).items()
+                       if p not in preexisting}
+            try:
+                ray.shutdown()
+            finally:
+                cleanup(os.getpid(), started, preexisting)
+                watchdog.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--watch"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m jobs.embedded --watch DRIVER_PID")
+    sys.exit(watch(int(sys.argv[2])))

@@ -1,0 +1,171 @@
+"""The run manifest: one small JSON file per run, next to the rows.
+
+``ROOT/_runs/<run_id>.json`` (a name starting with ``_``: Parquet readers
+skip the folder, so the dataset stays plain hive-partitioned Parquet) holds
+what is true of the whole run once, instead of on every row:
+
+``run_id``, ``trigger``                the run's identity
+``status``                             ``running`` (set when the driver starts the
+                                       run) or ``finished`` (set when it ends)
+``driver``                             ``{"host", "pid", "create_time"}`` of the
+                                       driver process
+``started_at``, ``heartbeat_at``,      UTC ISO times; the heartbeat is refreshed as
+``finished_at``                        rows are written
+``facts``                              the per-run columns (``RUN_FACTS``: commit,
+                                       versions, host, GPUs, topology)
+
+A run's *effective* status (:func:`effective_status`) is ``finished``,
+``running``, or ``incomplete`` when the manifest still says ``running`` but
+its driver is gone: on the driver's own host, no live process with that
+pid and creation time; elsewhere, no heartbeat for ``STALE_AFTER_S``. Rows
+of a run with no manifest status (written before manifests existed, or by a
+bare :class:`ResultsWriter`) are ``unrecorded``. Only ``finished`` and
+``unrecorded`` runs count as a clean baseline.
+
+Every write goes to a hidden temporary file and is renamed into place.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from cluster.procs import process_start
+from jobs.results.atomic import write_atomically
+
+RUNS_DIR = "_runs"
+STATUSES = ("running", "finished", "incomplete", "unrecorded")
+BASELINE_STATUSES = ("finished", "unrecorded")
+"""Runs whose rows may serve as regression history."""
+STALE_AFTER_S = 2 * 3600.0
+"""A driver on another host with no heartbeat for this long is gone."""
+HEARTBEAT_EVERY_S = 30.0
+
+RUN_FACTS = ("git_commit", "nodes", "gpu_model", "gpu_count", "driver", "cuda", "torch",
+             "cute_dsl", "ray", "pyarrow", "python", "hostname", "topology",
+             "multicast_supported")
+"""Results columns that are facts of the run, stored once in its manifest."""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+def manifest_path(root: str | os.PathLike[str], run_id: str) -> Path:
+    from kernels.validation import require_name
+    return Path(root) / RUNS_DIR / f"{require_name('run_id', run_id)}.json"
+
+
+def read_manifest(root: str | os.PathLike[str], run_id: str) -> dict | None:
+    """The run's manifest, or None (none written, or unreadable)."""
+    try:
+        return json.loads(manifest_path(root, run_id).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_manifests(root: str | os.PathLike[str]) -> dict[str, dict]:
+    """Every readable manifest under ``root``, by run id."""
+    out = {}
+    for path in sorted((Path(root) / RUNS_DIR).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("run_id"), str):
+            out[data["run_id"]] = data
+    return out
+
+
+def _write(root: str | os.PathLike[str], run_id: str, data: dict) -> Path:
+    text = json.dumps(data, sort_keys=True, indent=1, default=str).encode()
+    return write_atomically(manifest_path(root, run_id), lambda sink: sink.write(text))
+
+
+def this_driver() -> dict[str, Any]:
+    """``{"host", "pid", "create_time"}`` of this process."""
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "create_time": process_start(os.getpid())}
+
+
+def begin(root, run_id: str, *, trigger: str, facts: dict | None = None) -> dict:
+    """Mark ``run_id`` running, driven by this process (a run joined with
+    ``--run-id`` that already has a manifest keeps its own driver)."""
+    data = read_manifest(root, run_id) or {}
+    if data.get("status") in ("running", "finished") and data.get("driver"):
+        return data
+    now = _now()
+    data.update(run_id=run_id, trigger=trigger, status="running", driver=this_driver(),
+                started_at=data.get("started_at") or now, heartbeat_at=now)
+    data.setdefault("facts", {})
+    data["facts"].update({k: v for k, v in (facts or {}).items() if k in RUN_FACTS})
+    _write(root, run_id, data)
+    return data
+
+
+def owns(data: dict | None) -> bool:
+    """Whether this process is the driver named in the manifest ``data``."""
+    driver = (data or {}).get("driver") or {}
+    return driver.get("host") == socket.gethostname() and driver.get("pid") == os.getpid()
+
+
+def heartbeat(root, run_id: str) -> None:
+    data = read_manifest(root, run_id)
+    if data and owns(data) and data.get("status") == "running":
+        data["heartbeat_at"] = _now()
+        _write(root, run_id, data)
+
+
+def finish(root, run_id: str, **fields: Any) -> None:
+    """Mark the run finished (only its own driver does)."""
+    data = read_manifest(root, run_id)
+    if data and owns(data):
+        data.update(status="finished", finished_at=_now(), **fields)
+        _write(root, run_id, data)
+
+
+def record_facts(root, run_id: str, facts: dict[str, Any]) -> None:
+    """Store the per-run facts the manifest does not have yet."""
+    data = read_manifest(root, run_id) or {"run_id": run_id}
+    known = data.setdefault("facts", {})
+    new = {k: v for k, v in facts.items() if v is not None and known.get(k) is None}
+    if new:
+        known.update(new)
+        _write(root, run_id, data)
+
+
+def driver_alive(driver: dict) -> bool | None:
+    """True/False for a driver on this host; None when it ran elsewhere."""
+    if driver.get("host") != socket.gethostname():
+        return None
+    try:
+        started = process_start(int(driver["pid"]))
+    except (KeyError, TypeError, ValueError):
+        return False
+    if started is None:
+        return False
+    want = driver.get("create_time")
+    return want is None or started == want
+
+
+def effective_status(data: dict | None, *, now: dt.datetime | None = None) -> str:
+    """``finished``, ``running``, ``incomplete`` or ``unrecorded`` (see the
+    module doc)."""
+    status = (data or {}).get("status")
+    if status == "finished":
+        return "finished"
+    if status != "running":
+        return "unrecorded"
+    alive = driver_alive(data.get("driver") or {})
+    if alive is None:
+        try:
+            beat = dt.datetime.fromisoformat(data["heartbeat_at"])
+        except (KeyError, TypeError, ValueError):
+            return "incomplete"
+        now = now or dt.datetime.now(dt.timezone.utc)
+        alive = (now - beat).total_seconds() < STALE_AFTER_S
+    return "running" if alive else "incomplete"

@@ -1,0 +1,184 @@
+"""The op registry (cluster.ops): one declaration per op, light to import,
+consistent with what the jobs enumerate; and a newcomer's sixth op picked
+up by the suite loader, the filters, the case validation and the emulated
+backend from its declaration alone."""
+
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cluster import ops
+from cluster.faults import FAULT_KINDS
+from cluster.ops.spec import Field, OpSpec, positive_int
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_importing_the_registry_imports_no_torch():
+    code = ("import sys, cluster.ops as o; assert 'torch' not in sys.modules, 'torch imported'; "
+            "print(len(o.OPS))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "5"
+
+
+def test_get_names_the_known_ops():
+    assert ops.names() == ("all_reduce_norm", "finalize_publish", "embed_norm",
+                           "all_reduce_mhc", "indexer")
+    assert ops.collective() == ("all_reduce_norm", "finalize_publish", "embed_norm",
+                                "all_reduce_mhc")
+    with pytest.raises(ValueError, match=r"unknown op 'allreduce'; known: \['all_reduce_mhc'"):
+        ops.get("allreduce")
+    with pytest.raises(ValueError, match="already registered"):
+        ops.register(ops.get("indexer"))
+
+
+@pytest.mark.parametrize("name", ops.names())
+def test_each_declaration_is_complete(name):
+    spec = ops.get(name)
+    module = spec.module()
+    assert callable(module.make_inputs) and callable(module.expected)
+    assert hasattr(module, "RankKernel"), "every op runs on a GPU rank actor"
+    assert set(spec.faults) <= set(FAULT_KINDS)
+    if spec.collective:
+        assert callable(module.payload) and callable(module.epilogue)
+        assert spec.needs_gpu is None and spec.virtual_ranks
+        assert hasattr(module, "VirtualKernel")
+        # every fault kind's case override must be an input kind of the op
+        assert set(spec.faults) == set(FAULT_KINDS)
+        for kind in spec.faults:
+            wanted = FAULT_KINDS[kind].case.get("inputs")
+            assert wanted is None or wanted in spec.inputs, (kind, wanted)
+    else:
+        assert spec.needs_gpu and not spec.faults and not spec.virtual_ranks
+    ref_module, ref_name = spec.reference.split(":")
+    assert callable(getattr(__import__(ref_module, fromlist=[ref_name]), ref_name))
+
+
+def test_compile_variants_are_what_compile_check_enumerates():
+    import jobs.compile_check as cc
+    assert cc.registered_ops() == list(ops.names())
+    for name in ops.names():
+        kinds = {v.kernel for v in cc._PROVIDERS[name]([2048], [2])}
+        assert set(ops.get(name).compile_variants) <= kinds, name
+        assert {v.op for v in cc._PROVIDERS[name]([2048], [2])} == {name}
+
+
+def test_workload_is_looked_up_by_name_only_when_asked():
+    spec = ops.get("all_reduce_norm")
+    assert spec.workload == "all_reduce_norm"
+    try:
+        import cluster.measure.workloads as workloads  # noqa: F401 (the measure half)
+    except ImportError:
+        with pytest.raises(ImportError):
+            spec.workload_builder()
+    else:
+        assert callable(spec.workload_builder())
+
+
+# ------------------------------------------------------------ a sixth op
+def make_inputs(case, *, tp, hidden, tokens):
+    from cluster.ops.all_reduce_norm import partials
+    return {"partials": partials(case["inputs"], tp, tokens, hidden, int(case["seed"]))}
+
+
+def payload(case, inputs, rank):
+    return inputs["partials"][rank]
+
+
+def epilogue(case, inputs, reduced, rank):
+    import torch
+    return {"scaled": (reduced.float() * case["scale"]).to(torch.bfloat16)}
+
+
+def expected(case, inputs, *, tp, facts):
+    import torch
+
+    from kernels.reference.allreduce import all_reduce_sum
+    return {"scaled": ((all_reduce_sum(inputs["partials"]).float() * case["scale"])
+                       .to(torch.bfloat16), 0)}
+
+
+TOY = OpSpec(name="scaled_sum", summary="a toy: the all-reduced sum times a scale",
+             collective=True, impl=__name__, inputs=("order_sensitive", "random"),
+             fields={"scale": Field(2, positive_int, "a positive int")},
+             reference="kernels.reference.allreduce:all_reduce_sum", faults=("skip_publish",))
+
+
+@pytest.fixture
+def toy():
+    ops.register(TOY)
+    yield TOY
+    ops.unregister(TOY.name)
+
+
+def test_a_sixth_op_is_one_declaration(toy, tmp_path):
+    from cluster.cases import check_outputs, make_case
+    from cluster.emulated import EmulatedRank
+    from jobs.config import ConfigError, Filters, load_suite, select
+
+    suite = tmp_path / "toy.toml"
+    suite.write_text('format = 1\nname = "toy"\nversion = 1\n'
+                     '[[correctness]]\nop = "scaled_sum"\ntp = [4]\nhidden = [256]\n'
+                     'tokens = [2]\nscale = [3, 5]\n'
+                     '[[faults]]\nop = "scaled_sum"\ntp = 2\nhidden = 256\ntokens = 2\n'
+                     'kinds = "all"\n')
+    s = load_suite(suite)
+    cases = s.of("correctness")
+    assert [(c.inputs, dict(c.op_args)["scale"]) for c in cases] == [
+        ("order_sensitive", 3), ("random", 3), ("order_sensitive", 5), ("random", 5)]
+    assert len(s.of("faults")) == len(FAULT_KINDS)
+    assert select(s, ["correctness"], Filters(ops=("scaled_sum",), inputs=("random",))) \
+        == [cases[1], cases[3]]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(suite.read_text().replace("scale = [3, 5]", "hc = 4"))
+    with pytest.raises(ConfigError, match=r"hc does not apply to op\(s\) \['scaled_sum'\]"):
+        load_suite(bad)
+    bad.write_text(suite.read_text().replace("scale = [3, 5]", 'inputs = ["sentinel_pattern"]'))
+    with pytest.raises(ConfigError, match="not input kinds of op scaled_sum"):
+        load_suite(bad)
+
+    # the emulated backend runs it from the declaration (threads for rank processes)
+    group_id, tp = uuid.uuid4().hex[:12], 4
+    ranks = [EmulatedRank() for _ in range(tp)]
+    with ThreadPoolExecutor(tp) as pool:
+        list(pool.map(lambda r: ranks[r].setup(group_id=group_id, rank=r, tp=tp, capacity=4,
+                                               hidden=64, timeout_s=5), range(tp)))
+        try:
+            case = make_case(capacity=4, tokens=2, **cases[2].op_fields(), op="scaled_sum",
+                             inputs="order_sensitive", budget_ns=10**9)
+            assert case["scale"] == 5
+            results = list(pool.map(lambda r: ranks[r].run_case({**case, "seq": 1}), range(tp)))
+        finally:
+            for r in ranks:
+                r.close()
+    for res in results:
+        report = check_outputs(case, tp=tp, hidden=64, outputs=res["outputs"])
+        assert report["ok"] and report["scaled"]["elements"] == 2 * 64, report
+
+
+def test_static_buffers_follow_the_structure_of_moe_inputs():
+    """Virtual ranks replay a CUDA graph over static buffers: the MoE inputs
+    (a dataclass of tensors) are copied field by field, and a new shape
+    (another input kind or M) is seen as such."""
+    import torch
+
+    from cluster.ops.all_reduce_norm import copy_into, shapes
+    from cluster.ops.finalize_publish import make_inputs, moe_output
+
+    def moe(kind, seed):
+        case = {"inputs": kind, "seed": seed, "top_k": 3, "residual": "random"}
+        return moe_output(make_inputs(case, tp=2, hidden=16, tokens=4)["moes"][1], "cpu")
+
+    static, new = moe("random", 1), moe("random", 2)
+    assert shapes(static) == shapes(new) == (((12, 16), (4, 3), (4, 3)), (4, 16))
+    assert shapes(moe("order_sensitive", 1)) != shapes(static)
+    copy_into(static, new)
+    assert torch.equal(static.routed.gemm2_permuted, new.routed.gemm2_permuted)
+    assert torch.equal(static.shared_output, new.shared_output)
+    assert static.routed.gemm2_permuted.data_ptr() != new.routed.gemm2_permuted.data_ptr()

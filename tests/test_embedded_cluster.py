@@ -1,0 +1,174 @@
+"""The embedded Ray cluster (jobs.embedded): loopback only, token file only
+its owner reads, and nothing left behind when its driver ends (SIGTERM:
+the driver cleans up; SIGKILL: its watchdog does)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import procs
+
+REPO = Path(__file__).resolve().parents[1]
+GRACE_S = 30.0
+"""How long a killed driver's cluster may take to disappear (the watchdog
+polls every 0.5 s and gives SIGTERM-deaf agents 3 s before SIGKILL)."""
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def listening_sockets(pids) -> list[tuple[int, str, str, int]]:
+    """(pid, proto, address, port) of every listening TCP socket and bound
+    UDP socket the processes hold (from /proc/net and their fds)."""
+    inodes = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes[int(link[8:-1])] = pid
+    found = []
+    for proto, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6),
+                          ("udp", socket.AF_INET), ("udp6", socket.AF_INET6)):
+        try:
+            lines = Path(f"/proc/net/{proto}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            inode = int(fields[9])
+            if inode not in inodes or (proto.startswith("tcp") and fields[3] != "0A"):
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            found.append((inodes[inode], proto, socket.inet_ntop(family, raw), int(port, 16)))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    return address in ("127.0.0.1", "::1", "::ffff:127.0.0.1") or address.startswith("127.")
+
+
+def env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "LAMPORT_RAY_TOKEN_FILE":
+            str(tmp_path / "token" / "ray-auth-token"), "RAY_ADDRESS": ""}
+
+
+SOCKETS = """
+import json, os, ray, sys
+sys.path.insert(0, sys.argv[1])
+from test_embedded_cluster import listening_sockets
+from cluster import procs
+from jobs.embedded import embedded_cluster
+with embedded_cluster(2) as how:
+    @ray.remote
+    class Echo:
+        def ping(self):
+            return os.getpid()
+    actor = Echo.remote()
+    ray.get(actor.ping.remote(), timeout=120)
+    pids = [os.getpid(), *procs.descendants(os.getpid())]
+    print(json.dumps({"how": how, "sockets": listening_sockets(pids), "pids": len(pids),
+                      "auth": os.environ.get("RAY_AUTH_MODE")}), flush=True)
+"""
+
+
+def test_the_embedded_cluster_listens_on_loopback_only_with_an_owner_only_token(tmp_path):
+    token = tmp_path / "token" / "ray-auth-token"
+    token.parent.mkdir()
+    token.write_text("a" * 64)
+    os.chmod(token, 0o644)  # a token file others can read is tightened
+    done = subprocess.run([sys.executable, "-c", SOCKETS, str(Path(__file__).parent)],
+                          env=env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    sockets = report["sockets"]
+    outside = [s for s in sockets if not is_loopback(s[2])]
+    print(f"\nfigure: embedded cluster: {report['pids']} processes, {len(sockets)} listening "
+          f"sockets, {len(outside)} on a non-loopback address")
+    assert sockets, "no listening socket found: the listing proved nothing"
+    assert not outside, f"sockets on non-loopback addresses: {outside}"
+    assert report["auth"] == "token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert "Token authentication is enabled" not in done.stderr  # set on purpose: no warning
+
+
+SUITE = """format = 1
+name = "killme"
+version = 1
+[[faults]]
+op = "all_reduce_norm"
+tp = 2
+hidden = 256
+tokens = 2
+kinds = ["stuck_rank"]
+budget_ms = 200
+timeout_s = 120
+"""
+
+
+def _segments_of(pid: int) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("ll-") and f".p{pid}-" in n)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_killed_driver_leaves_no_ray_process_and_no_segment(tmp_path, sig):
+    suite = tmp_path / "killme.toml"
+    suite.write_text(SUITE)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "faults", "--config", str(suite), "--backend", "emulated",
+         "--results", str(tmp_path / "results"), "--trigger", "ci"],
+        env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 180
+        while not _segments_of(driver.pid):  # a TP group is up: the hang case runs
+            assert driver.poll() is None, driver.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no TP group came up"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        cluster = procs.descendants(driver.pid)
+        segments = _segments_of(driver.pid)
+        os.kill(driver.pid, sig)
+        killed_at = time.monotonic()
+        driver.wait(timeout=GRACE_S)
+        deadline = killed_at + GRACE_S
+        while True:
+            left = {p: s for p, s in cluster.items() if procs.alive(p, s)}
+            left_segments = _segments_of(driver.pid)
+            if (not left and not left_segments) or time.monotonic() > deadline:
+                cleared_s = time.monotonic() - killed_at
+                break
+            time.sleep(0.2)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        procs.stop(procs.descendants(driver.pid), grace_s=1)
+    out = driver.stdout.read()
+    print(f"\nfigure: {sig.name} of the driver: {len(cluster)} processes and {len(segments)} "
+          f"segment(s) before; {len(left)} processes and {len(left_segments)} segment(s) left "
+          f"(checked for {cleared_s:.1f} s of the {GRACE_S:.0f} s grace period)")
+    assert len(cluster) >= 3 and segments, "the kill did not land on a running cluster"
+    assert not left, f"processes left: {[(p, Path(f'/proc/{p}/cmdline').read_bytes()[:80]) for p in left]}"
+    assert not left_segments, f"segments left: {left_segments}"
+    from jobs.results import list_runs
+    status = list_runs(tmp_path / "results").column("run_status").to_pylist() \
+        if (tmp_path / "results").exists() else []
+    assert status in ([], ["incomplete"]), (status, out[-2000:])

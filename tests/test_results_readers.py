@@ -1,0 +1,184 @@
+"""The results dataset as any Parquet reader sees it, per-run facts stored
+once, the run manifest's statuses, quarantine and in-place compaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.results import (FILE_SCHEMA, QuarantineWarning, ResultsWriter, compact_run, list_runs,
+                          read_results, runs)
+
+REPO = Path(__file__).resolve().parents[1]
+T0 = dt.datetime(2025, 3, 4, 5, 6, 7, tzinfo=dt.timezone.utc)
+FACTS = {"hostname": "node-a", "torch": "2.13.0", "topology": json.dumps({"gpus": 8} | {
+    f"link{i}": "NV18" for i in range(64)}), "gpu_count": 8, "multicast_supported": True,
+    "git_commit": "abc123"}
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def row(seq: int, **fields):
+    return {"op": "all_reduce_norm", "outcome": "pass", "started_at": T0, "tp": 2,
+            "extra": {"seq": seq}, **FACTS, **fields}
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    root = tmp_path / "results"
+    for suite, date in (("smoke", dt.date(2025, 3, 4)), ("nightly", dt.date(2025, 3, 5))):
+        writer = ResultsWriter(root, suite=suite, run_id="r1", trigger="nightly", date=date)
+        for i in range(3):
+            writer.append(row(i))
+    return root
+
+
+def test_every_parquet_reader_opens_the_dataset(dataset):
+    table = pq.read_table(dataset)
+    assert table.num_rows == 6 and sorted(set(table.column("suite").to_pylist())) == [
+        "nightly", "smoke"]
+    hive = ds.dataset(dataset, partitioning="hive").to_table()
+    assert hive.num_rows == 6 and "suite" in hive.column_names and "date" in hive.column_names
+    duckdb = pytest.importorskip("duckdb")
+    got = duckdb.sql(f"select suite, count(*) as n from read_parquet('{dataset}/**/*.parquet', "
+                     "hive_partitioning = true) group by suite order by suite").fetchall()
+    assert got == [("nightly", 3), ("smoke", 3)]
+    print(f"\nfigure: readers: pyarrow.parquet {table.num_rows}, pyarrow.dataset "
+          f"{hive.num_rows}, duckdb {sum(n for _, n in got)} of 6 rows")
+
+
+def test_per_run_facts_are_stored_once_and_read_back(dataset):
+    files = [p for p in dataset.rglob("*.parquet")]
+    for path in files:
+        names = pq.read_schema(path).names
+        assert "topology" not in names and "suite" not in names and "hostname" not in names
+        assert names == FILE_SCHEMA.names
+    manifest = json.loads((dataset / "_runs" / "r1.json").read_text())
+    assert manifest["facts"]["topology"] == FACTS["topology"]
+    table = read_results(dataset)
+    assert set(table.column("topology").to_pylist()) == {FACTS["topology"]}
+    assert set(table.column("gpu_count").to_pylist()) == {8}
+    assert set(table.column("multicast_supported").to_pylist()) == {True}
+    # filters on a fact apply after the facts are filled in
+    assert read_results(dataset, filters={"hostname": "node-a"}).num_rows == 6
+    assert read_results(dataset, filters={"hostname": "other"}).num_rows == 0
+    assert read_results(dataset, columns=["hostname"]).column_names == ["hostname"]
+
+
+def test_a_truncated_file_is_quarantined_and_the_rest_reads(dataset):
+    victim = sorted(dataset.rglob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])
+    with pytest.warns(QuarantineWarning, match="not readable Parquet"):
+        table = read_results(dataset)
+    assert table.num_rows == 5
+    assert not victim.exists()
+    assert list((dataset / "_quarantine").rglob("*.quarantined"))
+    assert pq.read_table(dataset).num_rows == 5  # plain readers too, once it is aside
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_results(dataset).num_rows == 5
+
+
+def test_compact_run_rewrites_one_file_per_partition_in_place(dataset):
+    before = read_results(dataset).sort_by("started_at")
+    assert len(list(dataset.rglob("*.parquet"))) == 6
+    written = compact_run(dataset, "r1")
+    assert sorted(p.name for p in dataset.rglob("*.parquet")) == ["run-r1.parquet"] * 2
+    assert len(written) == 2
+    after = read_results(dataset)
+    assert sorted(json.loads(e)["seq"] for e in after.column("extra").to_pylist()) == \
+        sorted(json.loads(e)["seq"] for e in before.column("extra").to_pylist())
+    assert compact_run(dataset, "r1") == []  # already compact
+
+
+def test_a_compaction_cut_short_is_finished_by_the_next_read(dataset):
+    from jobs.results.store import SCHEMA, _file_table, _write_atomically
+    directory = dataset / "date=2025-03-04" / "suite=smoke"
+    table = read_results(dataset, filters={"run_id": "r1", "suite": "smoke"})
+    _write_atomically(_file_table(table.select(SCHEMA.names).cast(SCHEMA)), directory,
+                      name="run-r1.parquet.new")  # the crash: originals still there
+    assert read_results(dataset).num_rows == 6
+    assert [p.name for p in directory.glob("*.parquet")] == ["run-r1.parquet"]
+
+
+DRIVER = """
+import sys, time
+from jobs.results import ResultsWriter, runs
+import datetime as dt
+root, run_id, finish = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+runs.begin(root, run_id, trigger="nightly", facts={"hostname": "h"})
+w = ResultsWriter(root, suite="s", run_id=run_id, trigger="nightly")
+w.append({"op": "x", "outcome": "pass", "started_at": dt.datetime.now(dt.timezone.utc),
+          "t_median_us": 10.0})
+if finish:
+    runs.finish(root, run_id)
+    sys.exit(0)
+print("written", flush=True)
+time.sleep(600)
+"""
+
+
+def _driver(root, run_id, finish):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-c", DRIVER, str(root), run_id, "1" if finish else "0"],
+                            env=env, stdout=subprocess.PIPE, text=True)
+
+
+def test_run_status_running_finished_incomplete(tmp_path, capsys):
+    root = tmp_path / "results"
+    assert _driver(root, "done", True).wait(timeout=60) == 0
+    child = _driver(root, "killed", False)
+    assert child.stdout.readline().strip() == "written"
+    statuses = {r["run_id"]: r["run_status"] for r in list_runs(root).to_pylist()}
+    assert statuses == {"done": "finished", "killed": "running"}
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    statuses = {r["run_id"]: r["run_status"] for r in list_runs(root).to_pylist()}
+    assert statuses == {"done": "finished", "killed": "incomplete"}
+    print(f"\nfigure: run statuses after kill -9 of a driver: {statuses}")
+
+    from jobs import report
+    from jobs.__main__ import main
+    assert main(["report", "--results", str(root), "killed"]) == 1
+    out = capsys.readouterr().out
+    assert "status: incomplete" in out and "no regression baseline" in out
+    assert main(["report", "--results", str(root), "--list"]) == 0
+    assert "incomplete" in capsys.readouterr().out
+    assert report  # imported for the CLI
+
+
+def test_incomplete_runs_are_never_a_baseline(tmp_path):
+    from jobs.regression import Rule, detect
+    root = tmp_path / "results"
+    t = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    for i, status in enumerate(["finished", "finished", "incomplete", "finished"]):
+        run_id = f"run{i}"
+        runs._write(root, run_id, {"run_id": run_id, "status": status if status != "incomplete"
+                                   else "running", "driver": {"host": "gone", "pid": 1},
+                                   "heartbeat_at": "2000-01-01T00:00:00+00:00"})
+        ResultsWriter(root, suite="s", run_id=run_id, trigger="nightly").append(
+            {"op": "all_reduce_norm", "outcome": "pass", "started_at": t + dt.timedelta(days=i),
+             "tp": 1, "hidden": 1024, "tokens": 1, "t_median_us": 100.0 if i != 2 else 1.0,
+             "extra": {"job": "profile"}})
+    (verdict,) = detect(root, "run3", Rule(history=5, min_history=1))
+    assert verdict.history_runs == ("run0", "run1") and verdict.status == "ok"
+
+    from dashboards import model
+    from dashboards.build import build_site
+    results = model.load(root)
+    assert {r.run_id: r.status for r in results.runs}["run2"] == "incomplete"
+    runs._write(root, "run3", {"run_id": "run3", "status": "running",
+                               "driver": {"host": "gone", "pid": 1},
+                               "heartbeat_at": "2000-01-01T00:00:00+00:00"})
+    index = build_site(root, tmp_path / "site")
+    assert "This run is INCOMPLETE" in index.read_text()
