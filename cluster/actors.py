@@ -28,6 +28,7 @@ class RankActor:
     def __init__(self, backend: str) -> None:
         self._backend_name = require_backend(backend)
         self._backend = None
+        self._tracer = None
         ctx = ray.get_runtime_context()
         self._metadata = {"backend": backend, "node_id": ctx.get_node_id(),
                           "node_ip": ray.util.get_node_ip_address(),
@@ -64,7 +65,25 @@ class RankActor:
         return self._joined().prepare(case)
 
     def run_case(self, case: dict) -> dict:
-        return self._joined().run_case(case)
+        if self._tracer is None:
+            return self._joined().run_case(case)
+        with self._tracer.call(case.get("seq", 0)):
+            return self._joined().run_case(case)
+
+    def trace_start(self) -> None:
+        """Start torch.profiler for the calls that follow (cluster.tracing):
+        CPU activities, and CUDA ones where this rank has a GPU."""
+        from cluster.tracing import RankTracer
+        cuda = bool(self._metadata["gpu_ids"])
+        self._tracer = RankTracer(cuda=cuda)
+        self._tracer.start()
+
+    def trace_stop(self) -> dict:
+        """This rank's trace since :meth:`trace_start` (Chrome JSON as a dict)."""
+        tracer, self._tracer = self._tracer, None
+        if tracer is None:
+            raise RuntimeError(f"actor pid {os.getpid()}: trace_stop without trace_start")
+        return tracer.stop()
 
     def time_case(self, spec: dict) -> dict:
         backend = self._joined()

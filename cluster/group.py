@@ -311,6 +311,26 @@ class TPGroup:
                                f"did not finish within {timeout_s} s")
         return ray.get(refs, timeout=CONTROL_TIMEOUT_S)
 
+    def trace_start(self) -> None:
+        """Every rank starts its profiler (cluster.tracing); the calls until
+        :meth:`trace_stop` are traced."""
+        self._require_open()
+        ray.get([a.trace_start.remote() for a in self._actors], timeout=self.setup_timeout_s)
+
+    def trace_stop(self) -> dict:
+        """The ranks' traces merged into one timeline (cluster.tracing.merge),
+        each rank a track named ``rank r (host, GPU g)``. A group rebuilt
+        since :meth:`trace_start` has new actors that traced nothing: a
+        RuntimeError says so."""
+        from cluster.tracing import merge
+        self._require_open()
+        traces = ray.get([a.trace_stop.remote() for a in self._actors],
+                         timeout=self.setup_timeout_s)
+        labels = [f"rank {r} ({m.get('hostname', '?')}, "
+                  f"{'GPU ' + ','.join(m['gpu_ids']) if m.get('gpu_ids') else 'CPU'})"
+                  for r, m in enumerate(self.metadata)]
+        return merge(traces, labels)
+
     def run(self, case: Mapping, faults: Mapping[int, Mapping] | None = None) -> GroupCall:
         """One collective call: the same case (same seq, same M) on every rank,
         ``faults[rank]`` injected into that rank's call (cluster.injection).

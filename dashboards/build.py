@@ -71,6 +71,11 @@ def build_site(results_dir: Path, out_dir: Path) -> Path:
             shutil.copyfile(ASSETS / name, staging / "assets" / name)
         for name, text in pages.items():
             (staging / name).write_text(text, encoding="utf-8")
+        for row in results.rows:  # the traces the pages link (details-<op>.html)
+            trace = model.trace_file(row)
+            if trace is not None:
+                (staging / model.TRACES_DIR).mkdir(exist_ok=True)
+                shutil.copyfile(trace, staging / model.trace_href(row))
         (staging / MARKER).write_text("built by python -m dashboards build; this directory "
                                       "is replaced whole on the next build\n")
         os.chmod(staging, 0o755)

@@ -215,22 +215,21 @@ def chart(chart_id: str, data: list[dict], layout: dict, *, height: int = 360) -
 
 
 def log_ticks(values: Iterable[float]) -> dict:
-    """Tick values and labels for a log axis over ``values``: 1, 2, 5 of
-    each decade, each labelled with its value ("20", not plotly's "2" for
+    """Range, tick values and labels for a log axis over ``values``: 1, 2, 5
+    of each decade (1, 1.5, 2, 3, ... 8 where that leaves fewer than three
+    on the axis), each labelled with its value ("20", not plotly's "2" for
     the second tick of a decade). Empty for no positive value."""
     vals = [v for v in values if v is not None and v > 0]
     if not vals:
         return {}
     lo, hi = min(vals) / 1.25, max(vals) * 1.25
-    ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-             for m in (1, 2, 5)]
-    inside = [t for t in ticks if lo <= t <= hi]
-    if len(inside) < 2:  # a narrow range: the ticks either side of it too
-        below = [t for t in ticks if t < lo][-1:]
-        above = [t for t in ticks if t > hi][:1]
-        inside = below + inside + above
-    return {"tickmode": "array", "tickvals": inside,
-            "ticktext": [f"{t:,.0f}" if t >= 1 else f"{t:.3g}" for t in inside]}
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    for mantissas in ((1, 2, 5), (1, 1.5, 2, 3, 4, 5, 6, 7, 8)):
+        inside = [m * 10.0 ** e for e in decades for m in mantissas if lo <= m * 10.0 ** e <= hi]
+        if len(inside) >= 3:
+            break
+    return {"range": [math.log10(lo), math.log10(hi)], "tickmode": "array", "tickvals": inside,
+            "ticktext": [f"{t:,.0f}" if t >= 1000 else f"{t:.3g}" for t in inside]}
 
 
 def plot_text(value: Any) -> str:

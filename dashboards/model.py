@@ -63,6 +63,26 @@ def case_label(row: Row) -> str:
     return " · ".join(parts)
 
 
+TRACES_DIR = "traces"
+"""Where the site keeps the traces its rows name (``extra.trace_path``)."""
+
+
+def trace_file(row: Row) -> Path | None:
+    """The merged trace a row names in ``extra.trace_path`` (python -m jobs
+    trace), when that file exists."""
+    try:
+        path = json.loads(row.get("extra") or "{}").get("trace_path")
+    except (json.JSONDecodeError, TypeError, AttributeError):
+        return None
+    return Path(path) if path and Path(path).is_file() else None
+
+
+def trace_href(row: Row) -> str | None:
+    """The row's trace in the site (the build copies it there), or None."""
+    path = trace_file(row)
+    return f"{TRACES_DIR}/{path.name}" if path else None
+
+
 def is_baseline(row: Row) -> bool:
     return str(row.get("variant") or "").startswith(BASELINE_PREFIX)
 

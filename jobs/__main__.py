@@ -14,6 +14,8 @@ Commands:
   regress        regression detection for one run already in the results
   selfcheck      recompute every golden vector with the torch references
   smoke          the same as ``nightly --suite smoke``
+  trace          one TP group's correctness cases with every rank under
+                 torch.profiler, merged into one Perfetto / Chrome trace
   submit         ``ray job submit --working-dir .`` of one of the above, with the
                  git commit passed along (the uploaded tree has no .git)
   head           start / stop a local Ray head to submit to
@@ -36,6 +38,7 @@ written then).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -174,6 +177,11 @@ def _plan(args, jobs: tuple[str, ...]):
     if not args.no_results and args.results.exists() and not args.results.is_dir():
         raise ConfigError(f"--results {args.results} exists and is not a directory")
     check_backend_request(args.backend)
+    if getattr(args, "cmd", None) == "trace":
+        from jobs.trace import check_one_group
+        if len(plan) != 1:
+            raise ConfigError(f"trace: one suite at a time, got {names}")
+        check_one_group(plan[0][1])
     return plan
 
 
@@ -186,6 +194,9 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     plan = _plan(args, jobs)
     rule = _rule(args) if nightly else None
     runners = {"correctness": correctness.run, "faults": faults.run, "profile": profile.run}
+    if args.cmd == "trace":
+        from jobs import trace
+        runners["correctness"] = functools.partial(trace.run, out=args.trace_out)
     with ray_session(args.address) as how:
         backend, why = resolve_backend(args.backend)
         view = ClusterView(backend)
@@ -421,7 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
             ("smoke", "smoke", "adhoc", "nightly --suite smoke"),
             ("correctness", "smoke", "adhoc", "the numerical contract through the cluster"),
             ("faults", "smoke", "adhoc", "the fault campaign: expected vs seen"),
-            ("profile", "smoke", "adhoc", "latency vs same-run baselines (GPU)")):
+            ("profile", "smoke", "adhoc", "latency vs same-run baselines (GPU)"),
+            ("trace", "smoke", "adhoc", "one TP group's correctness cases, every rank traced "
+                                        "onto one Perfetto timeline")):
         p = sub.add_parser(name, help=helptext, description=helptext)
         _add_sweep_arguments(p, suite=suite, trigger=trigger)
         if name in ("nightly", "smoke"):
@@ -431,6 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard")
             p.set_defaults(jobs=("selfcheck", "compile-check", "correctness", "faults", "profile"),
                            nightly=True)
+        elif name == "trace":
+            p.add_argument("--trace-out", type=Path, default=None, metavar="PATH",
+                           help="the merged trace JSON (default: traces/RUN-OP-tpN.json beside "
+                                "--results)")
+            p.set_defaults(jobs=("correctness",), nightly=False)
         else:
             p.set_defaults(jobs=(name,), nightly=False)
     p = sub.add_parser("report", help="print a run, or compare two")

@@ -130,7 +130,8 @@ def row_extra(case: Case) -> dict:
     return {"collective": ops.get(case.op).collective, **dict(case.op_args)}
 
 
-def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:
+def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
+             extra: dict | None = None) -> dict:
     from cluster import ops
     started = now()
     budget_ns = int(case.param("budget_ms") * 1e6)
@@ -164,7 +165,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
         extra={"inputs": case.inputs, "repeats": case.repeats, "budget_ns": budget_ns,
                **row_extra(case), "collective_speed": where.collective_speed,
                "recovered": bool(call and call.recovery is not None),
-               "rebuilt": bool(call and call.rebuilt)})
+               "rebuilt": bool(call and call.rebuilt), **(extra or {})})
 
 
 class Tally:

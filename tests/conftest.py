@@ -5,7 +5,9 @@ Parallel runs (``pytest -n 2 --dist loadgroup``, the README's command): each
 module is one unit of work (its module-scoped fixtures, e.g. compiled
 kernels, are built once), and the modules that start Ray clusters
 (``pytestmark = pytest.mark.xdist_group("ray")``) run one after another on
-one worker, so two clusters never compete for the cores mid-deadline.
+one worker, so two embedded clusters never compete for the cores
+mid-deadline; the README's Ray head (test_jobs_submit.py, group "ray-head",
+free ports and directories of its own) may run beside them.
 Nothing here depends on the environment's Ray: RAY_ADDRESS is dropped, so
 no test joins a cluster that happens to run on the machine."""
 

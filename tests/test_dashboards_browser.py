@@ -148,7 +148,7 @@ def test_log_axis_ticks_read_their_values(browser, built):
                 gd.layout.yaxis.tickvals];
     }""")
     labels, values = shown
-    assert labels == [f"{v:,.0f}" for v in values] and "20" in labels, labels
+    assert labels == [f"{v:g}" for v in values] and {"10", "20"} <= set(labels), labels
 
 
 def test_repro_copy_button_and_topology_disclosure(browser, built):

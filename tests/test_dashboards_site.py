@@ -448,5 +448,11 @@ def test_log_ticks_label_every_tick_with_its_value():
     ticks = log_ticks([12.0, 180.0])
     assert ticks["tickvals"] == [10, 20, 50, 100, 200]
     assert ticks["ticktext"] == ["10", "20", "50", "100", "200"]
-    assert log_ticks([0.3, 0.9])["ticktext"] == ["0.5", "1"]
+    # Less than a decade: finer steps, every one inside the axis range.
+    narrow = log_ticks([3.2, 10.5])
+    assert narrow["ticktext"] == ["3", "4", "5", "6", "7", "8", "10"]
+    assert all(10 ** narrow["range"][0] <= v <= 10 ** narrow["range"][1]
+               for v in narrow["tickvals"])
+    assert log_ticks([0.3, 0.9, 1500])["ticktext"] == ["0.5", "1", "2", "5", "10", "20", "50",
+                                                       "100", "200", "500", "1,000"]
     assert log_ticks([]) == {}

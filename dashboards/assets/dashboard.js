@@ -55,17 +55,21 @@
   // dashboards/html.py log_ticks does for the pages built in Python.
   function logTicks(lo, hi) {
     lo = lo / 1.25; hi = hi * 1.25;
-    var vals = [];
-    for (var e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
-      [1, 2, 5].forEach(function (m) {
-        var t = m * Math.pow(10, e);
-        if (t >= lo && t <= hi) vals.push(t);
-      });
+    var sets = [[1, 2, 5], [1, 1.5, 2, 3, 4, 5, 6, 7, 8]], vals = [];
+    for (var k = 0; k < sets.length && vals.length < 3; k++) {
+      vals = [];
+      for (var e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
+        sets[k].forEach(function (m) {
+          var t = m * Math.pow(10, e);
+          if (t >= lo && t <= hi) vals.push(t);
+        });
+      }
     }
-    if (vals.length < 2) return {};
-    return { tickmode: "array", tickvals: vals, ticktext: vals.map(function (t) {
-      return t >= 1 ? Math.round(t).toLocaleString("en-US") : String(Number(t.toPrecision(3)));
-    }) };
+    return { range: [Math.log10(lo), Math.log10(hi)], tickmode: "array", tickvals: vals,
+             ticktext: vals.map(function (t) {
+               return t >= 1000 ? Math.round(t).toLocaleString("en-US")
+                                : String(Number(t.toPrecision(3)));
+             }) };
   }
 
   // ---- repro commands: a copy button beside each

@@ -14,7 +14,7 @@ from cluster import ops as registry
 from dashboards import html as h
 from dashboards import palette
 from dashboards.model import (OUTCOME_SEVERITY, Row, case_label, group, slug, sort_key,
-                              worst_outcome)
+                              trace_href, worst_outcome)
 from dashboards.pages import Site, details_href, no_results
 from jobs.results import row_job
 
@@ -131,6 +131,7 @@ DETAIL_COLUMNS = [
     ("mismatches", "mismatches", True), ("elements", "elements", True),
     ("median µs", "t_median_us", True), ("baseline µs", "baseline_median_us", True),
     ("ratio", "ratio", True), ("reason", None, False), ("reproduce", "repro_command", False),
+    ("trace", None, False),
 ]
 IDENTITY = {"variant", "backend", "transport", "placement", "tp", "hidden", "tokens", "top_k",
             "hc", "dtype", "op_fields"}
@@ -143,6 +144,10 @@ def _cell(site: Site, r: Row, header: str, field: str | None):
         return h.status_badge(site.status(r))
     if header == "job":
         return row_job(r)
+    if header == "trace":
+        href = trace_href(r)
+        return h.link(href, "trace", title="every rank of the TP group on one timeline: open "
+                      "in https://ui.perfetto.dev or chrome://tracing") if href else "—"
     if header == "reason":
         return h.tag("div", r.get("diagnosis") or r.get("reason") or "—", cls="reason")
     if field in ("t_median_us", "baseline_median_us"):
@@ -169,6 +174,8 @@ def _details_page(site: Site, run, op: str, rows: list[Row]) -> str:
                   {op_fields(r) for r in rows} if field == "op_fields" else
                   {r.get(field) for r in rows} if field else {1})
         if field and field != "repro_command" and values == {None}:
+            continue
+        if header == "trace" and not any(trace_href(r) for r in rows):
             continue
         if (field in IDENTITY or field == "job") and len(values) == 1:
             constant.append(f"{header} {h.fmt(next(iter(values)))}")

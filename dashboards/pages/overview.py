@@ -129,8 +129,8 @@ def render(site: Site) -> dict[str, str]:
                        "links to its details."),
         h.section("By op", op_chart, op_table),
         h.section("By topology", topo_table,
-                  note="topology is the recorded interconnect summary; — where none was "
-                       "recorded."),
+                  note="topology: nodes, GPUs, links and multicast as discovered at the run's "
+                       "start (click one for the recorded JSON); — where none was recorded."),
         h.section(f"Runs ({len(site.results.runs)})", runs_table),
     ])
     sub = h.join(["Latest run ", h.tag("code", run.run_id), f" · {run.trigger} · "

@@ -43,7 +43,8 @@ class ProjectionConfig:
 @dataclasses.dataclass(frozen=True)
 class FusedConfig:
     """``IndexerProjection.fused``: the seed's cache key ("fused", rows, K,
-    heads, padded, bf16, M) plus key, gate, the q-scale format and the arch."""
+    heads, padded, bf16, M) plus key, gate, the q-scale format, the arch and
+    the :class:`~kernels.indexer.layout.FusedVariant`."""
     key: int
     heads: int
     gate: int

@@ -1,0 +1,144 @@
+"""One timeline for a TP group: each rank's torch.profiler trace merged into
+one Chrome / Perfetto trace JSON, every rank its own process track.
+
+A rank records its trace with :class:`RankTracer` (torch.profiler: CPU
+activities, plus CUDA where the rank has a GPU, so kernels show per rank;
+each collective call inside a ``lamport.call`` range, which
+torch.profiler records and, on a GPU, NVTX too). Right after the profiler
+starts, the rank notes the wall clock inside a ``lamport.trace.clock``
+range: that pair (the range's middle in profiler time, the wall clock in
+us) is the rank's clock offset. :func:`merge` moves every rank onto rank 0's profiler
+time through those offsets (exact for ranks of one host; across hosts as
+good as their wall clocks agree), renumbers processes (rank r is pid r,
+named ``rank r (host, GPU g)``) and threads (per rank, in order of first
+appearance, names kept), and keeps flow arrows (CPU launch -> GPU kernel)
+within their rank. Pure functions on dicts: tests feed it synthetic traces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+CLOCK_EVENT = "lamport.trace.clock"
+CALL_EVENT = "lamport.call"
+KERNEL_CATEGORY = "kernel"
+"""torch.profiler's (Kineto's) category of a GPU kernel event."""
+_FLOW_ID_STRIDE = 1 << 40
+_PROCESS_METADATA = ("process_name", "process_labels", "process_sort_index")
+
+
+class RankTracer:
+    """torch.profiler around a rank's calls: ``start()``, ``call(seq)`` as
+    a context manager per collective call, ``stop()`` -> the rank's trace
+    (Chrome JSON as a dict, with ``lamport_clock``: the wall clock in us at
+    its ``lamport.trace.clock`` event)."""
+
+    def __init__(self, cuda: bool) -> None:
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self.cuda = cuda
+        self._profile = profile(activities=activities)
+        self._wall_us: float | None = None
+
+    def start(self) -> None:
+        from torch.profiler import record_function
+        self._profile.start()
+        with record_function(CLOCK_EVENT):
+            self._wall_us = time.time_ns() / 1e3
+
+    def call(self, seq: int):
+        """The range around one collective call (and an NVTX range on GPUs)."""
+        import contextlib
+
+        from torch.profiler import record_function
+        stack = contextlib.ExitStack()
+        stack.enter_context(record_function(f"{CALL_EVENT} {seq}"))
+        if self.cuda:
+            import torch
+            stack.enter_context(torch.cuda.nvtx.range(f"{CALL_EVENT} {seq}"))
+        return stack
+
+    def stop(self) -> dict:
+        self._profile.stop()
+        fd, path = tempfile.mkstemp(suffix=".json", prefix="rank-trace-")
+        os.close(fd)
+        try:
+            self._profile.export_chrome_trace(path)
+            with open(path) as f:
+                trace = json.load(f)
+        finally:
+            os.unlink(path)
+        trace["lamport_clock"] = self._wall_us
+        return trace
+
+
+def _events(trace: Mapping) -> list[dict]:
+    return list(trace.get("traceEvents", []))
+
+
+def clock_offset_us(trace: Mapping) -> float:
+    """Wall clock minus profiler time (us) of one rank's trace; ValueError
+    when it has no clock event or no ``lamport_clock``."""
+    wall = trace.get("lamport_clock")
+    marks = [e for e in _events(trace) if e.get("name") == CLOCK_EVENT and "ts" in e]
+    if wall is None or not marks:
+        raise ValueError(f"a rank trace without its clock mark ({CLOCK_EVENT!r} event and "
+                         f"lamport_clock): cannot align it")
+    mark = marks[0]  # the wall clock was read inside it: take its middle
+    return float(wall) - (float(mark["ts"]) + float(mark.get("dur", 0.0)) / 2)
+
+
+def merge(traces: Sequence[Mapping], labels: Sequence[str]) -> dict:
+    """One Chrome trace of ``traces`` (rank order), rank r the process pid
+    r named ``labels[r]``, every timestamp on rank 0's clock."""
+    if len(traces) != len(labels) or not traces:
+        raise ValueError(f"{len(traces)} trace(s) for {len(labels)} label(s)")
+    offsets = [clock_offset_us(t) for t in traces]
+    out: list[dict] = []
+    for rank, (trace, label) in enumerate(zip(traces, labels)):
+        shift = offsets[rank] - offsets[0]
+        tids: dict[tuple, int] = {}
+        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                    "args": {"name": label}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                    "args": {"sort_index": rank}})
+        for event in _events(trace):
+            if event.get("ph") == "M" and event.get("name") in _PROCESS_METADATA:
+                continue
+            e = dict(event)
+            key = (e.get("pid"), e.get("tid"))
+            e["tid"] = tids.setdefault(key, len(tids) + 1)
+            e["pid"] = rank
+            if "ts" in e and e.get("ph") != "M":
+                e["ts"] = float(e["ts"]) + shift
+            if e.get("ph") in ("s", "t", "f") and isinstance(e.get("id"), int):
+                e["id"] = rank * _FLOW_ID_STRIDE + e["id"]
+            if e.get("ph") == "M" and e.get("name") == "thread_name":
+                e["args"] = {"name": f"{(event.get('args') or {}).get('name', '')}".strip()
+                             or f"thread {key[1]}"}
+            out.append(e)
+    return {"traceEvents": out, "displayTimeUnit": "ns",
+            "otherData": {"lamport": {"ranks": list(labels),
+                                      "clock_shift_us": [o - offsets[0] for o in offsets]}}}
+
+
+def summary(trace: Mapping) -> dict[str, Any]:
+    """What a merged trace holds: its rank tracks (pid -> name) and per
+    rank the events, the ``lamport.call`` ranges and the GPU kernels."""
+    names = {e["pid"]: e["args"]["name"] for e in _events(trace)
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    per = {pid: {"events": 0, "calls": 0, "kernels": 0} for pid in names}
+    for e in _events(trace):
+        if e.get("ph") == "M" or e.get("pid") not in per:
+            continue
+        c = per[e["pid"]]
+        c["events"] += 1
+        c["calls"] += str(e.get("name", "")).startswith(CALL_EVENT + " ") and e.get("ph") == "X"
+        c["kernels"] += e.get("cat") == KERNEL_CATEGORY
+    return {"tracks": [names[p] for p in sorted(names)],
+            "per_rank": {names[p]: per[p] for p in sorted(names)}}
