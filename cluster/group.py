@@ -483,7 +483,8 @@ class TPGroup:
         diagnosis = diagnose(reports, tp=self.tp, absent=absent,
                              expected=(self._seq, int(case["tokens"])))
         checks = tuple(None if x is None else x["check"] if x.get("check") is not None else
-                       check_outputs(case, tp=self.tp, hidden=self.hidden, outputs=x["outputs"])
+                       check_outputs(case, tp=self.tp, hidden=self.hidden, outputs=x["outputs"],
+                                     rank=x["rank"])
                        for x in results)
         outcome = _outcome(diagnosis, results, checks, errors, hung=gone - set(errors))
         self.work_s += max((x.get("publish_ns", 0) + x.get("consume_ns", 0)
