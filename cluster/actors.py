@@ -112,7 +112,8 @@ class RankActor:
                     barrier.abort.remote(f"{key}/{i}")
                 raise
             if result.get("check") is None:
-                result["check"] = check_outputs(case, outputs=result["outputs"], **self._shape)
+                result["check"] = check_outputs(case, outputs=result["outputs"],
+                                                rank=result["rank"], **self._shape)
             clean = rank_clean(result)
             if not clean and barrier is not None and i + 1 < len(batch):
                 barrier.abort.remote(f"{key}/{i}")
