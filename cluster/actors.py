@@ -59,6 +59,7 @@ class RankActor:
         out = backend.setup(group_id=group_id, rank=rank, tp=tp, capacity=capacity,
                             hidden=hidden, timeout_s=timeout_s, **kwargs)
         self._backend = backend
+        self._shape = {"tp": tp, "hidden": hidden}
         return {**out, "metadata": self.metadata()}
 
     def prepare(self, case: dict) -> dict:
@@ -84,6 +85,41 @@ class RankActor:
         if tracer is None:
             raise RuntimeError(f"actor pid {os.getpid()}: trace_stop without trace_start")
         return tracer.stop()
+
+    def run_cases(self, batch: list[dict], barrier=None, key: str = ""):
+        """A batch of calls in one Ray call, streamed (a generator method:
+        the caller gets each result as its call ends). Each result carries
+        its ``check`` (cluster.cases.check_outputs, made here unless the
+        backend made it), so checking runs on the ranks in parallel. Between
+        two calls every rank meets at ``barrier`` (cluster.barrier, key
+        ``key/<call index>``; None for a group of one). Stops after the first
+        result that is not clean on this rank (:func:`cluster.backend.rank_clean`,
+        aborting the barrier so every rank stops there too): the group
+        recovers before anything else runs. A raised exception ends the
+        stream."""
+        from cluster.backend import rank_clean
+        from cluster.cases import check_outputs
+        backend = self._joined()
+        tp = self._shape["tp"]
+        for i, case in enumerate(batch):
+            if i and barrier is not None and \
+                    not ray.get(barrier.arrive.remote(f"{key}/{i - 1}", tp)):
+                return  # a peer's call i - 1 was not clean
+            try:
+                result = backend.run_case(case)
+            except BaseException:
+                if barrier is not None and i + 1 < len(batch):
+                    barrier.abort.remote(f"{key}/{i}")
+                raise
+            if result.get("check") is None:
+                result["check"] = check_outputs(case, outputs=result["outputs"],
+                                                rank=result["rank"], **self._shape)
+            clean = rank_clean(result)
+            if not clean and barrier is not None and i + 1 < len(batch):
+                barrier.abort.remote(f"{key}/{i}")
+            yield result
+            if not clean:
+                return
 
     def time_case(self, spec: dict) -> dict:
         backend = self._joined()

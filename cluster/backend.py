@@ -43,6 +43,10 @@ Result contract of :meth:`RankBackend.run_case` (a plain dict):
                                      indexer): the protocol fields then say that
                                      nothing was published or awaited
 
+A rank actor also offers ``run_cases(batch)`` (cluster.actors): the calls
+of a batch in order in one Ray call, each result streamed back as its call
+ends, stopping after the first result that is not :func:`rank_clean`.
+
 An output may be None where the backend cannot observe it (the GPU consumers
 do not write the reduced sum; all_reduce_norm shows it with a zero
 residual); the check then reports it as not observed.
@@ -91,6 +95,18 @@ class RankBackend(Protocol):
 
     def close(self) -> None:
         """Release the mailbox; idempotent."""
+
+
+def rank_clean(result: dict) -> bool:
+    """Whether one rank's ``run_case`` result shows nothing wrong on that
+    rank (no watchdog record, missing or partial source, bad stage, header
+    mismatch, unclean mailbox or failed check). Not clean implies the group
+    call does not pass; clean on every rank does not imply it passes."""
+    check = result.get("check")
+    return bool(result.get("mailbox_clean") and not result.get("record_count")
+                and not result.get("records") and result.get("bad_stage") is None
+                and not result.get("missing_sources") and not result.get("partial_sources")
+                and not result.get("header_mismatch") and (check is None or check.get("ok")))
 
 
 def require_backend(name: str) -> str:

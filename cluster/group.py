@@ -27,14 +27,16 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import (NODE_ID_LABEL_KEY, placement_group,
+                                      remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.actors import RankActor, release_rank
 from cluster.backend import actor_env, needs_rendezvous, require_backend
+from cluster.barrier import call_barrier
 from cluster.cases import check_outputs, make_case
 from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
@@ -88,6 +90,11 @@ def new_group_id() -> str:
     return f"{tag}.p{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
+class NodeLost(RuntimeError):
+    """The node a TP group is pinned to left the cluster: the group cannot
+    be rebuilt there; its remaining cases are lost, not the run."""
+
+
 def placement_for(gpus_per_rank: float) -> str:
     """The placement a GPU share implies: 0 cpu, 1 process_per_gpu, a
     fraction shared_gpu."""
@@ -107,12 +114,15 @@ class TPGroup:
     so all ranks land on the same GPU). ``backend_options``: passed to every
     rank's backend setup (gpu: ``transport``); a backend that needs a
     rendezvous (gpu) also gets ``master_addr`` / ``master_port`` from rank 0's
-    actor and the ``placement``, new for every (re)build.
+    actor and the ``placement``, new for every (re)build. ``node_id``: pin
+    every bundle to that Ray node (a ``ray.io/node-id`` label selector, as
+    cluster.fanout plans it), else Ray picks the node.
     """
 
     def __init__(self, *, tp: int, hidden: int, capacity: int, backend: str = "emulated",
                  gpus_per_rank: float = 0.0, setup_timeout_s: float = 60.0,
-                 call_timeout_s: float = 10.0, backend_options: Mapping | None = None) -> None:
+                 call_timeout_s: float = 10.0, backend_options: Mapping | None = None,
+                 node_id: str | None = None) -> None:
         require_tp("tp", tp)
         require_multiple("hidden", hidden, VEC_BF16)
         require_int("capacity", capacity, low=1)
@@ -137,6 +147,9 @@ class TPGroup:
         self.setup_timeout_s, self.call_timeout_s = setup_timeout_s, call_timeout_s
         self.group_id = new_group_id()
         self.builds = 0
+        self.work_s = 0.0
+        """Summed over calls, the slowest rank's publish + consume time (the
+        work a call timed on its ranks; the service overhead's denominator)."""
         self.start_diagnosis: GroupDiagnosis | None = None
         self.metadata: list[dict] = []
         self._actors: list = []
@@ -147,14 +160,19 @@ class TPGroup:
         else:
             self._bundles = [{"GPU": gpus_per_rank} if gpus_per_rank
                              else {"CPU": CPU_PER_RANK_BUNDLE} for _ in range(tp)]
+        self.node_id = node_id
+        pin = {} if node_id is None else {
+            "bundle_label_selector": [{NODE_ID_LABEL_KEY: node_id}] * len(self._bundles)}
         self._pg = placement_group(self._bundles, strategy="STRICT_PACK",
-                                   name=f"tp{tp}-{self.group_id}")
+                                   name=f"tp{tp}-{self.group_id}", **pin)
         try:
             try:
                 ray.get(self._pg.ready(), timeout=setup_timeout_s)
             except ray.exceptions.GetTimeoutError:
+                self._require_node()
                 raise TimeoutError(
-                    f"placement group for tp={tp} (bundles {self._bundles}, STRICT_PACK) not ready "
+                    f"placement group for tp={tp} (bundles {self._bundles}, STRICT_PACK"
+                    f"{'' if node_id is None else ', node ' + node_id}) not ready "
                     f"after {setup_timeout_s} s: {self._resources()}") from None
             self._build()
         except BaseException:
@@ -225,10 +243,22 @@ class TPGroup:
         close the survivors, and build the group again."""
         for r in sorted(gone):
             ray.kill(self._actors[r], no_restart=True)
+        self._require_node()
         for r in sorted(gone):
             self._await_exit(r)
         self._stop_actors(set(range(self.tp)) - gone)
         self._build()
+
+    def node_alive(self) -> bool:
+        """False once the pinned node (or, unpinned, a rank's node) is gone."""
+        nodes = {self.node_id} if self.node_id else {m["node_id"] for m in self.metadata}
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        return nodes <= alive
+
+    def _require_node(self) -> None:
+        if not self.node_alive():
+            where = self.node_id or sorted({m["node_id"] for m in self.metadata})
+            raise NodeLost(f"TP group {self.group_id}: node {where} left the cluster")
 
     def _await_exit(self, rank: int) -> None:
         """Return once rank's killed process can no longer write: Ray reports
@@ -269,7 +299,7 @@ class TPGroup:
         self._release(set(ranks) - closed)
 
     def _release(self, ranks: set[int]) -> None:
-        if not ranks:
+        if not ranks or not self.node_alive():  # nothing to free on a node that is gone
             return
         refs = [release_rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             self._pg, placement_group_bundle_index=self._bundle_index(r))
@@ -293,7 +323,11 @@ class TPGroup:
         if len(ready) < len(refs):
             raise TimeoutError(f"prepare: ranks {[r for r, x in enumerate(refs) if x not in ready]} "
                                f"did not finish within {self.setup_timeout_s} s")
-        out = ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+        try:
+            out = ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+        except ray.exceptions.RayActorError:
+            self._require_node()  # NodeLost names the node when that is why
+            raise
         self._prepared.add(prepare_key(case))
         return out
 
@@ -336,7 +370,55 @@ class TPGroup:
         ``faults[rank]`` injected into that rank's call (cluster.injection).
         Collects every rank's result by the host deadline, diagnoses, then
         recovers or rebuilds the group unless the call passed."""
+        return next(self.run_batch([case], [faults]))
+
+    def run_batch(self, cases: Sequence[Mapping],
+                  faults: Sequence[Mapping[int, Mapping] | None] | None = None
+                  ) -> Iterator[GroupCall]:
+        """The calls ``cases`` (each as in :meth:`run`, ``faults[i]`` into
+        call i) in one Ray call per rank (``RankActor.run_cases``, streamed):
+        yields each call's GroupCall as every rank's result for it is in,
+        with the same per-call host deadline, diagnosis and outcome as
+        :meth:`run`, and stops after the first call that did not pass, once
+        every rank's batch has ended (quiesce) and the group has recovered or
+        been rebuilt; a rank past the deadline of call k leaves calls < k
+        recorded and k a hang. Raises NodeLost when the group's node left."""
         self._require_open()
+        faults = list(faults) if faults is not None else [None] * len(cases)
+        if len(faults) != len(cases):
+            raise ValueError(f"{len(cases)} cases but {len(faults)} fault maps")
+        calls = [self._validated(c, f) for c, f in zip(cases, faults)]
+        for case, _ in calls:
+            if prepare_key(case) not in self._prepared:
+                self.prepare(case)
+        seq0 = self._seq
+        barrier = call_barrier() if self.tp > 1 and len(calls) > 1 else None
+        key = f"{self.group_id}/{self.builds}/{seq0}"
+        streams = [a.run_cases.remote([{**case, "seq": seq0 + i + 1, "fault": f.get(r)}
+                                       for i, (case, f) in enumerate(calls)], barrier, key)
+                   for r, a in enumerate(self._actors)]
+        ended = [False] * self.tp
+        done = False
+        try:
+            for i, (case, _) in enumerate(calls):
+                self._seq = seq0 + i + 1
+                started = time.monotonic()
+                results, errors, absent, gone = self._collect(streams, ended, started)
+                call = self._conclude(case, results, errors, absent, gone, started,
+                                      remaining=len(calls) - i - 1, streams=streams, ended=ended)
+                if call.outcome != "pass":
+                    done = True
+                    yield call
+                    return
+                yield call
+            done = True
+        finally:
+            if not done:  # the caller stopped early: no rank may still be running a call
+                late = self._drain(streams, ended, len(calls) - (self._seq - seq0))
+                if late:
+                    self._rebuild(late)
+
+    def _validated(self, case: Mapping, faults: Mapping | None) -> tuple[dict, dict]:
         case = make_case(capacity=self.capacity, **{k: v for k, v in case.items() if k != "seq"})
         faults = {int(r): validate_injection(f) for r, f in (faults or {}).items()}
         if not set(faults) <= set(range(self.tp)):
@@ -345,37 +427,73 @@ class TPGroup:
         if self.call_timeout_s <= case["budget_ns"] / 1e9 + delay_s:
             raise ValueError(f"call_timeout_s={self.call_timeout_s} must exceed the watchdog budget "
                              f"{case['budget_ns'] / 1e9} s plus injected delays {delay_s} s")
-        if prepare_key(case) not in self._prepared:
-            self.prepare(case)
-        self._seq += 1
-        started = time.monotonic()
-        refs = [a.run_case.remote({**case, "seq": self._seq, "fault": faults.get(r)})
-                for r, a in enumerate(self._actors)]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.call_timeout_s)
+        return case, faults
+
+    def _collect(self, streams, ended, started: float):
+        """Every rank's next result, each by ``started + call_timeout_s``."""
         results: list[dict | None] = [None] * self.tp
         errors, absent, gone = {}, {}, set()
-        for r, ref in enumerate(refs):
-            if ref not in ready:
+        deadline = started + self.call_timeout_s
+        for r, stream in enumerate(streams):
+            if ended[r]:
+                absent[r] = errors[r] = "ended its batch early"
+                continue
+            ready, _ = ray.wait([stream], timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
                 absent[r] = f"missed the host deadline of {self.call_timeout_s} s"
                 gone.add(r)
                 continue
             try:
-                results[r] = ray.get(ref, timeout=CONTROL_TIMEOUT_S)
+                results[r] = ray.get(next(stream), timeout=CONTROL_TIMEOUT_S)
+            except StopIteration:
+                ended[r] = True
+                absent[r] = errors[r] = "ended its batch early"
             except ray.exceptions.RayActorError as exc:
+                ended[r] = True
                 absent[r] = f"process died ({type(exc).__name__})"
                 errors[r] = absent[r]
                 gone.add(r)
             except ray.exceptions.RayTaskError as exc:
+                ended[r] = True
                 absent[r] = f"raised {type(exc.cause).__name__}"
                 errors[r] = str(exc.cause)
+        return results, errors, absent, gone
+
+    def _drain(self, streams, ended, remaining: int) -> set[int]:
+        """Wait for every rank's batch to end (each stops after its first
+        call that is not clean on that rank); the ranks still running after
+        ``call_timeout_s`` per remaining call are returned (to be killed)."""
+        deadline = time.monotonic() + self.call_timeout_s * max(1, remaining)
+        late = set()
+        for r, stream in enumerate(streams):
+            while not ended[r]:
+                ready, _ = ray.wait([stream], timeout=max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    late.add(r)
+                    break
+                try:
+                    ray.get(next(stream), timeout=CONTROL_TIMEOUT_S)
+                except (StopIteration, ray.exceptions.RayError):
+                    ended[r] = True  # a stream ends after its first exception
+        return late
+
+    def _conclude(self, case, results, errors, absent, gone, started, *, remaining, streams,
+                  ended) -> GroupCall:
         reports = [RankReport.from_result(x) for x in results if x is not None]
         diagnosis = diagnose(reports, tp=self.tp, absent=absent,
                              expected=(self._seq, int(case["tokens"])))
         checks = tuple(None if x is None else x["check"] if x.get("check") is not None else
-                       check_outputs(case, tp=self.tp, hidden=self.hidden, outputs=x["outputs"])
+                       check_outputs(case, tp=self.tp, hidden=self.hidden, outputs=x["outputs"],
+                                     rank=x["rank"])
                        for x in results)
         outcome = _outcome(diagnosis, results, checks, errors, hung=gone - set(errors))
+        self.work_s += max((x.get("publish_ns", 0) + x.get("consume_ns", 0)
+                            for x in results if x is not None), default=0) / 1e9
         recovery, rebuilt = None, False
+        if outcome != "pass":
+            gone = gone | self._drain(streams, ended, remaining)
+            if not self.node_alive():
+                gone = set(range(self.tp))
         if gone:
             self._rebuild(gone)
             rebuilt = True
@@ -423,6 +541,70 @@ class TPGroup:
     def _require_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"TP group {self.group_id} is closed")
+
+
+class BatchedGroup:
+    """A TPGroup whose :meth:`run` is served from batches: the calls planned
+    up front go to the ranks as one ``run_batch`` (one streamed Ray call per
+    rank), and each ``run(case)`` equal to the next planned call returns that
+    call's GroupCall. A call off the plan (another case, faults) ends the
+    batch and starts a new one at its place in the plan (or runs alone when
+    it is not planned), so a caller written for one call at a time keeps
+    its exact semantics; after a call that did not pass (the batch ends
+    there) the next planned call starts a new batch. Other attributes are
+    the group's."""
+
+    def __init__(self, group: TPGroup, planned: Sequence[Mapping]) -> None:
+        self._group = group
+        self._planned = [group.case(**{k: v for k, v in c.items() if k != "seq"}) for c in planned]
+        self._pos = 0
+        self._stream = None
+        self.batches = 0
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+    def __enter__(self) -> "BatchedGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _end(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            stream.close()
+
+    def run(self, case: Mapping, faults: Mapping[int, Mapping] | None = None) -> GroupCall:
+        case = self._group.case(**{k: v for k, v in case.items() if k != "seq"})
+        if faults:
+            self._end()
+            return self._group.run(case, faults)
+        if self._stream is None or self._pos >= len(self._planned) or \
+                self._planned[self._pos] != case:
+            self._end()
+            at = next((i for i in range(self._pos, len(self._planned))
+                       if self._planned[i] == case), None)
+            if at is None:
+                return self._group.run(case)
+            self._pos = at
+            self._stream = self._group.run_batch(self._planned[at:])
+            self.batches += 1
+        try:
+            call = next(self._stream)
+        except BaseException:
+            self._stream = None
+            raise
+        self._pos += 1
+        if call.outcome != "pass":
+            self._end()
+        return call
+
+    def close(self) -> None:
+        try:
+            self._end()
+        finally:
+            self._group.close()
 
 
 PER_CALL_FIELDS = ("tokens", "inputs", "seed", "seq", "fault", "residual")

@@ -16,13 +16,20 @@ runtime is not multiplied by them). Checks, per variant and per arch:
   differ only in their stores (and the peer-table loads that feed them);
   owner-mode publishes (unicast by nature) store each fragment once.
 
-Prints a fixed-width table with compile times; exit status 1 on any failure.
+Compiles go through the persistent compile cache (:mod:`kernels.compile_cache`):
+a variant whose key (kernel sources, config, arch, CuTe DSL version) is
+unchanged since an earlier run is not compiled again; its stored PTX is
+checked. ``--all`` compiles every variant and replaces its entry.
+
+Prints a fixed-width table with compile times (``cached`` where the cache
+served the variant); exit status 1 on any failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import glob
@@ -405,6 +412,7 @@ class Row:
     variant: Variant
     arch: str
     seconds: float = 0.0
+    cached: bool = False
     ptx_kb: float = 0.0
     errors: list[str] = dataclasses.field(default_factory=list)
     lines: list[str] = dataclasses.field(default_factory=list)
@@ -417,11 +425,14 @@ def _now() -> dt.datetime:
 
 
 def run_variant(v: Variant, arch: str, dump_root: str, index: int) -> Row:
+    from kernels.compile_cache import stats
     row = Row(v, arch, started_at=_now())
     dump = os.path.join(dump_root, f"{index:04d}_{v.op}_{v.kernel}_{arch}")
     t0 = time.perf_counter()
+    loaded = stats["loaded"]
     try:
         v.compile(arch, dump)
+        row.cached = stats["loaded"] > loaded
     except Exception as exc:  # report every failure, keep going
         row.seconds = time.perf_counter() - t0
         row.finished_at = _now()
@@ -429,11 +440,11 @@ def run_variant(v: Variant, arch: str, dump_root: str, index: int) -> Row:
         return row
     row.seconds = time.perf_counter() - t0
     row.finished_at = _now()
-    ptxs = glob.glob(os.path.join(dump, "*.ptx"))
+    ptxs = sorted(glob.glob(os.path.join(dump, "*.ptx")), key=os.path.getmtime)
     if not ptxs:
         row.errors.append(f"no PTX dump in {dump}")
         return row
-    ptx = open(ptxs[0]).read()
+    ptx = open(ptxs[-1]).read()
     row.ptx_kb = len(ptx) / 1024
     if f".target {arch}" not in ptx:
         row.errors.append(f"PTX .target is not {arch}")
@@ -490,6 +501,8 @@ HEADER = (f"{'op':<16} {'kernel':<9} {'transport':<9} {'watchdog':>9} {'hidden':
 def format_row(r: Row) -> str:
     v = r.variant
     status = "ok" if not r.errors else "FAIL: " + "; ".join(r.errors)
+    if r.cached:
+        status += " (cached)"
     if v.detail:
         status += f"  [{v.detail}]"
     return (f"{v.op:<16} {v.kernel:<9} {v.transport:<9} {v.watchdog_ns:>9} "
@@ -511,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int_list, default=list(DEFAULT_TP), metavar="N,M",
                    help=f"TP sizes (default: {','.join(map(str, DEFAULT_TP))})")
     p.add_argument("--dump-dir", default=None, help="keep the PTX here (default: a temp dir)")
+    p.add_argument("--all", action="store_true",
+                   help="compile every variant, also those the compile cache holds with an "
+                        "unchanged key (their entries are replaced)")
     add_results_arguments(p, suite="compile-check")
     return p
 
@@ -532,7 +548,8 @@ def result_row(r: Row, environment: dict) -> dict:
         transport=None if v.transport == "-" else v.transport, backend="compile", job="compile-check",
         tp=v.tp, hidden=v.hidden, outcome="fail" if r.errors else "pass",
         reason="; ".join(r.errors) or None, repro_command=None if not r.errors else repro,
-        extra={"arch": r.arch, "compile_s": round(r.seconds, 4), "ptx_kb": round(r.ptx_kb, 1)},
+        extra={"arch": r.arch, "compile_s": round(r.seconds, 4), "ptx_kb": round(r.ptx_kb, 1),
+               "cached": r.cached},
         **environment)
 
 
@@ -562,16 +579,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     print(HEADER)
     print("-" * len(HEADER))
+    from kernels.compile_cache import cache_root, refreshing
     t0 = time.perf_counter()
     try:
-        for arch in args.arch:
-            for v in variants:
-                row = run_variant(v, arch, dump_root, len(rows))
-                rows.append(row)
-                if v.pair_key is None:  # publishes are checked in pairs below
-                    print(format_row(row), flush=True)
-                    if writer:
-                        writer.append(result_row(row, environment))
+        with refreshing() if args.all else contextlib.nullcontext():
+            for arch in args.arch:
+                for v in variants:
+                    row = run_variant(v, arch, dump_root, len(rows))
+                    rows.append(row)
+                    if v.pair_key is None:  # publishes are checked in pairs below
+                        print(format_row(row), flush=True)
+                        if writer:
+                            writer.append(result_row(row, environment))
         check_pairs(rows)
         for row in rows:
             if row.variant.pair_key is not None:
@@ -582,9 +601,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if tmp is not None:
             tmp.cleanup()
     failed = [r for r in rows if r.errors]
+    served = sum(r.cached for r in rows)
     total = time.perf_counter() - t0
     print("-" * len(HEADER))
-    print(f"{len(rows)} compiles, {len(failed)} failed, compile total {total:.1f} s "
+    print(f"{len(rows)} variants: {len(rows) - served} compiled, {served} from the compile cache "
+          f"({cache_root() or 'off'}), {len(failed)} failed, total {total:.1f} s "
           f"(import cutlass {t_import:.1f} s), PTX in {args.dump_dir or 'a temp dir (removed)'}")
     report(writer, len(failed))
     return 1 if failed else 0

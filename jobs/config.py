@@ -430,7 +430,9 @@ def _expand(job: str, sweep: Mapping, where: str) -> list[Case]:
                 fields[k] = spec.fields[k].default
         extra = {k: v for k, v in params.items() if k not in ("inputs", "kinds", "rank")}
         if job == "profile" and extra.get("baselines") is None:
-            extra["baselines"] = list(spec.baselines)
+            # one_shot (the one-shot kernel) is owner mode's baseline and only its
+            owner = dict(op_args).get("mode") == "owner"
+            extra["baselines"] = [b for b in spec.baselines if (b == "one_shot") == owner]
         frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
                               for k, v in extra.items()))
         base = dict(job=job, repeats=repeats, params=frozen, op_args=op_args, **fields)

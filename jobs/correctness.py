@@ -34,8 +34,37 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
         groups.setdefault(case.group_key, []).append(case)
     with run.section(f"correctness: suite {suite.name} v{suite.version}, {len(cases)} case(s) "
                      f"on {len(groups)} group(s), backend {run.backend}", len(cases)):
-        for members in groups.values():
-            _run_group(run, suite, members, view, timeout_s)
+        fan_out(run, suite, groups.values(),
+                lambda members, node: _run_group(run, suite, members, view, timeout_s, node))
+
+
+def group_units(case: Case) -> float:
+    """What a group of ``case`` holds on its node while it runs
+    (cluster.fanout): tp GPUs process per GPU (and tp emulated units), one
+    GPU for the one-GPU placements."""
+    return 1.0 if case.placement in ("shared-gpu", "virtual-ranks") else float(case.tp)
+
+
+def fan_out(run: Run, suite: Suite, groups, body, case_fields=lambda case: {}) -> None:
+    """Run ``body(members, node_id)`` for every group of cases, as many
+    groups at once as the cluster holds (cluster.fanout), each pinned to its
+    node; a group no alive node can hold records its cases as errors with
+    why. The fan-out's peak goes to the job's closing line (``run.note_fanout``)."""
+    from cluster.fanout import Fanout, Task
+
+    def unplaceable(members):
+        def record(why: str) -> None:
+            for case in members:
+                run.record(case, suite, outcome="error", started_at=now(),
+                           reason=f"no node can hold the group: {why}", extra=row_extra(case),
+                           **case_fields(case))
+        return record
+
+    fan = Fanout.for_backend(run.backend)
+    fan.run([Task(label=f"{m[0].op} tp={m[0].tp} hidden={m[0].hidden} {m[0].placement}",
+                  units=group_units(m[0]), run=lambda node, m=m: body(m, node),
+                  unplaceable=unplaceable(m)) for m in groups])
+    run.note_fanout(fan)
 
 
 def group_options(backend: str, case: Case) -> dict:
@@ -60,7 +89,7 @@ def skip_reason(case: Case, backend: str, placement: str | None = None) -> str |
 
 
 def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
-               timeout_s: float | None) -> None:
+               timeout_s: float | None, node_id: str | None = None) -> None:
     where = group_placement(run, suite, members, view)
     if where is None:
         return
@@ -68,14 +97,33 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
     if where.name == "virtual-ranks":
         _run_virtual(run, suite, members, where, timeout)
         return
-    group = open_group(run, suite, members, where, timeout)
+    group = open_group(run, suite, members, where, timeout, node_id=node_id)
     if group is None:
         return
-    with group:
+    from cluster.group import BatchedGroup
+    planned = [group.case(**fields) for case in members for fields in case_calls(run, case)]
+    with BatchedGroup(group, planned) as group, run.tagged(**group_tags(group)):
         if not group.start_diagnosis.ok:
             print(f"   group start: {group.start_diagnosis.summary()}")
-        for case in members:
-            run_case(run, suite, group, case, where)
+        try:
+            for case in members:
+                run_case(run, suite, group, case, where)
+        finally:
+            run.add_work(group.work_s, work_kind(run.backend))
+
+
+def group_tags(group) -> dict:
+    """Row extras naming where a group ran: the group, the node it was
+    pinned to (cluster.fanout; None: unpinned) and its ranks' nodes."""
+    return {"group_id": group.group_id, "node_id": group.node_id,
+            "rank_nodes": sorted({m["node_id"] for m in group.metadata})}
+
+
+def work_kind(backend: str) -> str:
+    """What a TP group's ``work_s`` measures on ``backend``."""
+    return ("summed case compute time (emulated: publish + consume in numpy, slowest rank)"
+            if backend == "emulated" else
+            "summed kernel call time (publish + consume + sync, slowest rank)")
 
 
 def group_placement(run: Run, suite: Suite, members: Sequence[Case], view: ClusterView,
@@ -97,20 +145,22 @@ def group_placement(run: Run, suite: Suite, members: Sequence[Case], view: Clust
 
 
 def open_group(run: Run, suite: Suite, members: Sequence[Case], where: Placement,
-               timeout_s: float, case_fields=lambda case: {}):
-    """A TPGroup for the cases (capacity: their largest M), or None once each
-    is recorded as an error with the setup failure's root cause."""
+               timeout_s: float, case_fields=lambda case: {}, node_id: str | None = None):
+    """A TPGroup for the cases (capacity: their largest M; pinned to
+    ``node_id`` when given), or None once each is recorded as an error with
+    the setup failure's root cause."""
     import ray
 
-    from cluster.group import TPGroup
+    from cluster.group import NodeLost, TPGroup
     first = members[0]
     started = now()
     try:
         return TPGroup(tp=first.tp, hidden=first.hidden,
                        capacity=max(c.tokens for c in members), backend=run.backend,
                        gpus_per_rank=where.gpus_per_rank, call_timeout_s=timeout_s,
+                       setup_timeout_s=SETUP_TIMEOUT_S, node_id=node_id,
                        **group_options(run.backend, first))
-    except (TimeoutError, ValueError, ray.exceptions.RayError) as err:
+    except (TimeoutError, ValueError, NodeLost, ray.exceptions.RayError) as err:
         for case in members:
             run.record(case, suite, outcome="error", started_at=started, placement=where.name,
                        reason=f"TP group setup failed: {error_text(err)}", extra=row_extra(case),
@@ -130,18 +180,31 @@ def row_extra(case: Case) -> dict:
     return {"collective": ops.get(case.op).collective, **dict(case.op_args)}
 
 
-def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
-             extra: dict | None = None) -> dict:
+def case_calls(run: Run, case: Case) -> list[dict]:
+    """The group-call fields of each of ``case``'s repeats (a new seed each)."""
     from cluster import ops
-    started = now()
     budget_ns = int(case.param("budget_ms") * 1e6)
-    tally = Tally(case)
-    outcome, reason, call = "pass", None, None
+    calls = []
     for repeat in range(case.repeats):
         fields = dict(tokens=case.tokens, inputs=case.inputs, seed=case_seed(case, repeat),
                       budget_ns=budget_ns, **op_case_fields(case))
         if repeat == 0 and run.backend == "gpu" and "residual" in ops.get(case.op).fields:
             fields["residual"] = "zeros"  # the gpu consumer's sum is observable only so
+        calls.append(fields)
+    return calls
+
+
+SETUP_TIMEOUT_S = 60.0
+"""Bound on placing and setting up one TP group (actor start, rendezvous)."""
+
+
+def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
+             extra: dict | None = None) -> dict:
+    started = now()
+    budget_ns = int(case.param("budget_ms") * 1e6)
+    tally = Tally(case)
+    outcome, reason, call = "pass", None, None
+    for repeat, fields in enumerate(case_calls(run, case)):
         try:
             call = group.run(group.case(**fields))
         except Exception as err:  # a broken case is a result, not a crash

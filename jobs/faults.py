@@ -15,7 +15,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from jobs.config import Case, Suite
-from jobs.correctness import group_placement, op_case_fields, open_group, row_extra
+from jobs.correctness import (fan_out, group_placement, group_tags, op_case_fields,
+                              open_group, row_extra, work_kind)
 from jobs.harness import ClusterView, Placement, Run, case_seed, now
 
 MIN_TP: dict[str, int] = {}
@@ -59,12 +60,13 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
         groups.setdefault(case.group_key, []).append(case)
     with run.section(f"faults: suite {suite.name} v{suite.version}, {len(cases)} case(s) "
                      f"on {len(groups)} group(s), backend {run.backend}", len(cases)):
-        for members in groups.values():
-            _run_group(run, suite, members, view, timeout_s)
+        fan_out(run, suite, groups.values(),
+                lambda members, node: _run_group(run, suite, members, view, timeout_s, node),
+                lambda case: {"fault_kind": case.fault})
 
 
 def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
-               timeout_s: float | None) -> None:
+               timeout_s: float | None, node_id: str | None = None) -> None:
     def fields(case):
         return {"fault_kind": case.fault}
 
@@ -72,17 +74,20 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
     if where is None:
         return
     group = open_group(run, suite, members, where, timeout_s or members[0].param("timeout_s"),
-                       fields)
+                       fields, node_id=node_id)
     if group is None:
         return
-    with group:
-        for case in members:
-            reason = op_reason(case) or tp_reason(case) or backend_reason(case, run.backend)
-            if reason:
-                run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
-                           placement=where.name, fault_kind=case.fault)
-                continue
-            run_case(run, suite, group, case, where)
+    with group, run.tagged(**group_tags(group)):
+        try:
+            for case in members:
+                reason = op_reason(case) or tp_reason(case) or backend_reason(case, run.backend)
+                if reason:
+                    run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
+                               placement=where.name, fault_kind=case.fault)
+                    continue
+                run_case(run, suite, group, case, where)
+        finally:
+            run.add_work(group.work_s, work_kind(run.backend))
 
 
 KILLS = {"die_after_publish": "exits after its publish, on purpose",

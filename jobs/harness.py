@@ -24,6 +24,8 @@ import datetime as dt
 import json
 import os
 import sys
+import threading
+import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -299,6 +301,20 @@ def repro_command(case: Case, suite: Suite, backend: str, placement: str | None 
     return " ".join(parts)
 
 
+def closing_line(entry: dict) -> str:
+    """``12.3 s, 40 cases, overhead 3.1x wall / summed case compute time
+    (0.40 s), peak 3 groups at once`` from a :attr:`Run.accounting` entry."""
+    parts = [f"{entry['wall_s']:.1f} s", f"{entry['cases']} case(s)"]
+    if entry.get("overhead") is not None:
+        parts.append(f"service overhead {entry['overhead']:.1f}x = wall / {entry['work']} "
+                     f"({entry['work_s']:.2f} s)")
+    else:
+        parts.append("service overhead n/a (no timed work)")
+    if entry.get("peak_groups"):
+        parts.append(f"peak {entry['peak_groups']} group(s) at once")
+    return ", ".join(parts)
+
+
 class _BarOut:
     """Table output that does not tear a progress bar on the same terminal."""
 
@@ -340,6 +356,13 @@ class Run:
         self._writers: dict[str, Any] = {}
         self._table: Table | None = None
         self._bar = None
+        self._lock = threading.RLock()  # groups run at once (cluster.fanout) and record here
+        self._section: dict | None = None
+        self._tags = threading.local()
+        self.accounting: list[dict] = []
+        """Per job section: wall_s, work_s (timed GPU work, or on the emulated
+        backend the summed case compute time), overhead (wall / work), cases,
+        peak_groups; also in the run's manifest (``accounting``, :meth:`finish`)."""
         self._skips: dict[str, list] = {}
         """A section's skip reasons: reason -> [footnote mark, cases]."""
 
@@ -354,13 +377,16 @@ class Run:
 
     @contextlib.contextmanager
     def section(self, title: str, total: int) -> Iterator[None]:
-        """A job's part of the run: a heading, a fresh table, a progress bar
-        on stderr (only when stderr is a terminal)."""
-        import time
-
+        """A job's part of the run: a heading, a fresh table, progress with
+        an ETA on stderr (a tqdm bar on a terminal, else a plain line every
+        10% of the cases), and a closing line with the wall time and the
+        service overhead (wall / timed work, :meth:`add_work`)."""
         from tqdm import tqdm
         print(f"\n== {title} ==", flush=True)
         t0 = time.monotonic()
+        job = title.split(":", 1)[0]
+        self._section = {"job": job, "t0": t0, "total": total, "done": 0, "work_s": 0.0,
+                         "work_kind": None, "peak_groups": None, "next_line": 0.1}
         self._bar = tqdm(total=total, file=sys.stderr, leave=False, unit="case",
                          disable=not sys.stderr.isatty() or total < 2, dynamic_ncols=True)
         self._table = Table(COLUMNS, out=None if self._bar.disable else _BarOut(self._bar))
@@ -374,7 +400,57 @@ class Run:
                 print("   skipped, by reason:")
                 for reason, (mark, n) in self._skips.items():
                     print(f"   [{mark}] {n} case(s): {reason}")
-            print(f"   ({time.monotonic() - t0:.1f} s)", flush=True)
+            sec, self._section = self._section, None
+            wall = time.monotonic() - t0
+            entry = {"job": job, "wall_s": round(wall, 3), "cases": sec["done"],
+                     "work_s": round(sec["work_s"], 6), "work": sec["work_kind"],
+                     "overhead": round(wall / sec["work_s"], 2) if sec["work_s"] > 0 else None,
+                     "peak_groups": sec["peak_groups"]}
+            self.accounting.append(entry)
+            print(f"   ({closing_line(entry)})", flush=True)
+
+    def add_work(self, seconds: float, kind: str) -> None:
+        """Add timed work to the current job's overhead figure; ``kind``
+        says what was timed (e.g. ``GPU kernel time`` or, on the emulated
+        backend, ``summed case compute time``)."""
+        with self._lock:
+            if self._section is not None and seconds > 0:
+                self._section["work_s"] += seconds
+                self._section["work_kind"] = kind
+
+    def note_fanout(self, fan) -> None:
+        """Record the peak number of TP groups the current job ran at once."""
+        with self._lock:
+            if self._section is not None:
+                self._section["peak_groups"] = fan.peak
+
+    @contextlib.contextmanager
+    def tagged(self, **extra: Any) -> Iterator[None]:
+        """Within (on this thread): every row's ``extra`` also holds ``extra``
+        (e.g. the node a TP group was pinned to and its ranks' nodes)."""
+        old = getattr(self._tags, "extra", {})
+        self._tags.extra = {**old, **extra}
+        try:
+            yield
+        finally:
+            self._tags.extra = old
+
+    def _progress(self) -> None:
+        """One case done: the bar, or off a terminal a plain line with the ETA
+        every 10% of the job's cases."""
+        sec = self._section
+        if self._bar is not None:
+            self._bar.update(1)
+        if sec is None:
+            return
+        sec["done"] += 1
+        if (self._bar is None or self._bar.disable) and sec["total"] >= 10 and \
+                sec["done"] >= sec["next_line"] * sec["total"] and sec["done"] < sec["total"]:
+            sec["next_line"] += 0.1
+            elapsed = time.monotonic() - sec["t0"]
+            eta = elapsed / sec["done"] * (sec["total"] - sec["done"])
+            print(f"   [{sec['job']}] {sec['done']}/{sec['total']} cases, {elapsed:.0f} s, "
+                  f"ETA {eta:.0f} s", file=sys.stderr, flush=True)
 
     def announce(self, text: str) -> None:
         """A line in the table, before a case runs (e.g. a rank killed on
@@ -382,10 +458,15 @@ class Run:
         out = self._table.out if self._table is not None else sys.stdout
         print(f"   >> {text}", file=out, flush=True)
 
-    def record(self, case: Case | None, suite: Suite, *, outcome: str, started_at: dt.datetime,
-               reason: str | None = None, note: str | None = None, extra: dict | None = None,
-               placement: str | None = None, **fields: Any) -> dict:
-        """Append one row (as the case ends), print its table line; returns the row."""
+    def record(self, case: Case | None, suite: Suite, **kwargs: Any) -> dict:
+        """Append one row (as the case ends), print its table line; returns
+        the row. Safe to call from the threads of concurrent groups."""
+        with self._lock:
+            return self._record(case, suite, **kwargs)
+
+    def _record(self, case: Case | None, suite: Suite, *, outcome: str, started_at: dt.datetime,
+                reason: str | None = None, note: str | None = None, extra: dict | None = None,
+                placement: str | None = None, **fields: Any) -> dict:
         from jobs.results import make_row
         columns: dict[str, Any] = {}
         if case is not None:
@@ -400,7 +481,7 @@ class Run:
                 columns["repro_command"] = repro_command(case, suite, self.backend,
                                                          columns["placement"])
         info = {"suite_version": suite.version, "inputs": case.inputs if case else None,
-                **(extra or {})}
+                **getattr(self._tags, "extra", {}), **(extra or {})}
         row = make_row(started_at=started_at, finished_at=now(), outcome=outcome, reason=reason,
                        extra={k: v for k, v in info.items() if v is not None},
                        **{**self.environment, **columns})
@@ -424,8 +505,7 @@ class Run:
                              columns.get("mismatches"), columns.get("max_ulp"),
                              columns.get("t_median_us"), columns.get("t_p99_us"), outcome,
                              note or reason or ""])
-        if self._bar is not None:
-            self._bar.update(1)
+        self._progress()
         return row
 
     def heartbeat(self) -> None:
@@ -448,7 +528,8 @@ class Run:
         files = []
         if compact and self._writers:
             files = compact_run(self.results, self.run_id)
-        runs.finish(self.results, self.run_id, counts=dict(self.counts))
+        runs.finish(self.results, self.run_id, counts=dict(self.counts),
+                    accounting=list(self.accounting))
         if files:
             print(f"results: run {self.run_id} compacted into {len(files)} file(s)", flush=True)
 

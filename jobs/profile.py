@@ -106,7 +106,7 @@ def timing_spec(case: Case) -> dict:
             "rotate_mb": case.param("rotate_mb"),
             "watchdog_ns": case.param("watchdog_ns") if case.variant == "watchdog" else 0,
             "eps": DEFAULTS["eps"], "baselines": list(case.param("baselines")),
-            "seed": case.tokens}
+            "seed": case.tokens, "mode": case.op_fields().get("mode", "one_shot")}
 
 
 def _measure(run: Run, suite: Suite, case: Case, where: Placement, timeout_s: float,

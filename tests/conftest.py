@@ -13,9 +13,20 @@ no test joins a cluster that happens to run on the machine."""
 
 import os
 
+import os
+import tempfile
+
 import pytest
 
 os.environ.pop("RAY_ADDRESS", None)
+
+
+def pytest_configure(config):
+    """A compile cache of the test session's own (kernels.compile_cache), so
+    tests neither read nor fill the user's; an explicit LAMPORT_COMPILE_CACHE
+    is kept."""
+    if "LAMPORT_COMPILE_CACHE" not in os.environ:
+        os.environ["LAMPORT_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="lamport-compile-cache-")
 
 
 def _cuda_devices() -> int:

@@ -198,10 +198,15 @@ def test_timing_spec_carries_the_case():
     from jobs.profile import timing_spec
     from cluster.measure.workload import Spec
     suite = load_suite(suite_path("nightly"))
-    fin = next(c for c in suite.of("profile") if c.op == "finalize_publish" and c.tp == 4)
+    fin = next(c for c in suite.of("profile") if c.op == "finalize_publish" and c.tp == 4
+               and c.op_fields()["mode"] == "one_shot")
     spec = Spec.of(timing_spec(fin))
     assert spec.top_k == 8 and spec.watchdog_ns == 1_000_000_000 and spec.seed == fin.tokens
-    assert spec.baselines == ("unfused", "symm_mem")
+    assert spec.baselines == ("unfused", "symm_mem") and spec.mode == "one_shot"
+    owner = next(c for c in suite.of("profile") if c.op == "finalize_publish" and c.tp == 4
+                 and c.op_fields()["mode"] == "owner")
+    spec = Spec.of(timing_spec(owner))
+    assert spec.mode == "owner" and spec.baselines == ("one_shot",)
 
 
 def test_benchmark_results_are_written_as_profile_rows(tmp_path):

@@ -373,3 +373,14 @@ def test_mailbox_fit_per_mode():
         with pytest.raises(ValueError, match=f"capacity={capacity} hidden={hidden}, expected "
                                              "capacity 13 hidden=4096"):
             one_shot.check_mailbox(4, capacity, hidden)
+
+
+def test_timing_spec_takes_the_mode():
+    from cluster.measure.workload import Spec
+
+    base = dict(op="all_reduce_norm", hidden=5120, tokens=64, calls=10, replays=5, rotate_mb=1.0,
+                eps=1e-6, baselines=["one_shot"], seed=0, watchdog_ns=0)
+    assert Spec.of(base).mode == "one_shot"
+    assert Spec.of({**base, "mode": "owner"}).mode == "owner"
+    with pytest.raises(ValueError, match=r"mode must be one of \['one_shot', 'owner'\], got 'rs'"):
+        Spec.of({**base, "mode": "rs"})

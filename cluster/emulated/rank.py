@@ -127,14 +127,16 @@ class EmulatedRank:
         if kind == "unsanitized_lane":
             payload[fault["token"], fault["column"]] = SENTINEL_BF16
             bypass = ((fault["token"], fault["column"]),)
+        mode = case.get("mode", "one_shot")  # AllReduceNorm's mode (ops that declare it)
         published = None
         if kind != "skip_publish":
             published = publish(self._mailboxes, rank=self._rank, seq=seq, payload=payload,
-                                bypass=bypass)
+                                bypass=bypass, mode=mode)
         if kind == "die_after_publish":
             os._exit(1)
         consume_from = time.monotonic_ns()
-        got = consume(own, seq=seq, tokens=tokens, budget_ns=int(case["budget_ns"]))
+        got = consume(own, seq=seq, tokens=tokens, budget_ns=int(case["budget_ns"]), mode=mode,
+                      rank=self._rank)
         done = time.monotonic_ns()
         after = own.check(self._rank)
 

@@ -256,7 +256,7 @@ class GpuRank:
             "mailbox_clean": box.is_all_sentinel(), "outputs": outputs,
             "publish_ns": consume_from - started, "consume_ns": done - consume_from,
             "check": check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
-                                   facts=kernel.facts()),
+                                   facts=kernel.facts(), rank=self._rank),
         })
         return result
 

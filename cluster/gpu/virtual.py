@@ -133,7 +133,7 @@ def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int):
         torch.cuda.synchronize(dev)
         diagnosis = kernel.group.diagnose()
         checks = [check_outputs(case, tp=tp, hidden=hidden, outputs=kernel.outputs(r),
-                                facts=kernel.facts()) for r in range(tp)]
+                                facts=kernel.facts(), rank=r) for r in range(tp)]
         yield {"graph": i > 0, "checks": checks, "mailbox_clean": kernel.group.is_all_sentinel(),
                "diagnosis": None if diagnosis.ok else diagnosis.summary(),
                "missing_ranks": sorted(diagnosis.missing_ranks)}

@@ -53,6 +53,9 @@ class Spec:
     hc: int | None = None
     top_k: int | None = None
     transport: str = "unicast"
+    mode: str = "one_shot"
+    """``AllReduceNorm`` mode (``kernels.lamport.protocol.MODES``): ``owner``
+    times the token-sharded variant against the ``one_shot`` kernel."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> "Spec":
@@ -60,7 +63,7 @@ class Spec:
         missing = [k for k in SPEC_KEYS if k not in spec]
         if missing:
             raise ValueError(f"timing spec lacks {missing}; got {sorted(spec)}")
-        unknown = set(spec) - set(SPEC_KEYS) - {"hc", "top_k", "transport", "variant"}
+        unknown = set(spec) - set(SPEC_KEYS) - {"hc", "top_k", "transport", "variant", "mode"}
         if unknown:
             raise ValueError(f"timing spec has unknown keys {sorted(unknown)}")
         out = cls(op=str(spec["op"]), hidden=int(spec["hidden"]), tokens=int(spec["tokens"]),
@@ -70,7 +73,11 @@ class Spec:
                   watchdog_ns=int(spec.get("watchdog_ns") or 0),
                   hc=None if spec.get("hc") is None else int(spec["hc"]),
                   top_k=None if spec.get("top_k") is None else int(spec["top_k"]),
-                  transport=str(spec.get("transport") or "unicast"))
+                  transport=str(spec.get("transport") or "unicast"),
+                  mode=str(spec.get("mode") or "one_shot"))
+        from kernels.lamport.protocol import MODES
+        if out.mode not in MODES:
+            raise ValueError(f"timing spec: mode must be one of {list(MODES)}, got {out.mode!r}")
         for name in ("hidden", "tokens", "calls", "replays", "seed"):
             if getattr(out, name) < (0 if name == "seed" else 1):
                 raise ValueError(f"timing spec: {name} must be >= 1, got {getattr(out, name)}")

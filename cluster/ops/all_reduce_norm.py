@@ -9,11 +9,19 @@ GPU consumer that does not output the sum still shows it) and a norm
 weight, all from the case's seed. Outputs: ``sum`` and ``residual`` bit for
 bit against the FP32 rank-ordered reference, ``norm`` within 1 BF16 ULP
 (:func:`kernels.reference.allreduce.all_reduce_norm`).
+
+``mode``: ``one_shot`` (every rank gets every token) or ``owner`` (the
+token-sharded reduce-scatter, :class:`AllReduceNorm` docstring): rank r's
+residual and outputs are its owned rows ``[ceil(M / tp), H]`` (row j = token
+j * tp + r) and the reference is the one-shot reference's rows for them
+(:func:`kernels.reference.allreduce.owner_view`; the rank comes with the
+check as ``facts["rank"]``).
 """
 
 from __future__ import annotations
 
 from cluster.ops.spec import Field, OpSpec
+from kernels.lamport.protocol import MODES
 
 SPEC = OpSpec(
     name="all_reduce_norm",
@@ -22,10 +30,11 @@ SPEC = OpSpec(
     impl=__name__,
     inputs=("random", "order_sensitive", "sentinel_pattern"),
     fields={"residual": Field("random", ("random", "zeros"),
-                              "zeros: residual_out is BF16(sum) bit for bit")},
+                              "zeros: residual_out is BF16(sum) bit for bit"),
+            "mode": Field("one_shot", MODES, "one_shot (all-reduce) or owner (reduce-scatter)")},
     reference="kernels.reference.allreduce:all_reduce_norm",
     compile_variants=("publish", "consumer"),
-    baselines=("unfused", "symm_mem", "flashinfer"),
+    baselines=("unfused", "symm_mem", "flashinfer", "one_shot"),  # one_shot: owner mode's
     faults=("skip_publish", "late_within_budget", "late_beyond_budget", "token_count_differs",
             "stage_out_of_bounds", "stage_stale", "negative_zero_payload", "unsanitized_lane",
             "dirty_mailbox", "stuck_rank"),
@@ -65,37 +74,54 @@ def residual_and_weight(case, tokens: int, hidden: int):
 def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
     residual, weight = residual_and_weight(case, tokens, hidden)
     return {"partials": partials(case["inputs"], tp, tokens, hidden, int(case["seed"])),
-            "residual": residual, "norm_weight": weight}
+            "residual": residual, "norm_weight": weight, "tp": tp}
+
+
+def rows_of(case, t, tp: int, rank: int):
+    """Rank ``rank``'s rows of a token-indexed ``[M, ...]`` tensor: all of
+    them (one-shot) or its owned ``ceil(M / tp)`` rows (owner mode)."""
+    if case.get("mode", "one_shot") != "owner":
+        return t
+    from kernels.reference.allreduce import owner_view
+    return owner_view(t, tp, rank)
 
 
 def payload(case, inputs: dict, rank: int):
     return inputs["partials"][rank]
 
 
-def norm_epilogue(case, inputs: dict, reduced) -> dict:
-    """``sum``, ``residual`` and ``norm`` from the reduced BF16 sum."""
+def norm_epilogue(case, inputs: dict, reduced, rank: int) -> dict:
+    """``sum``, ``residual`` and ``norm`` from the reduced BF16 sum (owner
+    mode: this rank's owned rows of it)."""
     from kernels.reference.allreduce import add_residual, rms_norm
 
-    residual_out = add_residual(reduced, inputs["residual"])
+    residual_out = add_residual(reduced, rows_of(case, inputs["residual"], inputs["tp"], rank))
     return {"sum": reduced, "residual": residual_out,
             "norm": rms_norm(residual_out, inputs["norm_weight"], case["eps"])}
 
 
 def epilogue(case, inputs: dict, reduced, rank: int) -> dict:
-    return norm_epilogue(case, inputs, reduced)
+    return norm_epilogue(case, inputs, reduced, rank)
 
 
-def norm_expected(case, payloads, inputs: dict) -> dict:
+def norm_expected(case, payloads, inputs: dict, facts: dict) -> dict:
+    """The one-shot reference, or in owner mode its rows of ``facts["rank"]``."""
     from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
 
     norm_ref, residual_ref = all_reduce_norm(payloads, inputs["residual"],
                                              inputs["norm_weight"], case["eps"])
-    return {"sum": (all_reduce_sum(payloads), 0), "residual": (residual_ref, 0),
-            "norm": (norm_ref, 1)}
+    out = {"sum": (all_reduce_sum(payloads), 0), "residual": (residual_ref, 0),
+           "norm": (norm_ref, 1)}
+    if case.get("mode", "one_shot") == "owner":
+        if "rank" not in facts:
+            raise ValueError("owner mode: the reference needs the checked rank (facts['rank'])")
+        out = {k: (rows_of(case, ref, inputs["tp"], facts["rank"]), bound)
+               for k, (ref, bound) in out.items()}
+    return out
 
 
 def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
-    return norm_expected(case, inputs["partials"], inputs)
+    return norm_expected(case, inputs["partials"], inputs, facts)
 
 
 class RankKernel:
@@ -113,12 +139,13 @@ class RankKernel:
 
     @staticmethod
     def key(case, watchdog_ns: int) -> tuple:
-        return ("all_reduce_norm", watchdog_ns, float(case["eps"]))
+        return ("all_reduce_norm", watchdog_ns, float(case["eps"]),
+                case.get("mode", "one_shot"))
 
     @classmethod
     def extra_options(cls, case) -> dict:
-        """Host-class options beyond the common ones (the finalize's top_k)."""
-        return {}
+        """Host-class options beyond the common ones (mode; the finalize's top_k)."""
+        return {"mode": case.get("mode", "one_shot")}
 
     def x(self, case, inputs: dict, rank: int, device):
         return inputs["partials"][rank].contiguous().to(device)
@@ -130,17 +157,17 @@ class RankKernel:
 
         self.case = case
         self.xd = self.x(case, inputs, rank, device)
-        self.residual = inputs["residual"].to(device)
+        self.residual = rows_of(case, inputs["residual"], inputs["tp"], rank).to(device)
         self.weight = inputs["norm_weight"].to(device)
         self.out = (poison_(torch.empty_like(self.residual)),
                     poison_(torch.empty_like(self.residual)))
-        self.kernel.validate(self.xd, self.residual, self.weight, self.out)
+        self.tokens = self.kernel.validate(self.xd, self.residual, self.weight, self.out)
 
     def publish(self) -> None:
         self.kernel.publish(self.xd)
 
     def consume(self) -> None:
-        self.kernel.consume(self.residual, self.weight, self.out)
+        self.kernel.consume(self.residual, self.weight, self.out, tokens=self.tokens)
 
     def outputs(self) -> dict:
         from cluster.cases import bits_from_bf16
@@ -173,18 +200,17 @@ class VirtualKernel:
         self.case = case
         dev = self.group.device
         xs = [self.x(case, inputs, r, dev) for r in range(self.tp)]
+        residuals = [rows_of(case, inputs["residual"], self.tp, r) for r in range(self.tp)]
         if self.buffers is None or self.buffers["shapes"] != shapes(xs):
             self.buffers = {"shapes": shapes(xs), "xs": xs,
-                            "residuals": [inputs["residual"].to(dev) for _ in range(self.tp)],
+                            "residuals": [res.to(dev) for res in residuals],
                             "weight": inputs["norm_weight"].to(dev),
-                            "outs": [(torch.empty(tokens, self.hidden, dtype=torch.bfloat16,
-                                                  device=dev),
-                                      torch.empty(tokens, self.hidden, dtype=torch.bfloat16,
-                                                  device=dev)) for _ in range(self.tp)]}
+                            "outs": [(torch.empty_like(res, device=dev),
+                                      torch.empty_like(res, device=dev)) for res in residuals]}
         b = self.buffers
         for r in range(self.tp):
             copy_into(b["xs"][r], xs[r])
-            b["residuals"][r].copy_(inputs["residual"])
+            b["residuals"][r].copy_(residuals[r])
         b["weight"].copy_(inputs["norm_weight"])
         for pair in b["outs"]:
             for t in pair:

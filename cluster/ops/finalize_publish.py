@@ -30,10 +30,10 @@ SPEC = OpSpec(
     impl=__name__,
     inputs=("random", "bf16_weights", "no_route", "order_sensitive", "sentinel_pattern"),
     fields={"top_k": Field(8, positive_int, "a positive int (routes per token)"),
-            "residual": arn.SPEC.fields["residual"]},
+            "residual": arn.SPEC.fields["residual"], "mode": arn.SPEC.fields["mode"]},
     reference="kernels.reference.moe:all_reduce_norm_finalize",
     compile_variants=("publish",),
-    baselines=("unfused",),
+    baselines=("unfused", "one_shot"),  # one_shot: owner mode's
     faults=arn.COLLECTIVE_FAULTS,
     workload="cluster.measure.workloads.finalize_publish",
 )
@@ -85,7 +85,7 @@ def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
     residual, weight = arn.residual_and_weight(case, tokens, hidden)
     moes = moe_partials(case["inputs"], tp, tokens, hidden, int(case["top_k"]),
                         int(case["seed"]), fp32_weights=case["inputs"] != "bf16_weights")
-    return {"moes": moes, "residual": residual, "norm_weight": weight}
+    return {"moes": moes, "residual": residual, "norm_weight": weight, "tp": tp}
 
 
 def payloads(inputs: dict):
@@ -102,11 +102,11 @@ def payload(case, inputs: dict, rank: int):
 
 
 def epilogue(case, inputs: dict, reduced, rank: int) -> dict:
-    return arn.norm_epilogue(case, inputs, reduced)
+    return arn.norm_epilogue(case, inputs, reduced, rank)
 
 
 def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
-    return arn.norm_expected(case, payloads(inputs), inputs)
+    return arn.norm_expected(case, payloads(inputs), inputs, facts)
 
 
 def moe_output(partial, device):
@@ -125,11 +125,12 @@ class RankKernel(arn.RankKernel):
 
     @staticmethod
     def key(case, watchdog_ns: int) -> tuple:
-        return ("finalize_publish", watchdog_ns, float(case["eps"]), int(case["top_k"]))
+        return ("finalize_publish", watchdog_ns, float(case["eps"]), int(case["top_k"]),
+                case.get("mode", "one_shot"))
 
     @classmethod
     def extra_options(cls, case) -> dict:
-        return {"top_k": int(case["top_k"])}
+        return {**arn.RankKernel.extra_options(case), "top_k": int(case["top_k"])}
 
     def x(self, case, inputs: dict, rank: int, device):
         return moe_output(inputs["moes"][rank], device)

@@ -8,6 +8,7 @@ host classes, the references (:mod:`kernels.reference.indexer`) and the jobs.
 from kernels.indexer.layout import (
     DEFAULT_ARCH,
     DIM,
+    FUSED_CANDIDATES,
     FUSED_WARPS,
     GATE,
     GB300,
@@ -28,6 +29,7 @@ from kernels.indexer.layout import (
     TACTIC_TABLES,
     TILE,
     FuseRule,
+    FusedVariant,
     Tactic,
     TacticRange,
     TacticTable,
@@ -35,7 +37,10 @@ from kernels.indexer.layout import (
     fuse,
     fused_ctas,
     fused_layout,
+    fused_min_bytes,
+    fused_row_live,
     fused_smem_bytes,
+    fused_weight_bytes_read,
     hadamard_scale,
     head_weight_scale,
     padded_heads,
@@ -47,10 +52,11 @@ from kernels.indexer.layout import (
 )
 
 __all__ = [
-    "DEFAULT_ARCH", "DIM", "FUSED_WARPS", "GATE", "GB300", "H200", "K_MULTIPLE", "KEY",
+    "DEFAULT_ARCH", "DIM", "FUSED_CANDIDATES", "FUSED_WARPS", "GATE", "GB300", "H200", "K_MULTIPLE", "KEY",
     "MAX_CLUSTER", "MAX_SMEM_BYTES", "MAX_TOKENS", "MMA_K", "MQA_MIN_HEADS", "QUANT_BLOCK",
     "ROWS", "SLOT_GATE", "SLOT_HEAD", "SLOT_KEY", "SLOT_NONE", "TACTIC_TABLES", "TILE",
-    "FuseRule", "Tactic", "TacticRange", "TacticTable", "check_projection_shape", "fuse",
-    "fused_ctas", "fused_layout", "fused_smem_bytes", "hadamard_scale", "head_weight_scale",
+    "FuseRule", "FusedVariant", "Tactic", "TacticRange", "TacticTable", "check_projection_shape", "fuse",
+    "fused_ctas", "fused_layout", "fused_min_bytes", "fused_row_live", "fused_smem_bytes",
+    "fused_weight_bytes_read", "hadamard_scale", "head_weight_scale",
     "padded_heads", "projection_smem_bytes", "slot_code", "slot_codes", "tactic", "tactic_table",
 ]

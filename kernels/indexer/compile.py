@@ -12,6 +12,7 @@ import dataclasses
 import threading
 from typing import Any
 
+from kernels.compile_cache import persistent
 from kernels.lamport.compile import _options
 
 from .layout import FUSED_WARPS, ROWS, FusedVariant, Tactic, check_projection_shape
@@ -43,7 +44,8 @@ class ProjectionConfig:
 @dataclasses.dataclass(frozen=True)
 class FusedConfig:
     """``IndexerProjection.fused``: the seed's cache key ("fused", rows, K,
-    heads, padded, bf16, M) plus key, gate, the q-scale format and the arch."""
+    heads, padded, bf16, M) plus key, gate, the q-scale format, the arch and
+    the :class:`~kernels.indexer.layout.FusedVariant`."""
     key: int
     heads: int
     gate: int
@@ -78,6 +80,7 @@ def _fused_shape(config: FusedConfig):
                       bf16=config.bf16, ue8m0=config.ue8m0, variant=config.variant)
 
 
+@persistent
 def compile_projection(config: ProjectionConfig, *, dump_dir: str | None = None):
     import cutlass.cute as cute
     from cutlass import Int64
@@ -93,6 +96,7 @@ def compile_projection(config: ProjectionConfig, *, dump_dir: str | None = None)
                         options=_options(config.arch, dump_dir))
 
 
+@persistent
 def compile_fused(config: FusedConfig, *, dump_dir: str | None = None):
     import cutlass.cute as cute
     from cutlass import Float32, Int64

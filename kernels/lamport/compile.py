@@ -1,5 +1,8 @@
 """Compile entry points and the compile cache for the Lamport kernels.
 
+Every ``compile_*`` goes through the persistent on-disk cache
+(:mod:`kernels.compile_cache`); :func:`cached` adds the in-process one.
+
 Every kernel takes addresses (Int64) and runtime scalars only, so the fake
 arguments are plain scalars: the same function compiles on a machine with
 no GPU (set ``CUTE_DSL_ARCH`` or pass ``arch``) and on the GPU machine.
@@ -11,6 +14,8 @@ import dataclasses
 import os
 import threading
 from typing import Any
+
+from kernels.compile_cache import persistent
 
 from .protocol import VEC_BF16
 
@@ -46,6 +51,7 @@ def _options(arch: str, dump_dir: str | None) -> str:
     return " ".join(opts)
 
 
+@persistent
 def compile_publish(config: PublishConfig, *, dump_dir: str | None = None):
     import cutlass.cute as cute
     from cutlass import Int32, Int64
@@ -60,6 +66,7 @@ def compile_publish(config: PublishConfig, *, dump_dir: str | None = None):
                         make_fake_stream(), options=_options(config.arch, dump_dir))
 
 
+@persistent
 def compile_norm(config: NormConfig, *, dump_dir: str | None = None):
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
@@ -75,7 +82,8 @@ def compile_norm(config: NormConfig, *, dump_dir: str | None = None):
 
 
 def cached(config):
-    """The compiled kernel for a config, compiled once per process."""
+    """The compiled kernel for a config: once per process, and from the
+    on-disk cache (kernels.compile_cache) when an earlier process compiled it."""
     with _lock:
         hit = _cache.get(config)
     if hit is not None:
@@ -119,6 +127,7 @@ class EmbedNormConfig:
     arch: str = ""
 
 
+@persistent
 def compile_finalize_publish(config: FinalizePublishConfig, *, dump_dir: str | None = None):
     import cutlass.cute as cute
     from cutlass import Int32, Int64
@@ -136,6 +145,7 @@ def compile_finalize_publish(config: FinalizePublishConfig, *, dump_dir: str | N
                         options=_options(config.arch, dump_dir))
 
 
+@persistent
 def compile_embed_publish(config: EmbedPublishConfig, *, dump_dir: str | None = None):
     import cutlass.cute as cute
     from cutlass import Int32, Int64
@@ -149,6 +159,7 @@ def compile_embed_publish(config: EmbedPublishConfig, *, dump_dir: str | None = 
                         options=_options(config.arch, dump_dir))
 
 
+@persistent
 def compile_embed_norm(config: EmbedNormConfig, *, dump_dir: str | None = None):
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64

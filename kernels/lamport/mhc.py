@@ -77,6 +77,8 @@ import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64, Uint32
 import cuda.bindings.driver as cuda
 
+from kernels.compile_cache import persistent
+
 from . import primitives as prim
 from .compile import _options, register_compiler
 from .norm import NormKernel
@@ -379,6 +381,7 @@ class MHCConfig:
                          rank_lanes=self.rank_lanes, watchdog_ns=self.watchdog_ns)
 
 
+@persistent
 def compile_mhc(config: MHCConfig, *, dump_dir: str | None = None):
     from cutlass.cute.runtime import make_fake_stream
 
