@@ -6,8 +6,8 @@ activities, plus CUDA where the rank has a GPU, so kernels show per rank;
 each collective call inside a ``lamport.call`` range, which
 torch.profiler records and, on a GPU, NVTX too). Right after the profiler
 starts, the rank notes the wall clock inside a ``lamport.trace.clock``
-range: that pair (the range's middle in profiler time, the wall clock in
-us) is the rank's clock offset. :func:`merge` moves every rank onto rank 0's profiler
+range: that pair (the range's start in profiler time, the wall clock in
+us read just before it) is the rank's clock offset. :func:`merge` moves every rank onto rank 0's profiler
 time through those offsets (exact for ranks of one host; across hosts as
 good as their wall clocks agree), renumbers processes (rank r is pid r,
 named ``rank r (host, GPU g)``) and threads (per rank, in order of first
@@ -48,8 +48,12 @@ class RankTracer:
     def start(self) -> None:
         from torch.profiler import record_function
         self._profile.start()
+        # The wall clock is read right before the mark's range opens and
+        # paired with its start: the range itself can last milliseconds on a
+        # loaded host, so its middle would misalign ranks by that much.
+        self._wall_us = time.time_ns() / 1e3
         with record_function(CLOCK_EVENT):
-            self._wall_us = time.time_ns() / 1e3
+            pass
 
     def call(self, seq: int):
         """The range around one collective call (and an NVTX range on GPUs)."""
@@ -89,8 +93,7 @@ def clock_offset_us(trace: Mapping) -> float:
     if wall is None or not marks:
         raise ValueError(f"a rank trace without its clock mark ({CLOCK_EVENT!r} event and "
                          f"lamport_clock): cannot align it")
-    mark = marks[0]  # the wall clock was read inside it: take its middle
-    return float(wall) - (float(mark["ts"]) + float(mark.get("dur", 0.0)) / 2)
+    return float(wall) - float(marks[0]["ts"])  # the wall clock was read as it opened
 
 
 def merge(traces: Sequence[Mapping], labels: Sequence[str]) -> dict:

@@ -33,7 +33,7 @@ def rank_trace(rank: int, *, skew_us: float, kernels: int, pid: int = 4242) -> d
                     "ts": at(1005.0 + late)},
                    {"ph": "f", "cat": "ac2g", "id": k, "pid": 0, "tid": 7,
                     "ts": at(1010.0 + 10 * k + late), "bp": "e"}]
-    return {"traceEvents": events, "lamport_clock": 11.0}  # wall us at the mark's middle
+    return {"traceEvents": events, "lamport_clock": 10.0}  # wall us as the mark opened
 
 
 def test_each_rank_is_one_labelled_track_on_rank_0s_clock():

@@ -21,8 +21,7 @@ def main(argv=None) -> int:
     import json
 
     from jobs.results import read_results
-    rows = [r for r in read_results(args.results).to_pylist()
-            if json.loads(r.get("extra") or "{}").get("job") == "profile"]
+    rows = [r for r in read_results(args.results).to_pylist() if r.get("job") == "profile"]
     if not rows:
         print(f"no profile rows under {args.results}", file=sys.stderr)
         return 2
@@ -32,7 +31,11 @@ def main(argv=None) -> int:
     impls: list[str] = []
     ours: dict[tuple, float] = {}
     for r in rows:
-        key = (r["op"], r["tp"], r["hidden"], r["tokens"])
+        extra = json.loads(r.get("extra") or "{}")
+        # an owner-mode case: ours carries mode="owner", its baseline is the one-shot kernel
+        owner = extra.get("mode") == "owner" or r["variant"] == "baseline:one_shot"
+        mode = "owner" if owner else "one_shot"
+        key = (r["op"], mode, r["tp"], r["hidden"], r["tokens"])
         variant = r["variant"] or ""
         impl = variant.split(":", 1)[1] if variant.startswith("baseline:") else "ours"
         if impl not in impls:
@@ -43,7 +46,7 @@ def main(argv=None) -> int:
         if impl == "ours" and t is not None:
             ours[key] = t
     impls.sort(key=lambda i: (i != "ours", i))
-    header = ["op", "tp", "hidden", "M", *[f"{i} (us)" for i in impls],
+    header = ["op", "mode", "tp", "hidden", "M", *[f"{i} (us)" for i in impls],
               *[f"ours/{i}" for i in impls if i != "ours"]]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for key in sorted(cells):
