@@ -67,5 +67,7 @@ def test_a_case_over_the_ceiling_exits_2_before_ray(tmp_path, capsys, no_ray, mo
 
 @pytest.mark.parametrize("suite", ["smoke", "nightly", "full"])
 def test_the_bundled_suites_fit_a_small_machine(suite):
-    estimates = check(load_suite(suite_path(suite)).cases, cli_gb=1.0)
-    assert estimates and estimates[0].per_node < GIB
+    # 2 GiB a node: the nightly's largest group (owner mode, tp=8, hidden 7168,
+    # M=256, all ranks on one node's shared memory) needs 1.42 GiB.
+    estimates = check(load_suite(suite_path(suite)).cases, cli_gb=2.0)
+    assert estimates and estimates[0].per_node < 2 * GIB

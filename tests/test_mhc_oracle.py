@@ -14,7 +14,7 @@ import importlib
 import pytest
 import torch
 
-from kernels.lamport.mailbox import Diagnosis
+from kernels.lamport.diagnosis import GroupDiagnosis
 from kernels.reference.mhc import all_reduce_mhc, finalize as ref_finalize
 
 gpu = importlib.import_module("tests.gpu.test_all_reduce_mhc_gpu")
@@ -54,7 +54,7 @@ class ReferenceGroup:
         return True
 
     def diagnose(self):
-        return Diagnosis(frozenset(), frozenset(), frozenset(), frozenset(), "ok")
+        return GroupDiagnosis("ok")
 
 
 H = 64  # 8 fragments
