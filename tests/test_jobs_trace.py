@@ -37,6 +37,9 @@ def run_trace(tmp_path: Path, *, backend: str, placement: str):
     return done, out
 
 
+ALIGN_SLACK_US = 20_000.0
+
+
 def test_a_tp2_group_traced_onto_one_timeline(tmp_path):
     done, out = run_trace(tmp_path, backend="emulated", placement="emulated")
     trace = json.loads(out.read_text())
@@ -55,9 +58,13 @@ def test_a_tp2_group_traced_onto_one_timeline(tmp_path):
         if e.get("ph") == "X" and str(e.get("name", "")).startswith(CALL_EVENT + " "):
             spans.setdefault(e["name"], {})[e["pid"]] = (e["ts"], e["ts"] + e["dur"])
     assert len(spans) == calls
+    # Ranks are aligned by a wall-clock reading next to a profiler mark; on a
+    # loaded 2-core host the process can be descheduled between the two, so
+    # allow ALIGN_SLACK_US here; the alignment arithmetic itself is checked
+    # exactly on synthetic traces (tests/test_cluster_tracing.py).
     for per_rank in spans.values():
         (a0, a1), (b0, b1) = per_rank[0], per_rank[1]
-        assert a0 < b1 and b0 < a1, per_rank
+        assert a0 < b1 + ALIGN_SLACK_US and b0 < a1 + ALIGN_SLACK_US, per_rank
     assert {json.loads(r["extra"])["trace_path"] for r in rows} == {str(out.resolve())}
     # The dashboard copies it and links it from the op's details rows.
     site = build_site(tmp_path / "results", tmp_path / "site").parent
