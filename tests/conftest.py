@@ -1,7 +1,7 @@
 """Markers: `gpu` tests skip where no CUDA GPU is present, `multigpu` tests
 where fewer than two are; CPU tests never need a GPU.
 
-Parallel runs (``pytest -n 2 --dist loadgroup``, the README's command): each
+Parallel runs (``pytest -n 2 --dist loadgroup``; CI runs serially): each
 module is one unit of work (its module-scoped fixtures, e.g. compiled
 kernels, are built once), and the modules that start Ray clusters
 (``pytestmark = pytest.mark.xdist_group("ray")``) run one after another on
