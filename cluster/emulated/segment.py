@@ -168,6 +168,11 @@ class HostMailbox:
                 shm = shared_memory.SharedMemory(name)
             except (FileNotFoundError, ValueError):  # not created, or not sized yet
                 shm = None
+            if shm is not None and shm.size < _layout(tp, capacity, hidden)[1]:
+                # Created but caught between its fstat and ftruncate (the
+                # mapping can succeed while .size reads 0): not sized yet.
+                _untrack(shm).close()
+                shm = None
             if shm is not None:
                 box = cls(_untrack(shm), tp=tp, capacity=capacity, hidden=hidden)
                 if box.meta[0] == MAGIC:
