@@ -37,6 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster import procs
 from jobs.config import ConfigError
 
 HEAD_DIR_ENV = "LAMPORT_HEAD_DIR"
@@ -149,7 +150,9 @@ def read_state(head: Path) -> dict | None:
         return None
 
 
-def _alive(pgid: int) -> bool:
+def _alive(pgid: int | None) -> bool:
+    if pgid is None:
+        return False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -194,7 +197,7 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0) -> 
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    state = {"pid": proc.pid, "address": f"127.0.0.1:{ports['port']}",
+    state = {"pid": proc.pid, "start": procs.process_start(proc.pid), "address": f"127.0.0.1:{ports['port']}",
              "dashboard": f"http://127.0.0.1:{ports['dashboard-port']}",
              "agent": f"http://127.0.0.1:{ports['dashboard-agent-listen-port']}",
              "temp_dir": temp_dir, "log": str(log_path), "token_path": str(token_path),
@@ -228,6 +231,12 @@ def stop(head: Path, grace_s: float = 3.0) -> str:
         return f"no head recorded in {head}"
     pgid = state["pid"]
     outcome = f"no head running (pid {pgid} already gone)"
+    leader = procs.process_start(pgid)
+    if leader is not None and state.get("start") not in (None, leader):
+        # The head is gone and its pid names another process now: its group
+        # (if that process leads one) is not ours to signal.
+        pgid = None
+        outcome = f"no head running (pid {state['pid']} now names another process)"
     # `ray start --block` does not act on SIGTERM promptly: a short grace,
     # then SIGKILL for the whole group (gcs, raylet, dashboard, workers).
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):

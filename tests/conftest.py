@@ -8,10 +8,10 @@ kernels, are built once), and the modules that start Ray clusters
 one worker, so two embedded clusters never compete for the cores
 mid-deadline; the README's Ray head (test_jobs_submit.py, group "ray-head",
 free ports and directories of its own) may run beside them.
+If pytest-xdist cannot honour the groups (pytest 9 with xdist 3.8: see
+pyproject.toml), the run stops at collection instead of scattering them.
 Nothing here depends on the environment's Ray: RAY_ADDRESS is dropped, so
 no test joins a cluster that happens to run on the machine."""
-
-import os
 
 import os
 import tempfile
@@ -49,3 +49,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         if not any(True for _ in item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """(On the xdist controller, per worker.) Under ``--dist loadgroup``
+    every test must arrive with its group in its node id
+    (``...::test@group``: the hook above gives every test one), which is
+    what the scheduler groups by; a pytest/xdist pair that drops it would
+    run the Ray modules side by side and split module fixtures over both
+    workers, so the run stops instead."""
+    if node.config.getoption("dist", default="no") != "loadgroup":
+        return
+    untagged = [i for i in ids if "@" not in i.rsplit("]", 1)[-1]]
+    if untagged:
+        pytest.exit(f"--dist loadgroup: {len(untagged)} of {len(ids)} test(s) reached the "
+                    f"scheduler without their xdist_group (e.g. {untagged[0]}): pytest-xdist "
+                    f"cannot group under pytest {pytest.__version__}; install the versions "
+                    f"pyproject.toml pins (scripts/setup --dev)", returncode=4)

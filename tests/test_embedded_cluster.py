@@ -136,6 +136,7 @@ def test_a_killed_driver_leaves_no_ray_process_and_no_segment(tmp_path, sig):
          "--results", str(tmp_path / "results"), "--trigger", "ci"],
         env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         cwd=tmp_path)
+    cluster: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 180
         while not _segments_of(driver.pid):  # a TP group is up: the hang case runs
@@ -158,9 +159,12 @@ def test_a_killed_driver_leaves_no_ray_process_and_no_segment(tmp_path, sig):
             time.sleep(0.2)
     finally:
         if driver.poll() is None:
+            cluster.update(procs.descendants(driver.pid))
             driver.kill()
             driver.wait()
-        procs.stop(procs.descendants(driver.pid), grace_s=1)
+        # By (pid, start time): the driver is reaped, so its pid may name
+        # another process by now (pids wrap quickly on a busy machine).
+        procs.stop(cluster, grace_s=1)
     out = driver.stdout.read()
     print(f"\nfigure: {sig.name} of the driver: {len(cluster)} processes and {len(segments)} "
           f"segment(s) before; {len(left)} processes and {len(left_segments)} segment(s) left "

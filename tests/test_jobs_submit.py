@@ -94,6 +94,29 @@ def test_submit_with_no_head_answering_is_one_line_and_exit_2(capsys, monkeypatc
     assert "no head to submit to" in capsys.readouterr().err
 
 
+def test_head_stop_never_signals_a_process_that_reused_the_heads_pid(tmp_path):
+    """A recorded head that is gone, its pid now leading another process
+    group: ``head stop`` leaves that group alone and forgets the head."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from cluster import procs
+    from jobs import head
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    try:
+        (tmp_path / head.STATE_FILE).write_text(json.dumps({
+            "pid": other.pid, "start": procs.process_start(other.pid) - 1,
+            "dashboard": "http://127.0.0.1:1", "temp_dir": str(tmp_path / "gone")}))
+        assert "now names another process" in head.stop(tmp_path, grace_s=0.5)
+        assert other.poll() is None and not (tmp_path / head.STATE_FILE).exists()
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait()
+
+
 @pytest.mark.parametrize("job, says", [
     (["correctness", "--tp", "2,,4"], "--tp: expected a comma-separated list without empty items"),
     (["correctness", "--ops", "nope", "--results", "/tmp/x"], "unknown value(s) ['nope']"),
