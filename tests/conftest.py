@@ -29,6 +29,14 @@ def pytest_configure(config):
         os.environ["LAMPORT_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="lamport-compile-cache-")
 
 
+@pytest.fixture(scope="session")
+def readme_ray_run(tmp_path_factory):
+    """The README's Ray section run once (tests/readme_ray.py); its users are
+    in the xdist group "ray-head"."""
+    from tests.readme_ray import run_readme_ray_section
+    return run_readme_ray_section(tmp_path_factory.mktemp("readme-ray"))
+
+
 def _cuda_devices() -> int:
     try:
         import torch

@@ -19,8 +19,8 @@ from kernels.reference.numerics import assert_bit_exact
 pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
 
 HIDDEN, CAPACITY = 64, 8
-BUDGET_NS = 300_000_000
-CALL_TIMEOUT_S = 1.5
+BUDGET_NS = 600_000_000  # the emulated ranks on a loaded 2-core machine: 300 ms was seen to expire
+CALL_TIMEOUT_S = 3.0  # above late_beyond_budget's 2 x budget delay
 
 
 @pytest.fixture(scope="module")

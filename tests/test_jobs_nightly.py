@@ -1,6 +1,11 @@
-"""``python -m jobs nightly --suite smoke --backend emulated`` end to end on an
-embedded Ray cluster (one run for the module): the dataset it writes, the
-fault campaign's verdicts, the report of the run."""
+"""``python -m jobs nightly --suite smoke`` end to end: the dataset it writes,
+the fault campaign's verdicts, the console, the report of the run.
+
+The run is the one the README's Ray section submits to a local head
+(tests/readme_ray.py, shared with test_jobs_submit.py: one smoke nightly a
+test session, not two); on a CPU machine its backend is the emulated one.
+The embedded cluster the README's first command starts is tested on its
+own (test_embedded_cluster.py: loopback, token, cleanup after a kill)."""
 
 import datetime as dt
 import json
@@ -18,9 +23,9 @@ from jobs.config import load_suite, suite_path
 from jobs.harness import Run
 from jobs.results import COLUMNS, read_results
 
-# Starts Ray clusters: one at a time (conftest). The smoke nightly takes
-# about 4 minutes on a loaded 2-core machine; its module gets 20.
-pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(1200)]
+# The README run's group (its smoke nightly: about 3 minutes on a loaded
+# 2-core machine; the module gets 20).
+pytestmark = [pytest.mark.xdist_group("ray-head"), pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,29 +56,27 @@ NOT_ON_CPU = {
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nightly")
-    done = subprocess.run(
-        [sys.executable, "-m", "jobs", "nightly", "--suite", "smoke", "--backend", "emulated",
-         "--results", str(root / "results"), "--site", str(root / "site"), "--trigger", "ci"],
-        cwd=REPO, capture_output=True, text=True, timeout=1100,
-        env={**__import__("os").environ, "RAY_ADDRESS": ""})
-    rows = read_results(root / "results").to_pylist() if (root / "results").is_dir() else []
+def smoke(readme_ray_run):
+    """(the run's console, its rows with ``extra`` parsed as ``x``, the
+    folder holding ``results`` and ``site``)."""
+    root = readme_ray_run.root
+    results = root / "ray-results"
+    rows = read_results(results).to_pylist() if results.is_dir() else []
     for r in rows:
         r["x"] = json.loads(r["extra"] or "{}")
-    return done, rows, root
+    return readme_ray_run, rows, root
 
 
-def test_nightly_smoke_passes_on_an_embedded_cluster(smoke):
-    done, rows, root = smoke
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    out = done.stdout
-    assert "ray: started an embedded local Ray cluster" in out
-    assert "backend: emulated (requested)" in out
+def test_nightly_smoke_passes(smoke):
+    run, rows, root = smoke
+    out = run.out
+    assert run.done.returncode == 0, out[-8000:]
+    assert "ray: joined the Ray cluster at" in out
+    assert "backend: emulated (auto" in out, out[:3000]
     assert "regression: no timed case in this run" in out
     assert "dashboard: built" in out or "dashboard: not built" in out
     assert "0 fail, 0 hang, 0 error" in out
-    assert f"rows written to {root / 'results'}/ (run " in out
+    assert f"rows written to {root / 'ray-results'}/ (run " in out
     # Skip reasons: in full, each distinct one once with its count, after its table.
     skipped = [r for r in rows if r["outcome"] == "skipped"]
     for reason in {r["reason"] for r in skipped}:  # once per part it appears in
@@ -92,7 +95,7 @@ def test_nightly_smoke_passes_on_an_embedded_cluster(smoke):
 
 def test_the_run_finished_compacted_with_its_facts_once(smoke):
     _, rows, root = smoke
-    results = root / "results"
+    results = root / "ray-results"
     assert {r["run_status"] for r in rows} == {"finished"}
     (run_id,) = {r["run_id"] for r in rows}
     files = sorted(results.rglob("*.parquet"))
@@ -100,7 +103,7 @@ def test_the_run_finished_compacted_with_its_facts_once(smoke):
     manifest = json.loads((results / "_runs" / f"{run_id}.json").read_text())
     assert manifest["status"] == "finished" and manifest["facts"]["topology"]
     assert {r["topology"] for r in rows} == {manifest["facts"]["topology"]}
-    assert ((root / "site") / ".lamport-lab-site").is_file()
+    assert ((root / "ray-site") / ".lamport-lab-site").is_file()
 
 
 def test_rows_carry_every_schema_field_that_applies(smoke):
@@ -119,7 +122,7 @@ def test_rows_carry_every_schema_field_that_applies(smoke):
     for r in rows:
         missing = sorted(c for c in APPLIES[r["job"]] if r[c] is None)
         assert not missing, (r["job"], r["op"], r.get("fault_kind"), missing)
-        assert r["trigger"] == "ci" and r["suite"] == "smoke"
+        assert r["trigger"] == "nightly" and r["suite"] == "smoke"
         if r["job"] in ("correctness", "faults", "profile"):
             assert r["backend"] == "emulated" and r["placement"] == "emulated"
             assert r["multicast_supported"] is False
@@ -182,13 +185,13 @@ def test_the_fault_campaign_meets_every_expected_outcome(smoke):
 def test_report_prints_the_run_and_compares(smoke, capsys):
     _, rows, root = smoke
     run_id = rows[0]["run_id"]
-    assert cli.main(["report", "--results", str(root / "results")]) == 0
+    assert cli.main(["report", "--results", str(root / "ray-results")]) == 0
     out = capsys.readouterr().out
-    assert f"run {run_id}" in out and "trigger=ci" in out
+    assert f"run {run_id}" in out and "trigger=nightly" in out
     assert "smoke       faults            19       0" in out
-    assert cli.main(["report", "--results", str(root / "results"), run_id[:20], run_id]) == 0
+    assert cli.main(["report", "--results", str(root / "ray-results"), run_id[:20], run_id]) == 0
     assert "0 case(s) changed outcome" in capsys.readouterr().out
-    assert cli.main(["report", "--results", str(root / "results"), "nosuch"]) == 2
+    assert cli.main(["report", "--results", str(root / "ray-results"), "nosuch"]) == 2
     assert "run 'nosuch': unknown" in capsys.readouterr().err
 
 

@@ -4,12 +4,8 @@ stopped at the end whatever happens), and submit's checks before anything is
 sent: the job command, the head's address, Ray's token authentication."""
 
 import http.server
-import os
 import re
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -19,52 +15,26 @@ from jobs.head import job_server_auth
 from jobs.results import read_results
 
 # A head of its own (free ports, its own directories): it may run beside the
-# "ray" group's embedded clusters, on the other worker. Its smoke nightly
-# takes about 4 minutes on a loaded 2-core machine.
+# "ray" group's embedded clusters, on the other worker. The README's Ray
+# section (its smoke nightly: about 3 minutes on a loaded 2-core machine)
+# runs once for this module and test_jobs_nightly.py (tests/readme_ray.py).
 pytestmark = [pytest.mark.xdist_group("ray-head"), pytest.mark.timeout(1200)]
 
-REPO = Path(__file__).resolve().parents[1]
-SECTION = "## Ray: a head and a submitted job"
 
-
-def readme_block() -> str:
-    """The first bash block under the README's Ray section."""
-    text = (REPO / "README.md").read_text()
-    assert SECTION in text, f"README.md has no section {SECTION!r}"
-    block = re.search(r"```bash\n(.*?)```", text[text.index(SECTION):], re.S)
-    assert block, f"no bash block under {SECTION!r}"
-    return block.group(1)
-
-
-def test_readme_ray_section_runs_as_written(tmp_path):
-    # The block runs in a scratch directory standing in for the repo root
-    # (its .venv is this interpreter's environment, PYTHONPATH this checkout),
-    # so the head's directory, results and site are this test's own.
-    (tmp_path / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "LAMPORT_HEAD_DIR", "LAMPORT_GIT_COMMIT", "RAY_AUTH_TOKEN",
-                        "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
-    env["PYTHONPATH"] = str(REPO)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
-    try:
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block()], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=1100)
-    finally:
-        subprocess.run([sys.executable, "-m", "jobs", "head", "stop"], cwd=tmp_path, env=env,
-                       capture_output=True, timeout=60)
-    out = done.stdout + done.stderr
+def test_readme_ray_section_runs_as_written(readme_ray_run):
+    done, root, commit, out = readme_ray_run.done, readme_ray_run.root, readme_ray_run.commit, \
+        readme_ray_run.out
     assert done.returncode == 0, out[-8000:]
-    token = tmp_path / ".ray-head" / "auth_token"
+    token = root / ".ray-head" / "auth_token"
     assert token.stat().st_mode & 0o777 == 0o600
     assert "auth: token authentication (the head's token file" in out, out[-8000:]
     assert token.read_text().strip() not in out
     assert "ray: joined the Ray cluster at" in out, out[-8000:]
     assert f"commit: {commit}" in out, out[-8000:]
     # The entrypoint is the submitting side's interpreter: the project's environment.
-    assert re.search(rf"Running entrypoint for job \S+: {re.escape(str(tmp_path))}/\.venv/bin/python "
+    assert re.search(rf"Running entrypoint for job \S+: {re.escape(str(root))}/\.venv/bin/python "
                      rf"-m jobs nightly", out), out[-8000:]
-    rows = read_results(tmp_path / "ray-results").to_pylist()
+    rows = read_results(root / "ray-results").to_pylist()
     skipped = sum(r["outcome"] == "skipped" for r in rows)  # profile and virtual ranks: GPU only
     assert skipped >= 4 and f" pass, 0 fail, 0 hang, 0 error, {skipped} skipped" in out, out[-8000:]
     assert {r["git_commit"] for r in rows} == {commit}
@@ -72,9 +42,9 @@ def test_readme_ray_section_runs_as_written(tmp_path):
     assert {r["backend"] for r in rows} == {"cpu-reference", "compile", "emulated"}
     faults = load_suite(suite_path("smoke")).of("faults")
     assert sum(r["fault_kind"] is not None for r in rows) == len(faults)
-    assert (tmp_path / "ray-site" / "index.html").is_file()
+    assert (root / "ray-site" / "index.html").is_file()
     assert "stopped the head" in out
-    assert not (tmp_path / ".ray-head" / "head.json").exists()
+    assert not (root / ".ray-head" / "head.json").exists()
 
 
 def _free_port() -> int:
