@@ -65,13 +65,18 @@ def gpu_task(fn, spec: dict, timeout_s: float) -> tuple[Any, tuple[str, str] | N
     ref = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(fn).remote(spec)
     try:
         return ray.get(ref, timeout=timeout_s), None
+    except ray.exceptions.GetTimeoutError as err:
+        # Only a task still running is cancelled: Ray 2.60 aborts the driver
+        # (RAY_CHECK in TaskManager::CompletePendingTask) when a force-cancel
+        # meets the reply of a task that has just finished, seen in CI.
+        if not ray.wait([ref], timeout=0)[0]:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:
+                pass
+        return None, ("hang", error_text(err, limit=300))
     except Exception as err:
-        try:
-            ray.cancel(ref, force=True)
-        except Exception:
-            pass
-        kind = ("hang" if isinstance(err, ray.exceptions.GetTimeoutError) else
-                "fail" if isinstance(getattr(err, "cause", None), AssertionError) else "error")
+        kind = "fail" if isinstance(getattr(err, "cause", None), AssertionError) else "error"
         return None, (kind, error_text(err, limit=300))
 
 

@@ -1,13 +1,14 @@
 """Markers: `gpu` tests skip where no CUDA GPU is present, `multigpu` tests
 where fewer than two are; CPU tests never need a GPU.
 
-Parallel runs (``pytest -n 2 --dist loadgroup``; CI runs serially): each
+Parallel runs (``pytest -n 2 --dist loadgroup``, the README's and CI's): each
 module is one unit of work (its module-scoped fixtures, e.g. compiled
 kernels, are built once), and the modules that start Ray clusters
 (``pytestmark = pytest.mark.xdist_group("ray")``) run one after another on
 one worker, so two embedded clusters never compete for the cores
-mid-deadline; the README's Ray head (test_jobs_submit.py, group "ray-head",
-free ports and directories of its own) may run beside them.
+mid-deadline; the README's Ray section (tests/readme_ray.py, run once for
+test_jobs_submit.py and test_jobs_nightly.py, group "ray-head", free ports
+and directories of its own) may run beside them.
 If pytest-xdist cannot honour the groups (pytest 9 with xdist 3.8: see
 pyproject.toml), the run stops at collection instead of scattering them.
 Nothing here depends on the environment's Ray: RAY_ADDRESS is dropped, so
