@@ -24,10 +24,14 @@ os.environ.pop("RAY_ADDRESS", None)
 
 def pytest_configure(config):
     """A compile cache of the test session's own (kernels.compile_cache), so
-    tests neither read nor fill the user's; an explicit LAMPORT_COMPILE_CACHE
-    is kept."""
+    tests neither read nor fill the user's (an explicit LAMPORT_COMPILE_CACHE
+    is kept); xdist schedules the groups in the order of the collection."""
     if "LAMPORT_COMPILE_CACHE" not in os.environ:
         os.environ["LAMPORT_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="lamport-compile-cache-")
+    if hasattr(config.option, "loadscopereorder"):
+        # xdist would order the groups by their number of tests; ours are
+        # ordered by their length (LONGEST_FIRST).
+        config.option.loadscopereorder = False
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +62,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         if not any(True for _ in item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # The longest groups first (a stable sort: modules stay whole), so that on
+    # two workers neither is left with a long group at the end.
+    def rank(item):
+        group = next(item.iter_markers("xdist_group")).args[0]
+        return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)
+
+
+LONGEST_FIRST = ("ray-head", "ray", "test_lamport_compile", "test_embedded_cluster",
+                 "test_dashboards_browser")
+"""xdist groups by their share of a run (the README's Ray section with its
+smoke nightly, the Ray cluster tests, the full compile check, ...); the
+scheduler takes them in this order (``pytest_configure``), then the rest as
+collected."""
 
 
 
