@@ -44,11 +44,12 @@ def test_bundled_suites_load_and_expand():
 
 
 def test_every_repro_command_selects_exactly_its_case():
+    parser = cli.build_parser()  # one parser, as a process has (each parse is fresh)
     for name in ("smoke", "nightly"):
         suite = load_suite(suite_path(name))
         for case in suite.cases:
             argv = shlex.split(repro_command(case, suite, "emulated"))[3:]
-            args = cli.build_parser().parse_args(argv)
+            args = parser.parse_args(argv)
             assert args.jobs == (case.job,)
             chosen = select(suite, args.jobs,
                             Filters(**{n: getattr(args, n) for n in Filters.FIELDS}))
