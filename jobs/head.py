@@ -197,7 +197,8 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0) -> 
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    state = {"pid": proc.pid, "start": procs.process_start(proc.pid), "address": f"127.0.0.1:{ports['port']}",
+    state = {"pid": proc.pid, "start": procs.process_start(proc.pid),  # tells a reused pid apart
+             "address": f"127.0.0.1:{ports['port']}",
              "dashboard": f"http://127.0.0.1:{ports['dashboard-port']}",
              "agent": f"http://127.0.0.1:{ports['dashboard-agent-listen-port']}",
              "temp_dir": temp_dir, "log": str(log_path), "token_path": str(token_path),
