@@ -16,6 +16,7 @@ from cluster.gpu import GpuRank
 from cluster.gpu.ipc import IpcHandle, check_handles, peer_addresses
 from cluster.gpu.report import mask_ranks, result_fields
 from cluster.group import TPGroup
+from jobs.correctness import SETUP_TIMEOUT_S
 from kernels.lamport.mailbox import RankErrors
 from kernels.lamport.protocol import (ERR_BAD_STAGE, ERR_COUNT, ERR_HEADER_WORDS,
                                       ERR_MISSING_MASK, ERR_RECORD_WORDS, ERR_UNSANITIZED_MASK,
@@ -208,7 +209,7 @@ def fake_gpu_cluster():
 @pytest.mark.parametrize("tp", [2, 4])
 def test_shared_gpu_group_puts_every_rank_on_one_gpu(fake_gpu_cluster, tp):
     with TPGroup(tp=tp, hidden=HIDDEN, capacity=CAPACITY, gpus_per_rank=1 / tp,
-                 call_timeout_s=5) as g:
+                 call_timeout_s=5, setup_timeout_s=SETUP_TIMEOUT_S) as g:
         assert g.placement == "shared_gpu" and g._bundles == [{"GPU": 1.0}]
         ids = [m["gpu_ids"] for m in g.metadata]
         assert len(ids[0]) == 1 and ids == [ids[0]] * tp, ids
@@ -229,6 +230,6 @@ def test_gpu_backend_group_reaches_setup_with_a_rendezvous(fake_gpu_cluster):
     # then the backend finds no CUDA device and says so.
     with pytest.raises(Exception, match="no CUDA device visible") as info:
         TPGroup(tp=2, hidden=HIDDEN, capacity=CAPACITY, backend="gpu", gpus_per_rank=0.5,
-                setup_timeout_s=120)  # the rank actors import torch: slow on a loaded box
+                setup_timeout_s=SETUP_TIMEOUT_S)
     assert "CUDA_VISIBLE_DEVICES=" in str(info.value)
     assert not os.environ.get("MASTER_PORT")  # nothing leaked into the driver

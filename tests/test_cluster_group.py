@@ -13,6 +13,7 @@ import ray
 from cluster.cases import bf16_from_bits, case_inputs
 from cluster.faults import FAULT_KINDS, run_fault
 from cluster.group import TPGroup
+from jobs.correctness import SETUP_TIMEOUT_S
 from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
 from kernels.reference.numerics import assert_bit_exact
 
@@ -40,7 +41,7 @@ def groups(cluster):
     try:
         for tp in (1, 2, 4):
             made[tp] = TPGroup(tp=tp, hidden=HIDDEN, capacity=CAPACITY,
-                               call_timeout_s=CALL_TIMEOUT_S, setup_timeout_s=60)
+                               call_timeout_s=CALL_TIMEOUT_S, setup_timeout_s=SETUP_TIMEOUT_S)
         yield made
     finally:
         for g in made.values():
