@@ -128,7 +128,10 @@ def run_fault(group: TPGroup, kind: str, *, rank: int, tokens: int = 4, seed: in
               budget_ns: int = 200_000_000, fields: Mapping | None = None) -> FaultVerdict:
     """Inject fault ``kind`` into rank ``rank`` for one call, then make one
     clean call; the verdict compares DESIGN.md's expected outcome with what
-    happened. ``fields``: the op and its case fields (cluster.cases; default
+    happened. The clean call checks recovery, not the deadline: its watchdog
+    budget is at least half the group's host deadline (a loaded host must not
+    turn a recovered group into a timeout; on a GPU that is one more compiled
+    variant per op). ``fields``: the op and its case fields (cluster.cases; default
     all_reduce_norm); a kind the op does not declare (``OpSpec.faults``) is
     a ValueError."""
     if kind not in FAULT_KINDS:
@@ -144,7 +147,8 @@ def run_fault(group: TPGroup, kind: str, *, rank: int, tokens: int = 4, seed: in
     injection = fault.injection(budget_ns)
     case = group.case(tokens=tokens, seed=seed, budget_ns=budget_ns, **{**fields, **fault.case})
     faulty = group.run(case, faults={rank: injection} if injection else None)
-    following = group.run(group.case(tokens=tokens, seed=seed + 1, budget_ns=budget_ns,
+    recovery_budget_ns = max(budget_ns, int(group.call_timeout_s * 5e8))
+    following = group.run(group.case(tokens=tokens, seed=seed + 1, budget_ns=recovery_budget_ns,
                                      **fields))
     return FaultVerdict(kind=kind, rank=rank,
                         expected=fault.expected.replace("{rank}", ranks_str({rank})),
