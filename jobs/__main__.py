@@ -212,9 +212,9 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
               f"{'not written' if args.no_results else args.results}", flush=True)
         for suite, cases in plan:
             print(f"\n#### suite {suite.name} v{suite.version} ({suite.path}): {suite.description}")
-            if nightly and suite.selfcheck:
+            if "selfcheck" in jobs and suite.selfcheck:
                 _selfcheck_part(run, suite)
-            if nightly and suite.compile_check:
+            if "compile-check" in jobs and suite.compile_check:
                 _compile_part(run, suite, args)
             # The nightly runs every placement the cluster offers a case
             # ("every topology"); a single job runs the best one.
@@ -299,7 +299,7 @@ def _selfcheck(args: argparse.Namespace) -> int:
     from jobs import selfcheck
     writer, environment = open_results(args)
     failures = selfcheck.run(args, writer, environment)
-    report(writer, failures)
+    report(writer, failures, args)
     return 1 if failures else 0
 
 
@@ -423,6 +423,9 @@ def _head(args) -> int:
     return 0
 
 
+NIGHTLY_JOBS = ("selfcheck", "compile-check", "correctness", "faults", "profile")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -442,8 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--site", type=Path, default=DEFAULT_SITE,
                            help="dashboard output directory (default: %(default)s)")
             p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard")
-            p.set_defaults(jobs=("selfcheck", "compile-check", "correctness", "faults", "profile"),
-                           nightly=True)
+            p.add_argument("--jobs", type=str_list(NIGHTLY_JOBS), default=NIGHTLY_JOBS,
+                           metavar="A,B",
+                           help=f"the suite's jobs to run, comma-separated (default: all: "
+                                f"{','.join(NIGHTLY_JOBS)}); with --run-id, one nightly split "
+                                f"over several invocations")
+            p.set_defaults(nightly=True)
         elif name == "trace":
             p.add_argument("--trace-out", type=Path, default=None, metavar="PATH",
                            help="the merged trace JSON (default: traces/RUN-OP-tpN.json beside "

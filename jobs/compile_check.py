@@ -607,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(rows)} variants: {len(rows) - served} compiled, {served} from the compile cache "
           f"({cache_root() or 'off'}), {len(failed)} failed, total {total:.1f} s "
           f"(import cutlass {t_import:.1f} s), PTX in {args.dump_dir or 'a temp dir (removed)'}")
-    report(writer, len(failed))
+    report(writer, len(failed), args)
     return 1 if failed else 0
 
 

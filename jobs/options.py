@@ -87,9 +87,11 @@ def open_results(args: argparse.Namespace):
     return writer, environment
 
 
-def report(writer, failures: int) -> None:
-    """The closing line of a job; marks a run this process began finished."""
-    if writer is not None:
+def report(writer, failures: int, args: argparse.Namespace) -> None:
+    """The closing line of a job; marks the run finished when this job
+    began it (not when it joined one with ``--run-id``: e.g. the nightly's
+    compile check, whose run the nightly finishes)."""
+    if writer is not None and args.run_id is None:
         from jobs.results import runs
         runs.finish(writer.root, writer.run_id)
     where = (f"rows written to {writer.directory}/ (run {writer.run_id})" if writer

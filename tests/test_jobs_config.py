@@ -122,6 +122,7 @@ def _main(capsys, *argv):
     (["nightly", "--suite", "smoke", "--config", "x.toml"], "not allowed with argument"),
     (["nightly", "--suite", "smoke", "--history", "3", "--min-history", "5"],
      "need 1 <= min-history <= history"),
+    (["nightly", "--jobs", "correctness,bench"], "--jobs: unknown value(s) ['bench']"),
     (["nosuch"], "invalid choice: 'nosuch'"),
     (["report", "a", "b", "c"], "at most two run ids"),
 ])

@@ -182,3 +182,36 @@ def test_incomplete_runs_are_never_a_baseline(tmp_path):
                                "heartbeat_at": "2000-01-01T00:00:00+00:00"})
     index = build_site(root, tmp_path / "site")
     assert "This run is INCOMPLETE" in index.read_text()
+
+
+def test_a_run_split_in_parts_is_reopened_and_sums_its_parts(tmp_path):
+    """``nightly --jobs ... --run-id R`` in several invocations: each part
+    takes the finished run over and adds its counts and accounting."""
+    root = tmp_path / "results"
+    runs.begin(root, "split", trigger="nightly", facts={"hostname": "h"})
+    started = runs.read_manifest(root, "split")["started_at"]
+    runs.finish(root, "split", counts={"pass": 2}, accounting=[{"job": "correctness"}])
+    assert runs.read_manifest(root, "split")["status"] == "finished"
+    runs.begin(root, "split", trigger="nightly")
+    data = runs.read_manifest(root, "split")
+    assert data["status"] == "running" and data["started_at"] == started
+    runs.finish(root, "split", counts={"pass": 1, "fail": 1}, accounting=[{"job": "profile"}])
+    data = runs.read_manifest(root, "split")
+    assert data["status"] == "finished"
+    assert data["counts"] == {"pass": 3, "fail": 1}
+    assert [a["job"] for a in data["accounting"]] == ["correctness", "profile"]
+
+
+def test_a_job_joined_to_a_running_run_leaves_it_running(tmp_path, capsys):
+    """The nightly's compile check joins the nightly's run: its closing line
+    must not mark the run finished while the nightly goes on."""
+    from jobs.__main__ import main
+    root = tmp_path / "results"
+    runs.begin(root, "night", trigger="nightly")
+    assert main(["selfcheck", "--results", str(root), "--run-id", "night",
+                 "--case", "all_reduce_norm_sentinel_tp2"]) == 0
+    assert runs.read_manifest(root, "night")["status"] == "running"
+    assert main(["selfcheck", "--results", str(root),
+                 "--case", "all_reduce_norm_sentinel_tp2"]) == 0
+    (own,) = set(runs.read_manifests(root)) - {"night"}
+    assert runs.read_manifest(root, own)["status"] == "finished"

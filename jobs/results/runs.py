@@ -11,6 +11,9 @@ what is true of the whole run once, instead of on every row:
                                        driver process
 ``started_at``, ``heartbeat_at``,      UTC ISO times; the heartbeat is refreshed as
 ``finished_at``                        rows are written
+``counts``, ``accounting``             rows by outcome; per job section: wall time,
+                                       cases, timed work, overhead (summed over
+                                       the invocations of a run split in parts)
 ``facts``                              the per-run columns (``RUN_FACTS``: commit,
                                        versions, host, GPUs, topology)
 
@@ -31,6 +34,7 @@ import datetime as dt
 import json
 import os
 import socket
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +97,15 @@ def this_driver() -> dict[str, Any]:
 
 
 def begin(root, run_id: str, *, trigger: str, facts: dict | None = None) -> dict:
-    """Mark ``run_id`` running, driven by this process (a run joined with
-    ``--run-id`` that already has a manifest keeps its own driver)."""
+    """Mark ``run_id`` running, driven by this process. A run joined with
+    ``--run-id`` while its driver lives keeps that driver (a job joined to a
+    nightly); a finished run, or one whose driver is gone, is taken over:
+    one run split over several invocations (``nightly --jobs``, one part per
+    call) keeps its start time, and :func:`finish` adds each part's counts
+    and accounting to the earlier parts'."""
     data = read_manifest(root, run_id) or {}
-    if data.get("status") in ("running", "finished") and data.get("driver"):
+    driver = data.get("driver")
+    if data.get("status") == "running" and driver and driver_alive(driver) is not False:
         return data
     now = _now()
     data.update(run_id=run_id, trigger=trigger, status="running", driver=this_driver(),
@@ -120,11 +129,18 @@ def heartbeat(root, run_id: str) -> None:
         _write(root, run_id, data)
 
 
-def finish(root, run_id: str, **fields: Any) -> None:
-    """Mark the run finished (only its own driver does)."""
+def finish(root, run_id: str, *, counts: dict[str, int] | None = None,
+           accounting: list[dict] | None = None) -> None:
+    """Mark the run finished (only its own driver does); ``counts`` (rows
+    by outcome) and ``accounting`` (one entry per job section) are added to
+    those of the run's earlier invocations, if any."""
     data = read_manifest(root, run_id)
     if data and owns(data):
-        data.update(status="finished", finished_at=_now(), **fields)
+        data.update(status="finished", finished_at=_now())
+        if counts:
+            data["counts"] = dict(Counter(data.get("counts") or {}) + Counter(counts))
+        if accounting:
+            data["accounting"] = list(data.get("accounting") or []) + list(accounting)
         _write(root, run_id, data)
 
 

@@ -1,24 +1,50 @@
 #!/usr/bin/env bash
-# The nightly suite on the GPU machine with a cold, then a warm compile cache.
-# Run from the repo root after `source /tmp/site/env.sh && export PYTHONPATH=.:$PYTHONPATH`:
-#   bash scripts/gpu/nightly_cache.sh cold    # empties the cache first
-#   bash scripts/gpu/nightly_cache.sh warm    # same command, cache kept
-# (two device calls: each must end within 10 minutes). Prints each job's
-# heading and closing line (wall time, cases, service overhead, peak groups
-# at once), the compile-check line (compiled vs served from the cache) and
-# how many kernels the cache holds; the full log goes to $OUT/nightly_<pass>.log.
+# The nightly suite on the GPU machine with a cold, then a warm compile cache,
+# split into parts that each fit one 10-minute device call and join one run
+# (`python -m jobs nightly --jobs ... --run-id`). Run from the repo root after
+# `source /tmp/site/env.sh && export PYTHONPATH=.:$PYTHONPATH`, with
+# LAMPORT_GIT_COMMIT set to the tree's commit (the device's .git may be stale):
+#   bash scripts/gpu/nightly_cache.sh cold 1   # empties the cache and the results first
+#   bash scripts/gpu/nightly_cache.sh cold 2   # ... parts 2, 3, 4 join the same run
+#   bash scripts/gpu/nightly_cache.sh warm 1   # same parts, cache kept
+# Parts: 1 self-check, compile check, correctness of all_reduce_norm;
+# 2 correctness of the other ops; 3 the fault campaign; 4 the profile (the
+# dashboard is rebuilt from the whole run after each part); "all" runs 1-4
+# in one invocation. Prints each job's heading and closing line (wall time,
+# cases, service overhead, peak groups at once), the compile-check line
+# (compiled vs served from the cache) and how many kernels the cache holds;
+# each part's full log goes to $OUT/nightly_<pass>_<part>.log.
 set -u
-pass=${1:?usage: nightly_cache.sh cold|warm}
+pass=${1:?usage: nightly_cache.sh cold|warm [1|2|3|4|all]}
+part=${2:-all}
 case "$pass" in cold|warm) ;; *) echo "nightly_cache.sh: pass must be cold or warm, got '$pass'" >&2; exit 2;; esac
-export LAMPORT_COMPILE_CACHE=/tmp/lamport-compile-cache
+case "$part" in 1|2|3|4|all) ;; *) echo "nightly_cache.sh: part must be 1, 2, 3, 4 or all, got '$part'" >&2; exit 2;; esac
+export LAMPORT_COMPILE_CACHE=${LAMPORT_COMPILE_CACHE:-/tmp/lamport-compile-cache}
 out=${OUT:-/tmp}
-if [ "$pass" = cold ]; then rm -rf "$LAMPORT_COMPILE_CACHE"; fi
-rm -rf "/tmp/results-$pass" "/tmp/site-$pass"
-before=$(find "$LAMPORT_COMPILE_CACHE" -name meta.json 2>/dev/null | wc -l)
-start=$(date +%s)
-timeout 580 python3 -m jobs nightly --suite nightly --backend gpu --results "/tmp/results-$pass" \
-  --site "/tmp/site-$pass" > "$out/nightly_$pass.log" 2>&1
-rc=$?
-after=$(find "$LAMPORT_COMPILE_CACHE" -name meta.json 2>/dev/null | wc -l)
-grep -E "^== |^   \(|variants: .* compiled|failing case|pass, .* fail" "$out/nightly_$pass.log"
-echo "$pass: exit $rc, wall $(( $(date +%s) - start )) s; compile cache $LAMPORT_COMPILE_CACHE: $before -> $after kernels ($(( after - before )) compiled and stored by this run)"
+run_id=${RUN_ID:-h200-nightly-$pass}
+if [ "$part" = 1 ] || [ "$part" = all ]; then
+  if [ "$pass" = cold ]; then rm -rf "$LAMPORT_COMPILE_CACHE"; fi
+  rm -rf "/tmp/results-$pass" "/tmp/site-$pass"
+fi
+args_of() {
+  case "$1" in
+    1) echo "--jobs selfcheck,compile-check,correctness --ops all_reduce_norm" ;;
+    2) echo "--jobs correctness --ops finalize_publish,embed_norm,all_reduce_mhc,indexer" ;;
+    3) echo "--jobs faults" ;;
+    4) echo "--jobs profile" ;;
+  esac
+}
+rc_all=0
+for p in $( [ "$part" = all ] && echo 1 2 3 4 || echo "$part" ); do
+  before=$(find "$LAMPORT_COMPILE_CACHE" -name meta.json 2>/dev/null | wc -l)
+  start=$(date +%s)
+  # shellcheck disable=SC2046
+  timeout 570 python3 -m jobs nightly --suite nightly --backend gpu $(args_of "$p") --run-id "$run_id" \
+    --results "/tmp/results-$pass" --site "/tmp/site-$pass" > "$out/nightly_${pass}_$p.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && rc_all=$rc
+  after=$(find "$LAMPORT_COMPILE_CACHE" -name meta.json 2>/dev/null | wc -l)
+  grep -E "^== |^   \(|variants: .* compiled|failing case|pass, .* fail|^dashboard" "$out/nightly_${pass}_$p.log"
+  echo "$pass part $p: exit $rc, wall $(( $(date +%s) - start )) s; compile cache $LAMPORT_COMPILE_CACHE: $before -> $after kernels ($(( after - before )) compiled and stored by this part)"
+done
+exit $rc_all
