@@ -465,13 +465,15 @@ class Run:
 
     def record(self, case: Case | None, suite: Suite, **kwargs: Any) -> dict:
         """Append one row (as the case ends), print its table line; returns
-        the row. Safe to call from the threads of concurrent groups."""
+        the row. Safe to call from the threads of concurrent groups.
+        ``progress=False``: a further row of a case already counted (the
+        profile writes one row per implementation of one case)."""
         with self._lock:
             return self._record(case, suite, **kwargs)
 
     def _record(self, case: Case | None, suite: Suite, *, outcome: str, started_at: dt.datetime,
                 reason: str | None = None, note: str | None = None, extra: dict | None = None,
-                placement: str | None = None, **fields: Any) -> dict:
+                placement: str | None = None, progress: bool = True, **fields: Any) -> dict:
         from jobs.results import make_row
         columns: dict[str, Any] = {}
         if case is not None:
@@ -510,7 +512,8 @@ class Run:
                              columns.get("mismatches"), columns.get("max_ulp"),
                              columns.get("t_median_us"), columns.get("t_p99_us"), outcome,
                              note or reason or ""])
-        self._progress()
+        if progress:
+            self._progress()
         return row
 
     def heartbeat(self) -> None:

@@ -46,6 +46,7 @@ EMULATED_REASON = ("profile needs GPUs: on the emulated backend (numpy on CPU ac
                    "is no kernel timing to record")
 MULTI_RANK_REASON = ("tp > 1 timing needs one rank actor per GPU (process per GPU): "
                      "virtual-rank or shared-GPU timings would not be a collective's speed")
+TIMED_WORK = "timed CUDA-graph replays (per replay the slowest rank)"
 LOCAL_OPS = {"indexer": "the indexer is not a collective (the same kernel runs on every "
                         "rank's GPU): it is timed at tp=1 on one GPU"}
 
@@ -167,19 +168,23 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
     gpu = _gpu_columns(first)
     names = list(first["impls"])
     timing, ranks = {}, {}
+    calls = first.get("calls", case.param("calls"))
     for name in names:
         impls = [r["impls"][name] for r in per_rank]
         if all("times_us" in i for i in impls):
-            timing[name] = stats(max_over_ranks([i["times_us"] for i in impls]))
+            slowest = max_over_ranks([i["times_us"] for i in impls])
+            timing[name] = stats(slowest)
             ranks[name] = [stats(i["times_us"]) for i in impls]
+            run.add_work(sum(slowest) * calls / 1e6, TIMED_WORK)
     base = next((b for b in case.param("baselines") if b in timing), None)
     for name in names:
+        progress = name == names[-1]  # one case, however many rows (implementations)
         variant = case.variant if name == "fused" else f"baseline:{name}"
         extra = {"impl": name, "collective_speed": where.collective_speed,
                  "nvtx_domain": NVTX_DOMAIN,
                  "nvtx_range": range_name(case.op, name, tp=case.tp, hidden=case.hidden,
                                           tokens=case.tokens),
-                 "calls_per_graph": first.get("calls", case.param("calls")),
+                 "calls_per_graph": calls,
                  "rotation_sets": first.get("sets"), "replays": case.param("replays")}
         if name not in timing:
             impls = [r["impls"][name] for r in per_rank]
@@ -187,7 +192,8 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
             why = failed or next((i["skipped"] for i in impls if "skipped" in i),
                                  f"{name}: not timed on every rank")
             run.record(_as(case, variant), suite, outcome="fail" if failed else "skipped",
-                       started_at=started, placement=where.name, reason=why, extra=extra, **gpu)
+                       started_at=started, placement=where.name, reason=why, extra=extra,
+                       progress=progress, **gpu)
             continue
         t = timing[name]
         impl_extra = first["impls"][name].get("extra") or {}
@@ -209,7 +215,7 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
             note = f"flashinfer {impl_extra['flashinfer_version']} {impl_extra['mode']}"
         run.record(_as(case, variant), suite, outcome="pass", started_at=started,
                    placement=where.name, t_max_over_ranks_median_us=t["t_median_us"], **t, **cmp,
-                   **gpu, extra=extra, note=note)
+                   **gpu, extra=extra, note=note, progress=progress)
 
 
 def _as(case: Case, variant: str) -> Case:

@@ -88,8 +88,15 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
           "flashinfer_oneshot": {"times_us": [6.0, 5.0, 5.0], "compile_s": 3.0},
           "flashinfer_twoshot": {"skipped": "flashinfer_twoshot could not run on 1 other rank(s)"}}
     run = Run(results=tmp_path, trigger="ci", backend="gpu")
-    record_impls(run, suite, case, Placement("process-per-gpu", 1.0, True),
-                 [_rank(0, r0), _rank(1, r1)], now())
+    with run.section("profile: one case", 1):
+        record_impls(run, suite, case, Placement("process-per-gpu", 1.0, True),
+                     [_rank(0, r0), _rank(1, r1)], now())
+    # One case (five rows); the timed work is every timed replay's slowest
+    # rank x the calls in its graph: fused 4+5+3.5, unfused 10+9+12, FI 6+5+5.
+    (acct,) = run.accounting
+    assert acct["cases"] == 1
+    assert acct["work_s"] == pytest.approx((12.5 + 31 + 16) * 120 / 1e6)
+    assert acct["overhead"] is not None
     rows = {r["variant"]: r for r in read_results(tmp_path).to_pylist()}
     fused = rows["watchdog"]
     assert fused["t_median_us"] == fused["t_max_over_ranks_median_us"] == 4.0
