@@ -70,6 +70,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
     p.add_argument("--trigger", default=trigger, choices=("adhoc", "nightly", "ci"),
                    help="what started this run, recorded with every row (default: %(default)s)")
     p.add_argument("--run-id", default=None, help="join an existing run (default: a new run id)")
+    p.add_argument("--resume", action="store_true",
+                   help="with --run-id: run only the cases the run does not hold yet (a run "
+                        "cut short, or a nightly part stopped by its time limit)")
     p.add_argument("--address", default=None,
                    help="Ray cluster to join (GCS address, e.g. 10.0.0.1:6379, or 'auto'); "
                         "default: RAY_ADDRESS, else an embedded local cluster")
@@ -176,6 +179,13 @@ def _plan(args, jobs: tuple[str, ...]):
             raise ConfigError(str(err)) from None
     if not args.no_results and args.results.exists() and not args.results.is_dir():
         raise ConfigError(f"--results {args.results} exists and is not a directory")
+    if args.resume:
+        from jobs.results import runs
+        if args.run_id is None or args.no_results:
+            raise ConfigError("--resume needs --run-id RUN (the run to complete) and rows "
+                              "(not --no-results)")
+        if runs.read_manifest(args.results, args.run_id) is None:
+            raise ConfigError(f"--resume: no run {args.run_id!r} in --results {args.results}")
     check_backend_request(args.backend)
     if getattr(args, "cmd", None) == "trace":
         from jobs.trace import check_one_group
@@ -188,7 +198,7 @@ def _plan(args, jobs: tuple[str, ...]):
 # ----------------------------------------------------------------- sweeps
 def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     from jobs import correctness, faults, profile
-    from jobs.harness import ClusterView, Run, ray_session, resolve_backend
+    from jobs.harness import ClusterView, Run, done_in_run, ray_session, resolve_backend
     from jobs.results import env_info
 
     plan = _plan(args, jobs)
@@ -210,15 +220,25 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
               f"\ncommit: {environment.get('git_commit') or 'unknown'}"
               f"\nrun: {run.run_id} (trigger {run.trigger}); results: "
               f"{'not written' if args.no_results else args.results}", flush=True)
+        keys, parts = done_in_run(args.results, run.run_id) if args.resume else (set(), set())
         for suite, cases in plan:
             print(f"\n#### suite {suite.name} v{suite.version} ({suite.path}): {suite.description}")
-            if "selfcheck" in jobs and suite.selfcheck:
+            if "selfcheck" in jobs and suite.selfcheck and (suite.name, "selfcheck") not in parts:
                 _selfcheck_part(run, suite)
-            if "compile-check" in jobs and suite.compile_check:
+            if "compile-check" in jobs and suite.compile_check and \
+                    (suite.name, "compile-check") not in parts:
                 _compile_part(run, suite, args)
             # The nightly runs every placement the cluster offers a case
             # ("every topology"); a single job runs the best one.
             cases = view.concretize(cases, every=nightly, wanted=args.placement)
+            if args.resume:
+                todo = [c for c in cases if c.key() not in keys]
+                print(f"resume: run {run.run_id} holds {len(cases) - len(todo)} of these "
+                      f"{len(cases)} case(s) already; running the other {len(todo)}"
+                      + "".join(f"; its {j} rows are kept, not rerun" for j in
+                                ("selfcheck", "compile-check")
+                                if j in jobs and (suite.name, j) in parts), flush=True)
+                cases = todo
             for job in ("correctness", "faults", "profile"):
                 mine = [c for c in cases if c.job == job]
                 if mine:

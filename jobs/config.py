@@ -148,6 +148,16 @@ class Case:
                if k in declared and getattr(self, k) is not None}
         return {**out, **dict(self.op_args)}
 
+    def key(self) -> str:
+        """The case's identity as one string (every identity field, no job
+        parameter): the row that completes a case stores it
+        (``extra.case_key``), so ``--resume`` can tell which cases a run has."""
+        args = ",".join(f"{k}={v}" for k, v in self.op_args)
+        return "|".join(str(v) for v in (
+            self.job, self.op, self.variant, self.transport, self.placement, self.tp,
+            self.hidden, self.tokens, self.top_k, self.hc, self.dtype, self.inputs, self.fault,
+            self.rank, args))
+
     def label(self) -> str:
         what = self.inputs or self.fault or ""
         args = " ".join(f"{k}={v}" for k, v in self.op_args)

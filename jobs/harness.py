@@ -279,6 +279,23 @@ class ClusterView:
 
 
 # --------------------------------------------------------------------- rows
+def done_in_run(results: Path, run_id: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """What run ``run_id`` already holds: the keys of its completed cases
+    (:meth:`jobs.config.Case.key`, from ``extra.case_key``) and the
+    ``(suite, job)`` pairs it has rows of (the self-check and compile check
+    have no cases)."""
+    import json
+
+    from jobs.results import read_results
+    table = read_results(results, filters={"run_id": run_id}, columns=["suite", "job", "extra"])
+    keys = set()
+    for extra in table.column("extra").to_pylist():
+        key = json.loads(extra or "{}").get("case_key")
+        if key:
+            keys.add(key)
+    return keys, set(zip(table.column("suite").to_pylist(), table.column("job").to_pylist()))
+
+
 def case_seed(case: Case, repeat: int = 0) -> int:
     """A seed that depends on the case, not on its position in a sweep, so a
     filtered re-run (the repro command) sees the same data."""
@@ -489,6 +506,8 @@ class Run:
                                                          columns["placement"])
         info = {"suite_version": suite.version, "inputs": case.inputs if case else None,
                 **getattr(self._tags, "extra", {}), **(extra or {})}
+        if progress and case is not None:
+            info.setdefault("case_key", case.key())  # this row completes the case
         row = make_row(started_at=started_at, finished_at=now(), outcome=outcome, reason=reason,
                        extra={k: v for k, v in info.items() if v is not None},
                        **{**self.environment, **columns})

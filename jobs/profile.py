@@ -181,6 +181,7 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
         progress = name == names[-1]  # one case, however many rows (implementations)
         variant = case.variant if name == "fused" else f"baseline:{name}"
         extra = {"impl": name, "collective_speed": where.collective_speed,
+                 **({"case_key": case.key()} if progress else {}),
                  "nvtx_domain": NVTX_DOMAIN,
                  "nvtx_range": range_name(case.op, name, tp=case.tp, hidden=case.hidden,
                                           tokens=case.tokens),

@@ -10,7 +10,9 @@
 # Parts: 1 self-check, compile check, correctness of all_reduce_norm;
 # 2 correctness of the other ops; 3 the fault campaign; 4 the profile (the
 # dashboard is rebuilt from the whole run after each part); "all" runs 1-4
-# in one invocation. Prints each job's heading and closing line (wall time,
+# in one invocation. RESUME=1 completes a part that was cut short (its
+# cases already in the run are not rerun; part 1 then keeps the cache and
+# the results). Prints each job's heading and closing line (wall time,
 # cases, service overhead, peak groups at once), the compile-check line
 # (compiled vs served from the cache) and how many kernels the cache holds;
 # each part's full log goes to $OUT/nightly_<pass>_<part>.log.
@@ -22,7 +24,7 @@ case "$part" in 1|2|3|4|all) ;; *) echo "nightly_cache.sh: part must be 1, 2, 3,
 export LAMPORT_COMPILE_CACHE=${LAMPORT_COMPILE_CACHE:-/tmp/lamport-compile-cache}
 out=${OUT:-/tmp}
 run_id=${RUN_ID:-h200-nightly-$pass}
-if [ "$part" = 1 ] || [ "$part" = all ]; then
+if { [ "$part" = 1 ] || [ "$part" = all ]; } && [ -z "${RESUME:-}" ]; then
   if [ "$pass" = cold ]; then rm -rf "$LAMPORT_COMPILE_CACHE"; fi
   rm -rf "/tmp/results-$pass" "/tmp/site-$pass"
 fi
@@ -39,7 +41,7 @@ for p in $( [ "$part" = all ] && echo 1 2 3 4 || echo "$part" ); do
   before=$(find "$LAMPORT_COMPILE_CACHE" -name meta.json 2>/dev/null | wc -l)
   start=$(date +%s)
   # shellcheck disable=SC2046
-  timeout 570 python3 -m jobs nightly --suite nightly --backend gpu $(args_of "$p") --run-id "$run_id" \
+  timeout 570 python3 -m jobs nightly --suite nightly --backend gpu $(args_of "$p") --run-id "$run_id" ${RESUME:+--resume} \
     --results "/tmp/results-$pass" --site "/tmp/site-$pass" > "$out/nightly_${pass}_$p.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && rc_all=$rc

@@ -1,0 +1,59 @@
+"""``--resume``: a run cut short (or a nightly part stopped by its time
+limit) completed by running only the cases it does not hold yet."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from jobs.results import read_results, runs
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def jobs_cli(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=280)
+
+
+def test_resume_runs_only_what_the_run_lacks(tmp_path):
+    results = str(tmp_path / "results")
+    common = ["nightly", "--suite", "smoke", "--jobs", "selfcheck,correctness", "--ops",
+              "embed_norm", "--run-id", "cut-short", "--results", results, "--no-dashboard"]
+    first = jobs_cli(*common, "--inputs", "random")  # the run "cut short" after one case
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    again = jobs_cli(*common, "--resume")
+    out = again.stdout
+    assert again.returncode == 0, out[-3000:] + again.stderr[-3000:]
+    assert "resume: run cut-short holds 1 of these 3 case(s) already; running the other 2; " \
+           "its selfcheck rows are kept, not rerun" in out, out[-3000:]
+    assert "== reference self-check" not in out
+    rows = read_results(results).to_pylist()
+    jobs = Counter(r["job"] for r in rows)
+    assert jobs == {"selfcheck": 11, "correctness": 3}
+    keys = [json.loads(r["extra"])["case_key"] for r in rows if r["job"] == "correctness"]
+    assert len(set(keys)) == 3  # every case once
+    assert sorted(json.loads(r["extra"])["inputs"] for r in rows if r["job"] == "correctness") \
+        == ["random", "sentinel_pattern", "shard_edges"]
+    manifest = runs.read_manifest(results, "cut-short")
+    assert manifest["status"] == "finished"
+    assert [a["cases"] for a in manifest["accounting"]] == [1, 2]
+
+
+def test_resume_needs_a_run_that_exists(tmp_path):
+    results = str(tmp_path / "results")
+    done = jobs_cli("correctness", "--resume", "--results", results)
+    assert done.returncode == 2 and "--resume needs --run-id" in done.stderr
+    done = jobs_cli("correctness", "--resume", "--run-id", "nosuch", "--results", results)
+    assert done.returncode == 2 and "--resume: no run 'nosuch' in --results" in done.stderr
+    assert not Path(results).exists()
