@@ -195,6 +195,7 @@ def test_a_run_split_in_parts_is_reopened_and_sums_its_parts(tmp_path):
     runs.begin(root, "split", trigger="nightly")
     data = runs.read_manifest(root, "split")
     assert data["status"] == "running" and data["started_at"] == started
+    assert "finished_at" not in data
     runs.finish(root, "split", counts={"pass": 1, "fail": 1}, accounting=[{"job": "profile"}])
     data = runs.read_manifest(root, "split")
     assert data["status"] == "finished"

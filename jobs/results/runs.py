@@ -108,6 +108,7 @@ def begin(root, run_id: str, *, trigger: str, facts: dict | None = None) -> dict
     if data.get("status") == "running" and driver and driver_alive(driver) is not False:
         return data
     now = _now()
+    data.pop("finished_at", None)  # a finished run reopened for one more part
     data.update(run_id=run_id, trigger=trigger, status="running", driver=this_driver(),
                 started_at=data.get("started_at") or now, heartbeat_at=now)
     data.setdefault("facts", {})
