@@ -15,7 +15,8 @@
 # the results). Prints each job's heading and closing line (wall time,
 # cases, service overhead, peak groups at once), the compile-check line
 # (compiled vs served from the cache) and how many kernels the cache holds;
-# each part's full log goes to $OUT/nightly_<pass>_<part>.log.
+# each part's full log goes to $OUT/nightly_<pass>_<part>.log, and the rows
+# and pages so far to $OUT/results-<pass>.tgz.
 set -u
 pass=${1:?usage: nightly_cache.sh cold|warm [1|2|3|4|all]}
 part=${2:-all}
@@ -48,5 +49,7 @@ for p in $( [ "$part" = all ] && echo 1 2 3 4 || echo "$part" ); do
   after=$(find "$LAMPORT_COMPILE_CACHE" -name meta.json 2>/dev/null | wc -l)
   grep -E "^== |^   \(|variants: .* compiled|failing case|pass, .* fail|^dashboard" "$out/nightly_${pass}_$p.log"
   echo "$pass part $p: exit $rc, wall $(( $(date +%s) - start )) s; compile cache $LAMPORT_COMPILE_CACHE: $before -> $after kernels ($(( after - before )) compiled and stored by this part)"
+  # The machine may be given back between calls (30 s idle): bring the rows home every part.
+  [ -n "${OUT:-}" ] && tar czf "$OUT/results-$pass.tgz" -C /tmp "results-$pass" "site-$pass" 2>/dev/null
 done
 exit $rc_all
