@@ -18,18 +18,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from cluster.emulated.segment import remove_driver_segments
+
 
 @contextlib.contextmanager
 def simulated_cluster(nodes: int, units: int, *, cpus_per_node: int = 1) -> Iterator:
     """A connected Ray cluster of a head (no units) and ``nodes`` worker
     nodes with ``units`` emulated GPUs each; yields the Cluster (its
-    ``worker_nodes`` for ``remove_node``). Ray is shut down at the end."""
+    ``worker_nodes`` for ``remove_node``). Ray is shut down at the end, and
+    then the mailbox segments still named for this driver are removed: the
+    simulated nodes share this host's /dev/shm, and the rank actors of a
+    node removed mid-run died without closing theirs (on a real cluster
+    they would be on the lost node)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -46,6 +53,7 @@ def simulated_cluster(nodes: int, units: int, *, cpus_per_node: int = 1) -> Iter
     finally:
         ray.shutdown()
         cluster.shutdown()
+        remove_driver_segments(os.getpid())
 
 
 def group_spans(rows: Sequence[dict]) -> dict[tuple, tuple[float, float, str]]:

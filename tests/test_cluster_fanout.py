@@ -6,11 +6,13 @@ were planned for, run at the same time, and a node lost mid-run costs only
 its own groups' cases."""
 
 import json
+import os
 import threading
 import time
 
 import pytest
 
+from cluster.emulated.segment import SHM_DIR
 from cluster.fanout import Fanout, Span, Task, peak_overlap
 
 pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
@@ -158,6 +160,8 @@ def test_groups_fan_out_over_simulated_nodes_and_survive_a_lost_node(tmp_path, m
         state.update(built=threading.Barrier(2, timeout=600), after_build=lose_victim)
         monkeypatch.setattr(correctness, "run_case", run_case)
         status, rows, extras = _run(tmp_path, "lost")
+    # The lost node's rank segments (its actors died with it) are gone too.
+    assert not [n for n in os.listdir(SHM_DIR) if f".p{os.getpid()}-" in n]
     assert status == 1 and len(rows) == 8, [(r["outcome"], r["reason"]) for r in rows]
     assert {x["node_id"] for x in extras} == nodes
     for r, x in zip(rows, extras):
