@@ -1,8 +1,10 @@
 """Where a job's wall time went, from its rows' start and end times: the
 time inside TP groups and between them (group set-up), and per placement
 and tp the groups, cases, summed group spans, time per case and the median
-case after each group's first (where a group's compiles land). One group =
-the rows of one (op, placement, tp, hidden, mode, finalize).
+case after each group's first (where a group's compiles land). A group is
+the rows of one ``extra.group_id`` (rank-actor groups); rows without one (a
+virtual-rank group is one GPU task, untagged; ``jobs.simulate.group_spans``
+leaves them out) are grouped by (op, placement, tp, hidden, mode, finalize).
 
     python3 scripts/group_spans.py RESULTS [--run RUN_ID] [--job correctness]
 """
@@ -36,8 +38,8 @@ def main(argv=None) -> int:
     groups = defaultdict(list)
     for r in rows:
         x = json.loads(r["extra"] or "{}")
-        groups[(r["op"], r["placement"], r["tp"], r["hidden"], x.get("mode"),
-                x.get("finalize"))].append(r)
+        groups[(r["op"], r["placement"], r["tp"],
+                x.get("group_id") or (r["hidden"], x.get("mode"), x.get("finalize")))].append(r)
     spans = sorted((min(r["started_at"] for r in g), max(r["finished_at"] for r in g))
                    for g in groups.values())
     inside = sum((e - s).total_seconds() for s, e in spans)
