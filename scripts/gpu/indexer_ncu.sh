@@ -35,6 +35,6 @@ ncu --clock-control none --cache-control all \
         echo "ncu failed; its stderr:"; tail -n 30 "$WORK/ncu_stderr.txt"; tail -n 30 "$WORK/launches.txt"; exit 1; }
 ncu -i "$WORK/report.ncu-rep" --csv --page details > "$WORK/details.csv"
 ncu -i "$WORK/report.ncu-rep" --csv --page raw > "$WORK/raw.csv"
-"$PY" scripts/gpu/indexer_ncu_summary.py "$WORK/launches.txt" "$WORK/details.csv" \
+"$PY" scripts/gpu/ncu_summary.py "$WORK/launches.txt" "$WORK/details.csv" \
     "$WORK/raw.csv" > "$OUT/ncu_summary.txt"
 cat "$OUT/ncu_summary.txt"

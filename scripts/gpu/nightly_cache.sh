@@ -16,7 +16,9 @@
 # cases, service overhead, peak groups at once), the compile-check line
 # (compiled vs served from the cache) and how many kernels the cache holds;
 # each part's full log goes to $OUT/nightly_<pass>_<part>.log, and the rows
-# and pages so far to $OUT/results-<pass>.tgz.
+# and pages so far to $OUT/results-<pass>.tgz. OPS=a,b narrows a part to
+# those ops; PART_TIMEOUT_S (default 570) bounds each part, so that several
+# parts fit one device call.
 set -u
 pass=${1:?usage: nightly_cache.sh cold|warm [1|2|3|4|all]}
 part=${2:-all}
@@ -31,10 +33,10 @@ if { [ "$part" = 1 ] || [ "$part" = all ]; } && [ -z "${RESUME:-}" ]; then
 fi
 args_of() {
   case "$1" in
-    1) echo "--jobs selfcheck,compile-check,correctness --ops all_reduce_norm" ;;
-    2) echo "--jobs correctness --ops finalize_publish,embed_norm,all_reduce_mhc,indexer" ;;
-    3) echo "--jobs faults" ;;
-    4) echo "--jobs profile" ;;
+    1) echo "--jobs selfcheck,compile-check,correctness --ops ${OPS:-all_reduce_norm}" ;;
+    2) echo "--jobs correctness --ops ${OPS:-finalize_publish,embed_norm,all_reduce_mhc,indexer}" ;;
+    3) echo "--jobs faults ${OPS:+--ops $OPS}" ;;
+    4) echo "--jobs profile ${OPS:+--ops $OPS}" ;;
   esac
 }
 rc_all=0
@@ -42,7 +44,7 @@ for p in $( [ "$part" = all ] && echo 1 2 3 4 || echo "$part" ); do
   before=$(find "$LAMPORT_COMPILE_CACHE" -name meta.json 2>/dev/null | wc -l)
   start=$(date +%s)
   # shellcheck disable=SC2046
-  timeout 570 python3 -m jobs nightly --suite nightly --backend gpu $(args_of "$p") --run-id "$run_id" ${RESUME:+--resume} \
+  timeout "${PART_TIMEOUT_S:-570}" python3 -m jobs nightly --suite nightly --backend gpu $(args_of "$p") --run-id "$run_id" ${RESUME:+--resume} \
     --results "/tmp/results-$pass" --site "/tmp/site-$pass" > "$out/nightly_${pass}_$p.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && rc_all=$rc

@@ -1,4 +1,4 @@
-"""scripts/gpu/indexer_ncu_summary.py on a small report in ncu's CSV shapes
+"""scripts/gpu/ncu_summary.py on a small report in ncu's CSV shapes
 (details page: one row a metric; raw page: header, units, one row a launch)."""
 
 import importlib.util
@@ -6,7 +6,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location(
-    "indexer_ncu_summary", ROOT / "scripts/gpu/indexer_ncu_summary.py")
+    "ncu_summary", ROOT / "scripts/gpu/ncu_summary.py")
 S = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(S)
 
@@ -43,6 +43,7 @@ def test_summary_text(tmp_path):
     assert "Duration: 3.10 us" in blocks[0] and "Grid Size: 80" in blocks[0]
     assert "Shared Memory Configuration Size" not in text  # not selected
     assert "dram__bytes_read.sum: 9.20 Mbyte" in blocks[0]
+    assert "kernel: kernel_cutlass_fused_kernel" in blocks[0]
     assert "launch__grid_size: 80" in blocks[0] and "launch__grid_size: 40" in blocks[1]
     assert "stalls (warps per issue): long_scoreboard 12.25, barrier 0.50" in blocks[0]
     assert "stalls (warps per issue): barrier 3.00, long_scoreboard 1.00" in blocks[1]

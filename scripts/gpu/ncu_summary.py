@@ -1,9 +1,10 @@
-"""Compact text of an Nsight Compute report of the indexer kernels.
+"""Compact text of an Nsight Compute report (scripts/gpu/indexer_ncu.sh,
+scripts/gpu/allreduce_ncu.sh).
 
-    python3 scripts/gpu/indexer_ncu_summary.py LAUNCHES DETAILS_CSV RAW_CSV
+    python3 scripts/gpu/ncu_summary.py LAUNCHES DETAILS_CSV RAW_CSV
 
-LAUNCHES: the ``ncu launch: ...`` lines ``benchmarks.indexer --ncu-calls N``
-printed (each label stands for N launches, in order); DETAILS_CSV and RAW_CSV:
+LAUNCHES: the ``ncu launch: LABEL xN`` lines the profiled program printed
+(each label stands for its next N profiled launches, in order); DETAILS_CSV and RAW_CSV:
 ``ncu -i REPORT --csv --page details`` / ``--page raw``. Prints per profiled
 launch its label, grid/block/cluster, duration, achieved DRAM read bandwidth,
 occupancy and waves, and the largest stall reasons (warps stalled per issued
@@ -23,13 +24,15 @@ DETAILS = ("Duration", "DRAM Throughput", "Memory Throughput", "L2 Cache Through
            "Theoretical Occupancy", "Achieved Occupancy", "Warp Cycles Per Issued Instruction",
            "Issued Warp Per Scheduler", "No Eligible", "Active Warps Per Scheduler",
            "Eligible Warps Per Scheduler", "L2 Hit Rate")
+DETAILS_WORDS = ("NVLink", "Nvlink", "NVLINK")
+"""Details metrics whose name holds one of these are kept too (the NVLink sections)."""
 #: Raw metrics: exact names, then every metric starting with a prefix.
 RAW = ("gpu__time_duration.sum", "device__attribute_multiprocessor_count",
        "sm__cycles_active.avg", "sm__warps_active.avg.pct_of_peak_sustained_active")
 RAW_PREFIXES = ("dram__bytes", "dram__throughput", "launch__grid_size", "launch__cluster_dim",
                 "launch__block_size", "launch__thread_block_size", "launch__registers_per_thread",
                 "launch__waves_per_multiprocessor", "launch__occupancy_limit",
-                "launch__shared_mem_per_block")
+                "launch__shared_mem_per_block", "nvlrx__", "nvltx__")
 STALL = re.compile(r"issue_stalled_(\w+?)(?:_per_\w+)?\.ratio$")
 TOP_STALLS = 8
 
@@ -61,7 +64,8 @@ def details(path: str) -> dict[str, list[tuple[str, str, str]]]:
             continue
         name = r[cols["Metric Name"]]
         key = (r[cols["ID"]], name)
-        if name in DETAILS and key not in seen:
+        wanted = name in DETAILS or any(w in name for w in DETAILS_WORDS)
+        if wanted and key not in seen:
             seen.add(key)
             out.setdefault(r[cols["ID"]], []).append(
                 (name, r[cols["Metric Value"]], r[cols.get("Metric Unit", cols["Metric Value"])]))
@@ -100,6 +104,8 @@ def summary(labels, det, launches) -> str:
         for name, value, unit in det.get(launch_id, []):
             lines.append(f"    {name}: {value} {unit}".rstrip())
         r = launches[n] if n < len(launches) else {}
+        if r.get("Kernel Name", "").strip():
+            lines.append(f"    kernel: {r['Kernel Name'].strip()[:120]}")
         for name in RAW + tuple(k for k in r if k.startswith(RAW_PREFIXES)):
             if name in r and r[name].strip():
                 lines.append(f"    {name}: {r[name]}")
