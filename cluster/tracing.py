@@ -28,6 +28,10 @@ CLOCK_EVENT = "lamport.trace.clock"
 CALL_EVENT = "lamport.call"
 KERNEL_CATEGORY = "kernel"
 """torch.profiler's (Kineto's) category of a GPU kernel event."""
+GPU_ANNOTATION_CATEGORY = "gpu_user_annotation"
+"""Kineto's copy of a ``record_function`` range on the GPU timeline (same
+name: the span of the GPU work launched inside it); a call's host range is
+counted once, this copy separately."""
 _FLOW_ID_STRIDE = 1 << 40
 _PROCESS_METADATA = ("process_name", "process_labels", "process_sort_index")
 
@@ -132,16 +136,20 @@ def merge(traces: Sequence[Mapping], labels: Sequence[str]) -> dict:
 
 def summary(trace: Mapping) -> dict[str, Any]:
     """What a merged trace holds: its rank tracks (pid -> name) and per
-    rank the events, the ``lamport.call`` ranges and the GPU kernels."""
+    rank the events, the ``lamport.call`` host ranges (``calls``), their
+    GPU-timeline copies (``gpu_calls``, CUDA only) and the GPU kernels."""
     names = {e["pid"]: e["args"]["name"] for e in _events(trace)
              if e.get("ph") == "M" and e.get("name") == "process_name"}
-    per = {pid: {"events": 0, "calls": 0, "kernels": 0} for pid in names}
+    per = {pid: {"events": 0, "calls": 0, "gpu_calls": 0, "kernels": 0} for pid in names}
     for e in _events(trace):
         if e.get("ph") == "M" or e.get("pid") not in per:
             continue
         c = per[e["pid"]]
         c["events"] += 1
-        c["calls"] += str(e.get("name", "")).startswith(CALL_EVENT + " ") and e.get("ph") == "X"
+        call = str(e.get("name", "")).startswith(CALL_EVENT + " ") and e.get("ph") == "X"
+        on_gpu = e.get("cat") == GPU_ANNOTATION_CATEGORY
+        c["calls"] += call and not on_gpu
+        c["gpu_calls"] += call and on_gpu
         c["kernels"] += e.get("cat") == KERNEL_CATEGORY
     return {"tracks": [names[p] for p in sorted(names)],
             "per_rank": {names[p]: per[p] for p in sorted(names)}}

@@ -258,7 +258,8 @@ class ClusterView:
     def concretize(self, cases: list[Case], *, every: bool,
                    wanted: tuple[str, ...] | None = None) -> list[Case]:
         """``auto`` cases as concrete placements: each offered one
-        (``every``: the nightly's "every topology") or the best, among
+        (``every``: the nightly's "every topology"; for the profile job
+        every one with a collective's speed, else the best) or the best, among
         ``wanted`` when given (``--placement``); a case nothing can host
         stays ``auto`` (its job records why). Cases whose placement is not
         wanted are dropped."""
@@ -273,7 +274,12 @@ class ClusterView:
                 out.append(case)
                 continue
             found = [p for p in found if wanted is None or p.name in wanted]
-            for p in (found if every else found[:1]):
+            chosen = found if every else found[:1]
+            if every and case.job == "profile":
+                # Only a placement with a collective's speed gives a timing; another one
+                # is kept only when nothing better fits (its row then says why it is skipped).
+                chosen = [p for p in chosen if p.collective_speed] or chosen[:1]
+            for p in chosen:
                 out.append(dataclasses.replace(case, placement=p.name))
         return out
 

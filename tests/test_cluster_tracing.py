@@ -25,7 +25,10 @@ def rank_trace(rank: int, *, skew_us: float, kernels: int, pid: int = 4242) -> d
     ]
     for n, wall in enumerate((1000.0, 2000.0), 1):
         events.append({"ph": "X", "name": f"{CALL_EVENT} {n}", "pid": pid, "tid": 77,
-                       "ts": at(wall + late), "dur": 100.0})
+                       "ts": at(wall + late), "dur": 100.0, "cat": "user_annotation"})
+    # Kineto's GPU-timeline copy of call 1's range (same name): not a second call.
+    events.append({"ph": "X", "name": f"{CALL_EVENT} 1", "pid": 0, "tid": 7,
+                   "ts": at(1008.0 + late), "dur": 40.0, "cat": "gpu_user_annotation"})
     for k in range(kernels):
         events += [{"ph": "X", "cat": "kernel", "name": f"lamport_publish_{k}", "pid": 0,
                     "tid": 7, "ts": at(1010.0 + 10 * k + late), "dur": 5.0},
@@ -42,10 +45,11 @@ def test_each_rank_is_one_labelled_track_on_rank_0s_clock():
     merged = merge(traces, labels)
     s = summary(merged)
     assert s["tracks"] == labels
-    assert s["per_rank"] == {label: {"events": 3 * 3 + 3, "calls": 2, "kernels": 3}
-                             for label in labels}
+    assert s["per_rank"] == {label: {"events": 3 * 3 + 4, "calls": 2, "gpu_calls": 1,
+                                     "kernels": 3} for label in labels}
     calls = {(e["pid"], e["name"]): e["ts"] for e in merged["traceEvents"]
-             if str(e.get("name", "")).startswith(CALL_EVENT)}
+             if str(e.get("name", "")).startswith(CALL_EVENT)
+             and e.get("cat") != "gpu_user_annotation"}
     # Rank 1's clock was 5.7 ms behind: on one timeline its calls are the
     # 50 us late they really were.
     for n in (1, 2):

@@ -203,6 +203,13 @@ def test_placements_follow_the_topology():
         ["process-per-gpu", "process-per-gpu"]
     assert [c.placement for c in eight.concretize(cases, every=False, wanted=("shared-gpu",))] == \
         ["shared-gpu"]
+    # The profile times a collective on process-per-GPU groups only: a shared-GPU
+    # group is planned only where nothing else fits (its row says why it is skipped).
+    prof = [dataclasses.replace(c, job="profile") for c in cases]
+    assert [c.placement for c in eight.concretize(prof, every=True)] == \
+        ["process-per-gpu", "process-per-gpu"]
+    assert [c.placement for c in one.concretize(prof, every=True)] == \
+        ["process-per-gpu", "shared-gpu"]
     emulated = _view(0, backend="emulated")
     assert [c.placement for c in emulated.concretize(cases, every=True)] == ["emulated"] * 2
     assert "needs the gpu backend" in emulated.offered(

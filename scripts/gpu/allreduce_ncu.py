@@ -30,7 +30,7 @@ with the reason when FlashInfer is not importable). Before the profiled
 call each instance runs ``--warmup`` unprofiled calls on both ranks
 (compiles, JIT-loads) and ours is checked once against the reference.
 
-Prints ``ncu launch: LABEL x1`` before each profiled call (the labels
+Prints ``ncu launch: LABEL xN`` before each profiled call (N its kernels; the labels
 scripts/gpu/ncu_summary.py pairs with ncu's launches) and exits non-zero on
 any failure.
 """
@@ -44,9 +44,14 @@ import sys
 import time
 
 IMPLS = ("ours_watchdog", "ours_plain", "flashinfer_oneshot")
-WATCHDOG_NS = 2_000_000
-"""Budget of ``ours_watchdog`` (2 ms): bounds a replay gone wrong (a
-restored mailbox that is not) to a flagged call instead of a hang."""
+LAUNCHES = {"ours_watchdog": 2, "ours_plain": 2, "flashinfer_oneshot": 1}
+"""Kernels one call launches: ours is a publish kernel then the norm
+(consumer) kernel, chained by PDL (seen under ncu on two H200s,
+2026-11-30); FlashInfer's is one kernel."""
+WATCHDOG_NS = 500_000_000
+"""Budget of ``ours_watchdog`` (500 ms, as benchmarks.owner_crossover's
+checks): bounds a replay gone wrong to a flagged call instead of a hang.
+2 ms was too short: under ncu a rank's first warm-up call is that late."""
 
 
 def _int_list(text: str) -> list[int]:
@@ -112,9 +117,9 @@ def _rank(rank: int, args, port: int) -> None:
     group = dist.group.WORLD
     host = dist.new_group(backend="gloo")
     cap = max(args.tokens)
-    for impl in args.impls:
-        for hidden in args.hidden:
-            for m in args.tokens:
+    for hidden in args.hidden:
+        for m in args.tokens:
+            for impl in args.impls:
                 label = f"{impl} hidden={hidden} M={m}"
                 try:
                     call, check = _build(impl, hidden, cap, rank, args, group)
@@ -145,7 +150,7 @@ def _rank(rank: int, args, port: int) -> None:
                 else:
                     dist.barrier(group=host)
                     time.sleep(args.settle_ms / 1e3)
-                    print(f"ncu launch: {label} x1", flush=True)
+                    print(f"ncu launch: {label} x{LAUNCHES[impl]}", flush=True)
                     torch.cuda.profiler.start()
                     call(xs[rank], res, w, out[0], out[1])
                     torch.cuda.synchronize(device)

@@ -60,7 +60,7 @@ run durations "${DURATIONS_LIMIT_S:-120}" \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
   -- --tokens "$TOKENS" --hidden "$HIDDEN"
 rc1=$?
-run sections "${SECTIONS_LIMIT_S:-200}" \
+run sections "${SECTIONS_LIMIT_S:-300}" \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
   --section Occupancy --section WarpStateStats --section SchedulerStats "${nvl[@]}" \
   --metrics dram__bytes_read.sum,dram__bytes_write.sum \

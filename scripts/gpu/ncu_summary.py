@@ -27,8 +27,9 @@ DETAILS = ("Duration", "DRAM Throughput", "Memory Throughput", "L2 Cache Through
 DETAILS_WORDS = ("NVLink", "Nvlink", "NVLINK")
 """Details metrics whose name holds one of these are kept too (the NVLink sections)."""
 #: Raw metrics: exact names, then every metric starting with a prefix.
-RAW = ("gpu__time_duration.sum", "device__attribute_multiprocessor_count",
-       "sm__cycles_active.avg", "sm__warps_active.avg.pct_of_peak_sustained_active")
+RAW = ("gpu__time_duration.sum", "gpc__cycles_elapsed.max",
+       "device__attribute_multiprocessor_count", "sm__cycles_active.avg", "sm__cycles_active.max",
+       "sm__warps_active.avg.pct_of_peak_sustained_active")
 RAW_PREFIXES = ("dram__bytes", "dram__throughput", "launch__grid_size", "launch__cluster_dim",
                 "launch__block_size", "launch__thread_block_size", "launch__registers_per_thread",
                 "launch__waves_per_multiprocessor", "launch__occupancy_limit",

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from cluster.tracing import summary
+from jobs.results import read_results
 from tests.test_jobs_trace import run_trace
 
 pytestmark = pytest.mark.multigpu
@@ -16,8 +17,12 @@ pytestmark = pytest.mark.multigpu
 def test_tp2_process_per_gpu_trace_has_kernels_on_every_rank(tmp_path):
     _, out = run_trace(tmp_path, backend="gpu", placement="process-per-gpu")
     s = summary(json.loads(out.read_text()))
+    rows = read_results(tmp_path / "results").to_pylist()
+    calls = sum(json.loads(r["extra"])["repeats"] for r in rows)  # every call of every case
     assert len(s["tracks"]) == 2 and all("GPU" in t for t in s["tracks"]), s
     gpus = {t.split("GPU ")[1] for t in s["tracks"]}
     assert len(gpus) == 2, s  # one GPU per rank
     for label, c in s["per_rank"].items():
-        assert c["calls"] == 8 and c["kernels"] >= c["calls"], (label, c)
+        # Host ranges once each (Kineto's GPU-timeline copies are gpu_calls:
+        # counting both gave 16 for 8 calls on two H200s, 2026-11-30).
+        assert c["calls"] == calls and c["kernels"] >= c["calls"], (label, c, calls)
