@@ -9,7 +9,8 @@ runtime is not multiplied by them). Checks, per variant and per arch:
 - the PTX dump exists and holds an ``.entry`` containing ``entry``;
 - consumers spin with ``ld.volatile.global.v4``; their order is residual and
   gamma loads, ``griddepcontrol.wait``, the volatile stage load, the spins,
-  ``griddepcontrol.launch_dependents``, then the sentinel stores;
+  ``griddepcontrol.launch_dependents``, then the sentinel stores (a volatile
+  load before the wait is a stage hint: no slot is loaded before it);
 - ``multimem.st`` appears in multicast builds and only there;
 - publishes: ``griddepcontrol.wait`` precedes ``launch_dependents`` and the
   stage / payload loads; the unicast and multicast builds of one (tp, arch)
@@ -277,7 +278,7 @@ def check_consumer(lines: list[str], v: Variant) -> list[str]:
     errs = []
     wait = _first(lines, "griddepcontrol.wait")
     launch = _first(lines, "griddepcontrol.launch_dependents")
-    stage = _first(lines, "ld.volatile.global.u32")
+    stage = _first(lines, "ld.volatile.global.u32", max(wait, 0))
     spin = _first(lines, "ld.volatile.global.v4")
     sentinel = _first(lines, "0x80008000")
     plain = [i for i, ln in enumerate(lines) if ln.startswith("ld.global.v4")]

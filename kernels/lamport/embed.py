@@ -139,6 +139,7 @@ class EmbedNormKernel(NormKernel):
         # Weights: written before the producer of this call's publish started.
         enorm_values = prim.unpack_bf16x8(prim.load_u32x4(enorm + column * 2)).to(Float32)
         hnorm_values = prim.unpack_bf16x8(prim.load_u32x4(hnorm + column * 2)).to(Float32)
+        hint = self._stage_hint(stage_state)
 
         cute.arch.griddepcontrol_wait()
 
@@ -147,7 +148,7 @@ class EmbedNormKernel(NormKernel):
         position = prim.load_u64(positions + Int64(token) * 8)
         reduced = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
         failed = self._consume(mailbox, stage_state, error, capacity, error_records,
-                               token, tidx, column, reduced)
+                               token, tidx, column, reduced, hint)
         if failed:
             reduced.fill(Float32(float("nan")))
         else:

@@ -2,10 +2,14 @@
 
 One CTA a token, ``hidden / 8`` threads, one 16-byte fragment a thread.
 Order inside the kernel (checked in the PTX by ``jobs.compile_check``):
-residual and gamma loads, ``griddepcontrol.wait``, volatile ACTIVE_STAGE
-load, one spin per source rank (rank order), NEXT_STAGE store (token 0
-thread 0), ``griddepcontrol.launch_dependents``, sentinel write-back of the
-slots read, then the epilogue: ``sum`` rounded once to BF16,
+residual and gamma loads and the stage hint (NEXT_STAGE), then
+``griddepcontrol.wait``, the volatile ACTIVE_STAGE load with a first
+volatile load of every source's slot at the hinted stage right behind it
+(all in flight at once), one spin per source rank in rank order on those
+that still hold a sentinel lane (or were loaded at a stage other than
+ACTIVE_STAGE), NEXT_STAGE store (token 0 thread 0),
+``griddepcontrol.launch_dependents``, sentinel write-back of the slots
+read, then the epilogue: ``sum`` rounded once to BF16,
 ``residual_out = BF16(sum + residual)``, ``norm_out = BF16(residual_out *
 rsqrt(mean(residual_out^2) + eps) * gamma)`` with the mean reduced by warp
 shuffles and shared memory.
@@ -99,6 +103,7 @@ class NormKernel:
             prim.load_u32x4(residual + element * 2)).to(Float32)
         gamma_values = prim.unpack_bf16x8(
             prim.load_u32x4(gamma + column * 2)).to(Float32)
+        hint = self._stage_hint(stage_state)
 
         cute.arch.griddepcontrol_wait()
 
@@ -109,13 +114,13 @@ class NormKernel:
             owned = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
             owned.store(residual_values)
             failed = self._consume(mailbox, stage_state, error, capacity, error_records,
-                                   row, tidx, column, reduced, token, valid | (row == 0))
+                                   row, tidx, column, reduced, hint, token, valid | (row == 0))
             if not valid:
                 owned.fill(Float32(0.0))
             residual_values = owned.load()
         else:
             failed = self._consume(mailbox, stage_state, error, capacity, error_records,
-                                   row, tidx, column, reduced)
+                                   row, tidx, column, reduced, hint)
 
         if failed:
             reduced.fill(Float32(float("nan")))
@@ -143,13 +148,29 @@ class NormKernel:
             (values * inv_rms * gamma_values).to(cutlass.BFloat16)))
 
     @cute.jit
+    def _stage_hint(self, stage_state: Int64) -> Int64:
+        """NEXT_STAGE read before ``griddepcontrol.wait``, clamped to a valid
+        stage: the stage this call's publish is writing in every ordinary
+        case (the previous consumer wrote it and finished before that
+        publish passed its own wait). Only an address guess for the first
+        loads of :meth:`_consume`; ACTIVE_STAGE, read after the wait, decides."""
+        hint = prim.load_volatile_u32(stage_state + NEXT_STAGE * 4)
+        hint_stage = Int64(0)
+        if hint < Uint32(LAMPORT_GENERATIONS):
+            hint_stage = Int64(hint)
+        return hint_stage
+
+    @cute.jit
     def _consume(self, mailbox: Int64, stage_state: Int64, error: Int64,
                  capacity: Int32, error_records: Int32, token, tidx, column,
-                 reduced, record_token=None, active=None) -> Boolean:
+                 reduced, hint_stage, record_token=None, active=None) -> Boolean:
         """The Lamport consume of one fragment (steps 1-4 of the protocol),
         shared by every consumer kernel: volatile ACTIVE_STAGE load (bounds
-        checked), one spin per source rank in rank order (watchdog deadline
-        in the watchdog variant) summed into ``reduced`` (FP32 rmem [8]),
+        checked) issued together with a first volatile load of every
+        source's slot at ``hint_stage`` (:meth:`_stage_hint`), then, in rank
+        order, a spin on each source whose first load still held a sentinel
+        lane or was made at another stage (watchdog deadline in the watchdog
+        variant), summed into ``reduced`` (FP32 rmem [8]) in rank order,
         NEXT_STAGE store (token 0 thread 0), ``launch_dependents``, sentinel
         write-back. Call it right after ``griddepcontrol.wait``. Returns
         True where the fragment could not be computed (timeout or bad stage);
@@ -161,6 +182,14 @@ class NormKernel:
         (no spin, no sentinel write-back, ``reduced`` stays +0.0)."""
         hidden = self.hidden
         stage = prim.load_volatile_u32(stage_state + ACTIVE_STAGE * 4)
+        # First load of every source at once, at the hinted stage, so that
+        # the stage load and all of them are in flight together: one memory
+        # round trip after the wait instead of 1 + tp dependent ones.
+        first = []
+        for source in cutlass.range_constexpr(self.tp):
+            first.append(prim.load_volatile_u32x4(
+                mailbox + slot_index(hint_stage, self.tp, source, Int64(capacity),
+                                     Int64(token), hidden, column) * 2))
         stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
         safe_stage = Int64(0)
         if stage_ok:
@@ -173,6 +202,7 @@ class NormKernel:
             reading = stage_ok & active
         if cutlass.const_expr(record_token is None):
             record_token = token
+        hint_missed = safe_stage != hint_stage
 
         reduced.fill(0.0)
         deadline = Int64(0)
@@ -182,11 +212,10 @@ class NormKernel:
             address = mailbox + slot_index(safe_stage, self.tp, source,
                                            Int64(capacity), Int64(token),
                                            hidden, column) * 2
-            w0 = Uint32(0)
-            w1 = Uint32(0)
-            w2 = Uint32(0)
-            w3 = Uint32(0)
-            pending = Boolean(reading)
+            w0, w1, w2, w3 = first[source]
+            pending = reading & (hint_missed | prim.fragment_has_sentinel([w0, w1, w2, w3]))
+            if not reading:
+                w0, w1, w2, w3 = Uint32(0), Uint32(0), Uint32(0), Uint32(0)
             timed_out = Boolean(False)
             while pending:
                 w0, w1, w2, w3 = prim.load_volatile_u32x4(address)
