@@ -95,6 +95,18 @@ class NodeLost(RuntimeError):
     be rebuilt there; its remaining cases are lost, not the run."""
 
 
+def own_error(errors: Sequence[BaseException]) -> BaseException:
+    """Of the ranks' errors of one timed case (rank order), the first that is
+    a rank's own failure rather than its report that another rank failed
+    (:class:`cluster.measure.harness.PeerFailed`, possibly inside a Ray task
+    error's ``cause``): the error a row should carry."""
+    from cluster.measure.harness import PeerFailed
+    for err in errors:
+        if not isinstance(getattr(err, "cause", err), PeerFailed):
+            return err
+    return errors[0]
+
+
 def placement_for(gpus_per_rank: float) -> str:
     """The placement a GPU share implies: 0 cpu, 1 process_per_gpu, a
     fraction shared_gpu."""
@@ -343,7 +355,15 @@ class TPGroup:
         if len(ready) < len(refs):
             raise TimeoutError(f"time: ranks {[r for r, x in enumerate(refs) if x not in ready]} "
                                f"did not finish within {timeout_s} s")
-        return ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+        results, errors = [], []
+        for ref in refs:
+            try:
+                results.append(ray.get(ref, timeout=CONTROL_TIMEOUT_S))
+            except Exception as err:  # noqa: BLE001 - re-raised below, the most telling first
+                errors.append(err)
+        if errors:
+            raise own_error(errors)
+        return results
 
     def trace_start(self) -> None:
         """Every rank starts its profiler (cluster.tracing); the calls until

@@ -5,7 +5,11 @@ reference with stand-in kernels, and FlashInfer's contract diff."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import statistics
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -166,11 +170,75 @@ def test_fused_wrong_answer_or_failure_elsewhere_stops_every_rank(no_gpu):
     ctx = FakeCtx()
     with pytest.raises(AssertionError, match="not bit-exact"):
         harness.time_case(ctx, SPEC, WORKLOAD)
-    assert ctx.agreements == 2 and no_gpu == []  # agreed after building and after checking
+    # agreed after building, after the first call and after checking
+    assert ctx.agreements == 3 and no_gpu == []
     CHECK["wrong"] = False
-    with pytest.raises(AssertionError, match="failed on 1 other rank"):
+    CALLS.clear()
+    with pytest.raises(harness.PeerFailed, match="failed on 1 other rank"):
         harness.time_case(FakeCtx(elsewhere=1), SPEC, WORKLOAD)
-    assert no_gpu == []
+    assert no_gpu == [] and CALLS == []  # a peer failed to build: no first call either
+
+
+class ThreadCtx(FakeCtx):
+    """One of ``tp`` ranks run as threads: agreements are real (every rank
+    waits for the others and sees their flags)."""
+
+    def __init__(self, rank, shared):
+        super().__init__(tp=len(shared["flags"]))
+        self.rank, self.shared = rank, shared
+
+    def failed_elsewhere(self, failed):
+        shared = self.shared
+        shared["flags"][self.rank] = int(failed)
+        shared["barrier"].wait(timeout=10)
+        total = sum(shared["flags"])
+        shared["barrier"].wait(timeout=10)
+        return total
+
+
+def test_every_rank_builds_before_any_makes_the_first_call(no_gpu):
+    """A slow compile on one rank must not eat the first call's watchdog
+    budget on the other (seen on two H200s: the first case of a fresh group
+    failed on the rank whose peer was still compiling)."""
+    events, lock = [], threading.Lock()
+
+    def workload(ctx, spec):
+        def fused():
+            time.sleep(0.3 if ctx.rank == 1 else 0.0)  # rank 1 compiles longer
+            with lock:
+                events.append(("built", ctx.rank))
+
+            def call(i):
+                with lock:
+                    events.append(("call", ctx.rank))
+            return Call(call)
+        return Workload("all_reduce_norm", sets=1, set_bytes=1, bytes_moved=1, bus_factor=1.0,
+                        fused=fused, check=lambda: None, baselines={})
+
+    shared = {"flags": [0, 0], "barrier": threading.Barrier(2)}
+    module = sys.modules[__name__]
+    module._two_rank_workload = workload
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda r: harness.time_case(
+            ThreadCtx(r, shared), SPEC, f"{__name__}._two_rank_workload"), [0, 1]))
+    first_call = events.index(next(e for e in events if e[0] == "call"))
+    assert sorted(events[:first_call]) == [("built", 0), ("built", 1)], events
+    assert all("times_us" in o["impls"]["fused"] for o in outs)
+
+
+def test_the_row_carries_the_failing_rank_s_own_error():
+    from cluster.group import own_error
+
+    class TaskError(Exception):  # what ray.get raises: the actor's exception as .cause
+        def __init__(self, cause):
+            super().__init__(str(cause))
+            self.cause = cause
+
+    echo = TaskError(harness.PeerFailed("rank 0: the fused op failed on 1 other rank(s)"))
+    own = TaskError(AssertionError("fused: watchdog: missing ranks {0}"))
+    assert own_error([echo, own]) is own
+    assert own_error([echo]) is echo
+    assert own_error([RuntimeError("actor died"), echo]).args == ("actor died",)
 
 
 def test_a_baseline_another_rank_cannot_run_is_skipped_on_every_rank(no_gpu, monkeypatch):
@@ -179,7 +247,7 @@ def test_a_baseline_another_rank_cannot_run_is_skipped_on_every_rank(no_gpu, mon
 
     def failed_elsewhere(failed):
         calls["n"] += 1
-        return int(failed) + (calls["n"] > 2)  # fused agrees (2 calls), then peers fail
+        return int(failed) + (calls["n"] > 3)  # fused agrees (3 calls), then peers fail
     ctx.failed_elsewhere = failed_elsewhere
     out = harness.time_case(ctx, {**SPEC, "baselines": ["unfused"]}, WORKLOAD)
     assert out["impls"]["unfused"] == {"skipped": "unfused could not run on 1 other rank(s) "

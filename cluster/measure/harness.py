@@ -5,9 +5,11 @@ tp=1 task) or on every rank of a process-per-GPU TP group at once
 
 Per implementation, on every rank together:
 
-1. barrier; build it and run it once on set 0 (compile, load, NCCL /
-   symmetric-memory / workspace set-up), timed apart as ``compile_s``
-   inside an NVTX ``... compile`` range;
+1. barrier; build it (compile, load, NCCL / symmetric-memory / workspace
+   set-up), the ranks agree that every one of them built it, then run it
+   once on set 0; both timed apart as ``compile_s`` inside an NVTX
+   ``... compile`` range (the agreement keeps a peer's compile time out of
+   the first call's watchdog budget);
 2. the fused op's outputs checked against the reference (the workload's
    ``check``); the ranks then agree (an all-reduce of a flag) so that all
    of them stop, or go on, together: a rank timing on alone would wait at
@@ -21,7 +23,7 @@ Returns ``{"rank", "impls": {name: {"times_us": [...], "compile_s": s,
 "bytes_moved", "bus_factor", "collective", "before", "after", "device"}``
 (``before`` / ``after``: :func:`cluster.measure.clocks.gpu_state`). The
 fused op failing its check raises AssertionError on every rank (the row is
-``fail``); a baseline that cannot run is ``skipped`` with why, one whose
+``fail``; the ranks where it passed raise :class:`PeerFailed`); a baseline that cannot run is ``skipped`` with why, one whose
 outputs are beyond its tolerance ``failed``.
 """
 
@@ -35,6 +37,27 @@ from cluster.measure.graph import graph_calls, rotating, time_graph
 from cluster.measure.nvtx import nvtx_range, range_name
 from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
 from cluster.measure.workloads import builder
+
+
+class PeerFailed(AssertionError):
+    """This rank's fused op ran, another rank's failed: the case fails on
+    every rank, and the other rank's own error is the one to report
+    (:meth:`cluster.group.TPGroup.time` prefers it)."""
+
+
+def _attempt(name: str, step: Callable[[], None]) -> tuple[dict | None, BaseException | None]:
+    """Run one step of an implementation: ``(None, None)``, or its outcome
+    and the exception: ``skipped`` (unavailable here: a baseline this stack
+    lacks), ``failed`` (an AssertionError: a wrong answer or a watchdog)."""
+    try:
+        step()
+        return None, None
+    except Unavailable as err:
+        return {"skipped": str(err)}, err
+    except AssertionError as err:
+        return {"failed": f"{name}: {err}"[:500]}, err
+    except Exception as err:  # noqa: BLE001 - a baseline this stack lacks is a skip
+        return {"skipped": f"{name} unavailable: {type(err).__name__}: {err}"[:300]}, err
 
 
 def baseline_impls(requested: str, work: Workload) -> list[str]:
@@ -74,20 +97,25 @@ def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[
 
     names = dict(tp=ctx.tp, hidden=s.hidden, tokens=s.tokens)
     ctx.barrier()
-    failure, raised, call = None, None, None
+    call = None
+
+    def build() -> None:
+        nonlocal call
+        call = make()
+
+    def first_call() -> None:
+        call.fn(0)
+        torch.cuda.synchronize(ctx.device)
+
     with nvtx_range(range_name(s.op, name, compile=True, **names), s.tokens):
         t0 = time.perf_counter()
-        try:
-            call = make()
-            call.fn(0)
-            torch.cuda.synchronize(ctx.device)
-        except Unavailable as err:
-            failure, raised = {"skipped": str(err)}, err
-        except AssertionError as err:
-            failure, raised = {"failed": f"{name}: {err}"[:500]}, err
-        except Exception as err:  # noqa: BLE001 - a baseline this stack lacks is a skip
-            failure, raised = {"skipped": f"{name} unavailable: {type(err).__name__}: "
-                                          f"{err}"[:300]}, err
+        failure, raised = _attempt(name, build)
+        # Every rank has built (compiled, loaded) its call before any rank
+        # makes the first one: a peer's compile time must not count against
+        # the first call's watchdog budget.
+        others = ctx.failed_elsewhere(failure is not None) - (failure is not None)
+        if failure is None and not others:
+            failure, raised = _attempt(name, first_call)
         compile_s = time.perf_counter() - t0
     others = ctx.failed_elsewhere(failure is not None) - (failure is not None)
     if fused and failure is None and not others:
@@ -99,8 +127,8 @@ def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[
     if fused and raised is not None:
         raise raised  # the fused op's own error or wrong answer: the case's outcome
     if fused and others:
-        raise AssertionError(f"rank {ctx.rank}: the fused op failed on {others} other "
-                             f"rank(s) of the group")
+        raise PeerFailed(f"rank {ctx.rank}: the fused op failed on {others} other "
+                         f"rank(s) of the group")
     if failure is not None:
         return failure
     if others:
