@@ -179,6 +179,12 @@ def _plan(args, jobs: tuple[str, ...]):
             raise ConfigError(str(err)) from None
     if not args.no_results and args.results.exists() and not args.results.is_dir():
         raise ConfigError(f"--results {args.results} exists and is not a directory")
+    if args.run_id is not None and not args.no_results:
+        from jobs.results import git_commit, runs
+        try:
+            runs.check_same_tree(args.results, args.run_id, git_commit())
+        except ValueError as err:
+            raise ConfigError(f"--run-id: {err}") from None
     if args.resume:
         from jobs.results import runs
         if args.run_id is None or args.no_results:

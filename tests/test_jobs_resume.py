@@ -57,3 +57,21 @@ def test_resume_needs_a_run_that_exists(tmp_path):
     done = jobs_cli("correctness", "--resume", "--run-id", "nosuch", "--results", results)
     assert done.returncode == 2 and "--resume: no run 'nosuch' in --results" in done.stderr
     assert not Path(results).exists()
+
+
+def test_a_run_is_not_joined_from_another_commit(tmp_path, monkeypatch):
+    """The run facts (git_commit among them) live once in the manifest: rows a
+    second part wrote from another tree would read back under the first
+    part's commit (seen on two H200s: a resumed nightly's rows all read as the
+    last part's commit). Joining is refused before anything runs."""
+    results = tmp_path / "results"
+    runs.begin(results, "one-tree", trigger="manual", facts={"git_commit": "a" * 40})
+    with pytest.raises(ValueError, match="holds rows of commit aaaaaaaaaaaa; this tree is "
+                                         "bbbbbbbbbbbb"):
+        runs.begin(results, "one-tree", trigger="manual", facts={"git_commit": "b" * 40})
+    runs.begin(results, "one-tree", trigger="manual", facts={"git_commit": "a" * 40})
+    monkeypatch.setenv("LAMPORT_GIT_COMMIT", "b" * 40)
+    done = jobs_cli("correctness", "--suite", "smoke", "--resume", "--run-id", "one-tree",
+                    "--results", str(results))
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "--run-id: run 'one-tree' holds rows of commit aaaaaaaaaaaa" in done.stderr

@@ -96,13 +96,28 @@ def this_driver() -> dict[str, Any]:
             "create_time": process_start(os.getpid())}
 
 
+def check_same_tree(root, run_id: str, commit: str | None) -> None:
+    """A run's rows come from one tree: the run facts (``git_commit``
+    among them) are stored once, in the manifest, so rows a later part
+    wrote from another commit would read back as the first part's (or the
+    other way round). ValueError when run ``run_id`` exists under ``root``
+    with a commit other than ``commit`` (unknown on either side: no check)."""
+    known = ((read_manifest(root, run_id) or {}).get("facts") or {}).get("git_commit")
+    if known and commit and known != commit:
+        raise ValueError(f"run {run_id!r} holds rows of commit {known[:12]}; this tree is "
+                         f"{commit[:12]}: one run's rows come from one tree, so start a new "
+                         f"run (another --run-id) for this one")
+
+
 def begin(root, run_id: str, *, trigger: str, facts: dict | None = None) -> dict:
     """Mark ``run_id`` running, driven by this process. A run joined with
     ``--run-id`` while its driver lives keeps that driver (a job joined to a
     nightly); a finished run, or one whose driver is gone, is taken over:
     one run split over several invocations (``nightly --jobs``, one part per
     call) keeps its start time, and :func:`finish` adds each part's counts
-    and accounting to the earlier parts'."""
+    and accounting to the earlier parts'. Joining a run from another commit
+    is a ValueError (:func:`check_same_tree`)."""
+    check_same_tree(root, run_id, (facts or {}).get("git_commit"))
     data = read_manifest(root, run_id) or {}
     driver = data.get("driver")
     if data.get("status") == "running" and driver and driver_alive(driver) is not False:
