@@ -2,7 +2,12 @@
 fused kernel's median (max over ranks) beside every baseline's, and ours /
 each baseline. Reads the rows ``python -m jobs profile`` wrote.
 
-    python3 scripts/gpu/latency_table.py /tmp/results [--run RUN_ID] [--markdown PATH]
+    python3 scripts/gpu/latency_table.py /tmp/results [--run RUN_ID] [--markdown PATH] [--ranks]
+
+``--ranks`` adds, for every timed row of a group (tp > 1), the calls one
+graph held, each rank's own median and their spread: where a graph holds
+few calls, the rank that starts a replay first carries the start skew in
+its time (docs/results/service_h200x2_2026-11-30.md section 10).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ def main(argv=None) -> int:
     p.add_argument("results")
     p.add_argument("--run", default=None, help="run id (default: the latest run)")
     p.add_argument("--markdown", default=None, help="also write the table here")
+    p.add_argument("--ranks", action="store_true",
+                   help="also print each rank's median beside the max over ranks")
     args = p.parse_args(argv)
     import json
 
@@ -59,12 +66,38 @@ def main(argv=None) -> int:
                 ratios.append("")
         lines.append("| " + " | ".join([*map(str, key), *(c.get(i, "") for i in impls),
                                          *ratios]) + " |")
+    if args.ranks:
+        lines += ["", *rank_table(rows)]
     text = f"run {run}\n" + "\n".join(lines)
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text + "\n")
     return 0
+
+
+def rank_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: per timed group row (tp > 1), calls per graph, each
+    rank's median (us), max minus min of those, the max-over-ranks median."""
+    import json
+    lines = ["| op | tp | hidden | M | impl | calls per graph | rank medians (us) | "
+             "spread (us) | max-over-ranks median (us) |", "|" + " --- |" * 9]
+    keyed = []
+    for r in rows:
+        extra = json.loads(r.get("extra") or "{}")
+        medians = extra.get("rank_median_us") or []
+        if r.get("tp", 1) < 2 or len(medians) < 2 or r.get("t_median_us") is None:
+            continue
+        impl = extra.get("impl") or "fused"
+        if extra.get("mode") == "owner" and impl == "fused":
+            impl = "fused (owner)"
+        keyed.append(((r["op"], r["tp"], r["hidden"], r["tokens"], impl),
+                      extra.get("calls_per_graph"), medians, r["t_median_us"]))
+    for (op, tp, hidden, m, impl), calls, medians, median in sorted(keyed, key=lambda k: k[0]):
+        lines.append(f"| {op} | {tp} | {hidden} | {m} | {impl} | {calls} | "
+                     f"{' / '.join(f'{v:.2f}' for v in medians)} | "
+                     f"{max(medians) - min(medians):.2f} | {median:.2f} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""scripts/gpu/latency_table.py's per-rank table (CPU): the rows a TP group
+timed, each rank's median and their spread."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "latency_table.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("latency_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(tp, tokens, impl, calls, medians, median, mode="one_shot"):
+    return {"op": "all_reduce_norm", "tp": tp, "hidden": 7168, "tokens": tokens,
+            "t_median_us": median,
+            "extra": json.dumps({"impl": impl, "mode": mode, "calls_per_graph": calls,
+                                 "rank_median_us": medians})}
+
+
+def test_rank_table_shows_each_rank_and_the_spread():
+    lines = _module().rank_table([
+        _row(2, 64, "fused", 50, [8.57, 7.08], 8.57),
+        _row(2, 1, "flashinfer_oneshot", 2195, [5.29, 5.30], 5.30),
+        _row(2, 16, "fused", 220, [4.67, 4.37], 4.68, mode="owner"),
+        _row(1, 1, "fused", 3072, [3.1], 3.1),            # tp=1: no spread to show
+        _row(2, 8, "symm_mem", 50, [1.0, 2.0], None),     # not timed
+    ])
+    assert lines[2:] == [
+        "| all_reduce_norm | 2 | 7168 | 1 | flashinfer_oneshot | 2195 | 5.29 / 5.30 | 0.01 | 5.30 |",
+        "| all_reduce_norm | 2 | 7168 | 16 | fused (owner) | 220 | 4.67 / 4.37 | 0.30 | 4.68 |",
+        "| all_reduce_norm | 2 | 7168 | 64 | fused | 50 | 8.57 / 7.08 | 1.49 | 8.57 |",
+    ]
