@@ -42,6 +42,7 @@ A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
     baselines = ["unfused", "symm_mem", "flashinfer"]
     calls = 50                    # calls captured in one CUDA graph
     replays = 200                 # timed replays
+    min_replay_ms = 0             # floor on a replay's duration (more calls where they are short)
 
 Every key is checked: an unknown key, a wrong type or a value outside its
 choices is a :class:`ConfigError` naming the file, the table and the key.
@@ -170,12 +171,19 @@ def _int(v):
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def _num(v):
-    try:
-        require_number("value", v, positive=True)
-    except (TypeError, ValueError):
-        return False
-    return True
+def _number(**rule):
+    """A check: a finite number meeting ``rule`` (require_number's keywords)."""
+    def check(v):
+        try:
+            require_number("value", v, **rule)
+        except (TypeError, ValueError):
+            return False
+        return True
+    return check
+
+
+_num = _number(positive=True)
+_non_negative = _number(nonnegative=True)
 
 
 def _kernel_rule(rule, key: str):
@@ -206,7 +214,8 @@ _SCALAR_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
                "budget_ms": (200, _num), "timeout_s": (2.0, _num)},
     "profile": {"repeats": (1, _int), "baselines": (None, baseline_names),
                 "calls": (50, _int), "replays": (200, _int), "watchdog_ns": (1_000_000_000, _int),
-                "rotate_mb": (120, _num), "timeout_s": (600.0, _num)},
+                "rotate_mb": (120, _num), "timeout_s": (600.0, _num),
+                "min_replay_ms": (0.0, _non_negative)},
 }
 _TOP_KEYS = {"format", "name", "version", "description", "memory_limit_gb", "selfcheck",
              "compile_check", *JOBS}

@@ -104,6 +104,7 @@ def timing_spec(case: Case) -> dict:
     from cluster.cases import DEFAULTS
     return {"op": case.op, "hidden": case.hidden, "tokens": case.tokens, "hc": case.hc,
             "top_k": case.top_k, "calls": case.param("calls"), "replays": case.param("replays"),
+            "min_replay_ms": case.param("min_replay_ms"),
             "rotate_mb": case.param("rotate_mb"),
             "watchdog_ns": case.param("watchdog_ns") if case.variant == "watchdog" else 0,
             "eps": DEFAULTS["eps"], "baselines": list(case.param("baselines")),
@@ -175,7 +176,7 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
             slowest = max_over_ranks([i["times_us"] for i in impls])
             timing[name] = stats(slowest)
             ranks[name] = [stats(i["times_us"]) for i in impls]
-            run.add_work(sum(slowest) * calls / 1e6, TIMED_WORK)
+            run.add_work(sum(slowest) * impls[0].get("calls", calls) / 1e6, TIMED_WORK)
     base = next((b for b in case.param("baselines") if b in timing), None)
     for name in names:
         progress = name == names[-1]  # one case, however many rows (implementations)
@@ -185,7 +186,7 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
                  "nvtx_domain": NVTX_DOMAIN,
                  "nvtx_range": range_name(case.op, name, tp=case.tp, hidden=case.hidden,
                                           tokens=case.tokens),
-                 "calls_per_graph": calls,
+                 "calls_per_graph": first["impls"][name].get("calls", calls),
                  "rotation_sets": first.get("sets"), "replays": case.param("replays")}
         if name not in timing:
             impls = [r["impls"][name] for r in per_rank]

@@ -52,7 +52,8 @@ def test_profile_job_records_timings_with_baselines(tmp_path, capsys):
         assert r["baseline"] == "unfused" and r["ratio"] > 0 and r["t_p99_us"] >= r["t_median_us"]
         assert r["t_max_over_ranks_median_us"] == r["t_median_us"]
         extra = json.loads(r["extra"])
-        assert extra["collective_speed"] is True and extra["compile_s"] > 0
+        assert extra["collective_speed"] is True and extra["calls_per_graph"] == 120
+    assert json.loads(rows["baseline:unfused"]["extra"])["calls_per_graph"] == 600 and extra["compile_s"] > 0
     assert any(r["variant"] == "baseline:unfused" and r["t_median_us"] for r in rows)
 
 
@@ -76,14 +77,14 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     suite = load_suite(suite_path("nightly"))
     case = next(c for c in suite.of("profile") if c.tp == 2 and c.tokens == 8)
     r0 = {"fused": {"times_us": [3.0, 5.0, 3.0], "compile_s": 1.0},
-          "unfused": {"times_us": [9.0, 9.0, 12.0], "compile_s": 0.1},
+          "unfused": {"times_us": [9.0, 9.0, 12.0], "compile_s": 0.1, "calls": 600},
           "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"},
           "flashinfer_oneshot": {"times_us": [5.0, 5.0, 5.0], "compile_s": 3.0,
                                  "extra": {"flashinfer_version": "0.7.2.post1", "mode": "oneshot",
                                            "contract_diff": {"residual_out_differs": 7}}},
           "flashinfer_twoshot": {"failed": "flashinfer_twoshot: beyond its tolerance"}}
     r1 = {"fused": {"times_us": [4.0, 3.0, 3.5], "compile_s": 2.0},
-          "unfused": {"times_us": [10.0, 8.0, 8.0], "compile_s": 0.1},
+          "unfused": {"times_us": [10.0, 8.0, 8.0], "compile_s": 0.1, "calls": 600},
           "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"},
           "flashinfer_oneshot": {"times_us": [6.0, 5.0, 5.0], "compile_s": 3.0},
           "flashinfer_twoshot": {"skipped": "flashinfer_twoshot could not run on 1 other rank(s)"}}
@@ -92,10 +93,11 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
         record_impls(run, suite, case, Placement("process-per-gpu", 1.0, True),
                      [_rank(0, r0), _rank(1, r1)], now())
     # One case (five rows); the timed work is every timed replay's slowest
-    # rank x the calls in its graph: fused 4+5+3.5, unfused 10+9+12, FI 6+5+5.
+    # rank x the calls in its graph: fused 4+5+3.5, unfused 10+9+12 (a graph
+    # lengthened to 600 calls by a replay floor), FI 6+5+5.
     (acct,) = run.accounting
     assert acct["cases"] == 1
-    assert acct["work_s"] == pytest.approx((12.5 + 31 + 16) * 120 / 1e6)
+    assert acct["work_s"] == pytest.approx(((12.5 + 16) * 120 + 31 * 600) / 1e6)
     assert acct["overhead"] is not None
     rows = {r["variant"]: r for r in read_results(tmp_path).to_pylist()}
     fused = rows["watchdog"]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cluster.measure import harness
-from cluster.measure.graph import MAX_SETS, graph_calls, rotating, rotation_sets
+from cluster.measure.graph import MAX_SETS, floor_calls, graph_calls, rotating, rotation_sets
 from cluster.measure.stats import bandwidth, max_over_ranks, median_p10_p90, stats
 from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
 from cluster.measure.workloads import flashinfer as fi
@@ -39,6 +39,19 @@ def test_rotation_sets_span_the_rotation_and_are_capped():
     for _ in range(7):
         step()
     assert seen == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_a_replay_floor_lengthens_short_graphs_by_whole_rotations():
+    # 50 calls of 8 us = 400 us a replay: a 5 ms floor needs 625 calls, rounded
+    # up to whole rotations over 33 sets
+    assert floor_calls(50, 33, 400.0, 5000.0) == 627
+    assert floor_calls(3072, 3072, 10_000.0, 5000.0) == 3072  # long enough already
+    assert floor_calls(50, 33, 400.0, 0.0) == 50              # no floor asked
+    assert floor_calls(50, 33, 0.0, 5000.0) == 5016           # at most 100x, whole rotations
+    with pytest.raises(ValueError, match="must be >= 0"):
+        floor_calls(50, 33, 400.0, -1.0)
+    with pytest.raises(ValueError, match="min_replay_ms must be >= 0"):
+        Spec.of({**SPEC, "min_replay_ms": -1})
 
 
 def test_stats_are_the_results_timing_columns():
@@ -163,6 +176,23 @@ def test_time_case_times_fused_and_baselines_and_says_why_not(no_gpu):
     assert "has no nonesuch baseline" in impls["nonesuch"]["skipped"]
     assert no_gpu == [4, 4]  # fused and unfused timed, graphs of max(calls, sets) calls
     assert out["sets"] == 3 and out["bytes_moved"] == 384 and out["device"] == "fake GPU"
+
+
+def test_a_replay_floor_fits_each_implementation_s_graph(no_gpu, monkeypatch):
+    """min_replay_ms: every implementation's graph length comes from
+    fit_calls, with the ranks agreeing through the max over ranks."""
+    seen = []
+
+    def fit_calls(fn, calls, sets, min_replay_us, before_replay=None, agree=None):
+        seen.append((calls, sets, min_replay_us, agree(1.0)))
+        return 600
+    monkeypatch.setattr(harness, "fit_calls", fit_calls)
+    ctx = FakeCtx()
+    ctx.max_over_ranks = lambda v: v + 1.0  # stands in for the all-reduce
+    out = harness.time_case(ctx, {**SPEC, "min_replay_ms": 5}, WORKLOAD)
+    assert seen == [(4, 3, 5000.0, 2.0)] * 2  # fused and unfused (the others do not run)
+    assert out["impls"]["fused"]["calls"] == out["impls"]["unfused"]["calls"] == 600
+    assert no_gpu == [600, 600] and out["calls"] == 4
 
 
 def test_fused_wrong_answer_or_failure_elsewhere_stops_every_rank(no_gpu):

@@ -4,11 +4,13 @@ A side is timed as one CUDA graph of ``calls`` back-to-back calls replayed
 ``replays`` times, each replay bracketed by CUDA events; per-call time =
 replay time / calls. Call k of a graph reads input set k % sets, the sets
 together spanning at least ``rotate_mb`` (more than the L2), so nothing is
-timed on L2-resident inputs.
+timed on L2-resident inputs. A floor on a replay's duration
+(:func:`fit_calls`) lengthens the graph where its calls are few and short.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 MAX_SETS = 4096
@@ -43,6 +45,46 @@ def rotating(call: Callable[[int], object], sets: int) -> Callable[[], None]:
     return step
 
 
+MAX_FLOOR_FACTOR = 100
+"""A replay floor lengthens a graph at most this many times."""
+
+
+def floor_calls(calls: int, sets: int, replay_us: float, min_replay_us: float) -> int:
+    """Calls one graph holds so that a replay lasts at least ``min_replay_us``
+    microseconds, given that a replay of ``calls`` calls took ``replay_us``:
+    ``calls`` scaled up, then rounded up to whole rotations over the ``sets``
+    input sets (every set read equally often); never fewer than ``calls``,
+    never more than :data:`MAX_FLOOR_FACTOR` times them (before rounding).
+    ``min_replay_us`` 0: ``calls`` as it is."""
+    if min_replay_us < 0 or replay_us < 0:
+        raise ValueError(f"min_replay_us and replay_us must be >= 0, got {min_replay_us}, "
+                         f"{replay_us}")
+    if min_replay_us == 0 or replay_us >= min_replay_us:
+        return int(calls)
+    want = min(math.ceil(calls * min_replay_us / max(replay_us, 1e-3)), calls * MAX_FLOOR_FACTOR)
+    return max(int(calls), math.ceil(want / sets) * sets)
+
+
+def fit_calls(fn: Callable[[], object], calls: int, sets: int, min_replay_us: float,
+              before_replay: Callable[[], object] | None = None,
+              agree: Callable[[float], float] | None = None) -> int:
+    """:func:`floor_calls` from a measured replay: capture ``calls`` calls of
+    ``fn``, replay once untimed and once timed (``before_replay`` before
+    each); ``agree`` turns this rank's replay time into the one every rank
+    of a group uses (the max over ranks), so that they all capture graphs of
+    the same length. Why a floor: the ranks start a replay after a host
+    barrier, and the first to start carries the start skew in its time,
+    spread over the graph's calls (tens of us over 50 calls measured on two
+    H200s: docs/results/service_h200x2_2026-11-30.md section 10)."""
+    graph, events = _capture(fn, calls), _events()
+    for _ in range(2):  # a warm replay, then the one whose time counts
+        replay_us = _replay_us(graph, events, before_replay)
+    del graph
+    if agree is not None:
+        replay_us = agree(replay_us)
+    return floor_calls(calls, sets, replay_us, min_replay_us)
+
+
 def time_graph(fn: Callable[[], object], calls: int, replays: int, warmup: int = 3,
                before_replay: Callable[[], object] | None = None) -> list[float]:
     """Microseconds per call of ``fn`` for each of ``replays`` replays of one
@@ -55,24 +97,41 @@ def time_graph(fn: Callable[[], object], calls: int, replays: int, warmup: int =
         raise ValueError(f"calls and replays must be >= 1, got calls={calls} replays={replays}")
     fn()  # load modules, allocate
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    graph = _capture(fn, calls)
     for _ in range(warmup):
         if before_replay is not None:
             before_replay()
         graph.replay()
     torch.cuda.synchronize()
-    times = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(replays):
-        if before_replay is not None:
-            before_replay()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    events = _events()
+    times = [_replay_us(graph, events, before_replay) / calls for _ in range(replays)]
     del graph
     return times
+
+
+def _capture(fn: Callable[[], object], calls: int):
+    """One CUDA graph of ``calls`` calls of ``fn``."""
+    import torch
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+def _events():
+    import torch
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _replay_us(graph, events, before_replay: Callable[[], object] | None) -> float:
+    """Microseconds of one replay of ``graph`` between two CUDA events
+    (``before_replay`` first, untimed)."""
+    start, end = events
+    if before_replay is not None:
+        before_replay()
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0

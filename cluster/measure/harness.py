@@ -15,15 +15,19 @@ Per implementation, on every rank together:
    of them stop, or go on, together: a rank timing on alone would wait at
    the next barrier for peers that have already raised;
 3. barrier; one CUDA graph of max(``calls``, sets) calls over the rotating
-   sets, replayed ``replays`` times with a barrier (NCCL barrier + device
+   sets (more where ``min_replay_ms`` asks a replay to last that long:
+   :func:`cluster.measure.graph.fit_calls`, the ranks agreeing on the
+   length), replayed ``replays`` times with a barrier (NCCL barrier + device
    synchronize) before each replay, inside an NVTX range.
 
 Returns ``{"rank", "impls": {name: {"times_us": [...], "compile_s": s,
-"extra": {...}} | {"skipped": why} | {"failed": why}}, "sets", "set_bytes", "calls",
+"extra": {...}, "calls": calls in its graph} | {"skipped": why} | {"failed": why}},
+"sets", "set_bytes", "calls" (without a floor),
 "bytes_moved", "bus_factor", "collective", "before", "after", "device"}``
 (``before`` / ``after``: :func:`cluster.measure.clocks.gpu_state`). The
 fused op failing its check raises AssertionError on every rank (the row is
-``fail``; the ranks where it passed raise :class:`PeerFailed`); a baseline that cannot run is ``skipped`` with why, one whose
+``fail``; the ranks where it passed raise :class:`PeerFailed`); a baseline
+that cannot run is ``skipped`` with why, one whose
 outputs are beyond its tolerance ``failed``.
 """
 
@@ -33,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from cluster.measure.clocks import gpu_state
-from cluster.measure.graph import graph_calls, rotating, time_graph
+from cluster.measure.graph import fit_calls, graph_calls, rotating, time_graph
 from cluster.measure.nvtx import nvtx_range, range_name
 from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
 from cluster.measure.workloads import builder
@@ -134,10 +138,13 @@ def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[
     if others:
         return {"skipped": f"{name} could not run on {others} other rank(s) of the group"}
     ctx.barrier()
+    if s.min_replay_ms > 0:
+        calls = fit_calls(rotating(call.fn, work.sets), calls, work.sets, s.min_replay_ms * 1e3,
+                          before_replay=ctx.barrier, agree=ctx.max_over_ranks)
     with nvtx_range(range_name(s.op, name, **names), s.tokens):
         times = time_graph(rotating(call.fn, work.sets), calls, s.replays,
                            before_replay=ctx.barrier)
-    return {"times_us": times, "compile_s": compile_s, "extra": call.extra}
+    return {"times_us": times, "compile_s": compile_s, "extra": call.extra, "calls": calls}
 
 
 def measure_tp1(spec: Mapping) -> dict:

@@ -56,6 +56,9 @@ class Spec:
     mode: str = "one_shot"
     """``AllReduceNorm`` mode (``kernels.lamport.protocol.MODES``): ``owner``
     times the token-sharded variant against the ``one_shot`` kernel."""
+    min_replay_ms: float = 0.0
+    """Floor on one replay's duration (:func:`cluster.measure.graph.fit_calls`),
+    per implementation; 0: a graph holds max(``calls``, sets) calls."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> "Spec":
@@ -63,7 +66,8 @@ class Spec:
         missing = [k for k in SPEC_KEYS if k not in spec]
         if missing:
             raise ValueError(f"timing spec lacks {missing}; got {sorted(spec)}")
-        unknown = set(spec) - set(SPEC_KEYS) - {"hc", "top_k", "transport", "variant", "mode"}
+        unknown = set(spec) - set(SPEC_KEYS) - {"hc", "top_k", "transport", "variant", "mode",
+                                                 "min_replay_ms"}
         if unknown:
             raise ValueError(f"timing spec has unknown keys {sorted(unknown)}")
         out = cls(op=str(spec["op"]), hidden=int(spec["hidden"]), tokens=int(spec["tokens"]),
@@ -74,7 +78,10 @@ class Spec:
                   hc=None if spec.get("hc") is None else int(spec["hc"]),
                   top_k=None if spec.get("top_k") is None else int(spec["top_k"]),
                   transport=str(spec.get("transport") or "unicast"),
-                  mode=str(spec.get("mode") or "one_shot"))
+                  mode=str(spec.get("mode") or "one_shot"),
+                  min_replay_ms=float(spec.get("min_replay_ms") or 0.0))
+        if out.min_replay_ms < 0:
+            raise ValueError(f"timing spec: min_replay_ms must be >= 0, got {out.min_replay_ms}")
         from kernels.lamport.protocol import MODES
         if out.mode not in MODES:
             raise ValueError(f"timing spec: mode must be one of {list(MODES)}, got {out.mode!r}")
@@ -160,6 +167,17 @@ class RankContext:
         flag = torch.tensor([int(failed)], device=self.device)
         dist.all_reduce(flag)
         return int(flag.item())
+
+    def max_over_ranks(self, value: float) -> float:
+        """The largest ``value`` any rank passes (every rank calls it at the
+        same point)."""
+        if not self.dist:
+            return float(value)
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor([float(value)], device=self.device, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
 
     def group_name(self) -> str:
         """The torch.distributed group name (symmetric memory's rendezvous);

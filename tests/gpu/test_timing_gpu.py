@@ -126,3 +126,20 @@ def test_process_per_gpu_group_times_every_rank_at_once(op):
     finally:
         if started:
             ray.shutdown()
+
+
+def test_a_replay_floor_makes_replays_last_that_long():
+    """cluster.measure.graph.fit_calls on one GPU: a graph of short calls is
+    lengthened until one replay lasts at least the floor."""
+    import torch
+
+    from cluster.measure.graph import fit_calls, rotating, time_graph
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none is present")
+    buf = torch.zeros(1024, device="cuda")
+    fn = rotating(lambda i: buf.add_(1.0), 4)
+    calls = fit_calls(fn, 8, 4, 2000.0, agree=lambda us: us)
+    assert calls > 8 and calls % 4 == 0
+    per_call = float(np.median(time_graph(fn, calls, 5)))
+    assert per_call * calls >= 0.5 * 2000.0, (calls, per_call)  # a mechanism check, loose
