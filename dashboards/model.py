@@ -63,6 +63,23 @@ def case_label(row: Row) -> str:
     return " · ".join(parts)
 
 
+def extra_of(row: Row) -> dict:
+    """A row's ``extra`` JSON as a dict ({} when absent or not an object)."""
+    try:
+        value = json.loads(row.get("extra") or "{}")
+    except (json.JSONDecodeError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def rank_spread_us(row: Row) -> float | None:
+    """Max minus min of a group's per-rank medians (``extra.rank_median_us``),
+    None below two ranks: where it is large, the max over ranks carries the
+    start skew of the replays rather than a kernel's time."""
+    medians = [m for m in extra_of(row).get("rank_median_us") or [] if m is not None]
+    return max(medians) - min(medians) if len(medians) >= 2 else None
+
+
 TRACES_DIR = "traces"
 """Where the site keeps the traces its rows name (``extra.trace_path``)."""
 
@@ -70,11 +87,8 @@ TRACES_DIR = "traces"
 def trace_file(row: Row) -> Path | None:
     """The merged trace a row names in ``extra.trace_path`` (python -m jobs
     trace), when that file exists."""
-    try:
-        path = json.loads(row.get("extra") or "{}").get("trace_path")
-    except (json.JSONDecodeError, TypeError, AttributeError):
-        return None
-    return Path(path) if path and Path(path).is_file() else None
+    path = extra_of(row).get("trace_path")
+    return Path(path) if isinstance(path, str) and path and Path(path).is_file() else None
 
 
 def trace_href(row: Row) -> str | None:

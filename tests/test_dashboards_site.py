@@ -228,6 +228,16 @@ def test_latency_series_per_tp_and_transport_with_baselines_and_ratio(site):
     assert fp[0]["line"]["color"] == palette.op_colour("finalize_publish")
 
 
+def test_latency_numbers_show_how_far_the_ranks_medians_are_apart(site):
+    from dashboards.model import extra_of, rank_spread_us
+    assert "rank spread µs" in (site / "latency.html").read_text()
+    assert rank_spread_us({"extra": json.dumps({"rank_median_us": [8.57, 7.08]})}) \
+        == pytest.approx(1.49)
+    assert rank_spread_us({"extra": json.dumps({"rank_median_us": [3.1]})}) is None
+    assert rank_spread_us({"extra": None}) is None
+    assert extra_of({"extra": "not json"}) == {} and extra_of({"extra": "[1]"}) == {}
+
+
 def test_faults_page_shows_diagnosis(site):
     doc = parse(site / "faults.html")
     faults = doc.find_all("div", cls="fault")

@@ -8,12 +8,10 @@ named as such, and an op that is not a collective says so."""
 
 from __future__ import annotations
 
-import json
-
 from cluster import ops as registry
 from dashboards import html as h
 from dashboards import palette
-from dashboards.model import (OUTCOME_SEVERITY, Row, case_label, group, slug, sort_key,
+from dashboards.model import (OUTCOME_SEVERITY, Row, case_label, extra_of, group, slug, sort_key,
                               trace_href, worst_outcome)
 from dashboards.pages import Site, details_href, no_results
 from jobs.results import row_job
@@ -92,19 +90,11 @@ def _matrix(op: str, rows: list[Row]) -> h.Markup:
         body.append(h.tag("tr", h.join(tds)))
     table = h.tag("table", h.Markup(f"<thead><tr>{head}</tr></thead><tbody>{h.join(body)}</tbody>"),
                   cls="data matrix", data_op=op)
-    local = any(_extra(r).get("collective") is False for r in rows)
+    local = any(extra_of(r).get("collective") is False for r in rows)
     note = ("not a collective: it runs on each rank actor's GPU on its own (no Lamport exchange)"
             if local else None)
     return h.section(h.op_chip(op, f"details-{slug(op)}.html"), table, id=f"op-{slug(op)}",
                      note=note)
-
-
-def _extra(row: Row) -> dict:
-    try:
-        value = json.loads(row.get("extra") or "{}")
-    except (json.JSONDecodeError, TypeError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def op_fields(row: Row) -> str | None:
@@ -114,7 +104,7 @@ def op_fields(row: Row) -> str | None:
         declared = registry.get(row["op"]).fields
     except ValueError:
         return None
-    extra = _extra(row)
+    extra = extra_of(row)
     parts = [f"{k}={extra[k]}" for k in declared if k in extra and k not in ("top_k", "hc")]
     return " ".join(parts) or None
 

@@ -9,11 +9,9 @@ faulty call itself did is ``extra.call_outcome`` when the job records it.
 
 from __future__ import annotations
 
-import json
-
 from cluster import ops as registry
 from dashboards import html as h
-from dashboards.model import Row, case_label, group, sort_key
+from dashboards.model import Row, case_label, extra_of, group, sort_key
 from dashboards.pages import Site, details_href, no_results
 
 MAX_RUNS = 30
@@ -27,10 +25,7 @@ def is_fault(row: Row) -> bool:
 
 
 def call_outcome(row: Row) -> str | None:
-    try:
-        value = json.loads(row.get("extra") or "{}").get("call_outcome")
-    except (json.JSONDecodeError, AttributeError):
-        return None
+    value = extra_of(row).get("call_outcome")
     return value if isinstance(value, str) else None
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dashboards import html as h
 from dashboards import palette
-from dashboards.model import CASE_FIELDS, Row, group, is_baseline, slug, sort_key
+from dashboards.model import CASE_FIELDS, Row, group, is_baseline, rank_spread_us, slug, sort_key
 from dashboards.pages import Site, details_href
 
 SERIES_FIELDS = tuple(f for f in CASE_FIELDS if f not in ("op", "tokens"))
@@ -154,20 +154,23 @@ def render(site: Site) -> dict[str, str]:
                                                            (*SERIES_FIELDS, "tokens")))
         table = h.table(
             ["tp", "transport", "hidden", "variant", "tokens", "median µs", "p99 µs",
-             "max-over-ranks µs", "baseline", "baseline µs", "ratio", "outcome", "latency"],
+             "max-over-ranks µs", "rank spread µs", "baseline", "baseline µs", "ratio",
+             "outcome", "latency"],
             [[r.get("tp"), r.get("transport"), r.get("hidden"),
               h.link(details_href(r), h.fmt(r.get("variant"))), r.get("tokens"),
               h.us(r["t_median_us"]), h.us(r.get("t_p99_us")),
-              h.us(r.get("t_max_over_ranks_median_us")), r.get("baseline"),
-              h.us(r.get("baseline_median_us")), h.ratio(r.get("ratio")), h.badge(r["outcome"]),
-              h.status_badge(site.status(r))] for r in ordered],
-            numeric=(0, 2, 4, 5, 6, 7, 9, 10), cls="compact")
+              h.us(r.get("t_max_over_ranks_median_us")), h.us(rank_spread_us(r)),
+              r.get("baseline"), h.us(r.get("baseline_median_us")), h.ratio(r.get("ratio")),
+              h.badge(r["outcome"]), h.status_badge(site.status(r))] for r in ordered],
+            numeric=(0, 2, 4, 5, 6, 7, 8, 10, 11), cls="compact")
         sections.append(h.section(h.op_chip(op), chart,
                                   h.tag("details", h.Markup(h.tag("summary", "numbers") + table)),
                                   id=f"op-{slug(op)}"))
     note = ("Solid: this kernel's median; dashed: each baseline timed in the same run (same "
             "colour, one dash pattern per baseline: unfused, symm_mem, flashinfer_oneshot, ...); "
-            "lower panel: ratio = median / first baseline (below 1 is faster). Log axes.")
+            "lower panel: ratio = median / first baseline (below 1 is faster). Log axes. "
+            "Rank spread (numbers): the ranks' own medians apart; large where a graph holds few "
+            "calls and the rank that starts a replay first carries the start skew.")
     sub = h.join(["Run ", h.tag("code", run.run_id), f" · {run.trigger} · {h.fmt(run.started_at)}"])
     body = h.join([h.tag("p", note, cls="note"), *sections])
     return {"latency.html": site.page("Latency vs tokens", "latency.html", body, charts=True,
