@@ -6,12 +6,15 @@ a barrier before each replay, per-rank times and the per-iteration max over
 ranks, NVTX ranges, statistics, GPU clocks); this module turns its results
 into rows.
 
-- tp=1: a Ray task holding one GPU (:func:`cluster.measure.harness.measure_tp1`).
-- tp > 1 with one rank actor per GPU: the cases of one (op, tp, hidden, ...)
-  share a TP group; every rank times the same graphs at once
-  (``GpuRank.time_case``) and the rows take per iteration the max over
-  ranks. A case that hangs, fails or errors is recorded and the group is
-  rebuilt for the cases after it.
+- Every tp, one rank actor per GPU: the cases of one (op, tp, hidden, ...)
+  share a TP group (at tp=1 a group of one), built once; every rank times
+  the same graphs at once (``GpuRank.time_case``) and the rows take per
+  iteration the max over ranks. A case that hangs, fails or errors is
+  recorded and the group is rebuilt for the cases after it. (tp=1 cases
+  were Ray tasks, one per case: Ray ends a GPU task's process after each
+  call, so every case paid a process start, a CUDA context, its kernels'
+  load and an NCCL set-up; on two H200s 28 such cases took 390 s for 114 s
+  of timed replays.)
 
 Rows: one per implementation; the fused op's row carries the first
 baseline's median and the ratio (``ratio`` < 1: fused is faster); each
@@ -40,7 +43,7 @@ from collections.abc import Sequence
 
 from cluster.measure.workloads import PROFILED_OPS
 from jobs.config import Case, Suite
-from jobs.harness import ClusterView, Placement, Run, error_text, gpu_task, now
+from jobs.harness import ClusterView, Placement, Run, error_text, now
 
 EMULATED_REASON = ("profile needs GPUs: on the emulated backend (numpy on CPU actors) there "
                    "is no kernel timing to record")
@@ -60,11 +63,7 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
             where = _placement(run, suite, case, view)
             if where is None:
                 continue
-            timeout = timeout_s or case.param("timeout_s")
-            if case.tp == 1:
-                _measure(run, suite, case, where, timeout, now())
-            else:
-                groups.setdefault(case.group_key, []).append(case)
+            groups.setdefault(case.group_key, []).append(case)
         for members in groups.values():
             where = view.resolve(members[0])
             assert isinstance(where, Placement)
@@ -111,21 +110,9 @@ def timing_spec(case: Case) -> dict:
             "seed": case.tokens, "mode": case.op_fields().get("mode", "one_shot")}
 
 
-def _measure(run: Run, suite: Suite, case: Case, where: Placement, timeout_s: float,
-             started) -> None:
-    from cluster.measure.harness import measure_tp1
-    # A timeout is a hang; the fused op's pre-timing check failing a wrong answer.
-    out, failed = gpu_task(measure_tp1, timing_spec(case), timeout_s)
-    if failed:
-        kind, why = failed
-        run.record(case, suite, outcome=kind, started_at=started, placement=where.name, reason=why)
-        return
-    record_impls(run, suite, case, where, [out], started)
-
-
 def _measure_group(run: Run, suite: Suite, members: list[Case], where: Placement,
                    timeout_s: float) -> None:
-    """tp > 1, one rank actor per GPU: the cases on one TP group (capacity:
+    """One rank actor per GPU: the cases on one TP group (capacity:
     their largest M), every rank timing each case's graphs at once; after a
     case that does not pass, a fresh group for the rest (a timed call cut
     short leaves the group in an unknown state)."""

@@ -177,6 +177,45 @@ def test_tp_groups_share_a_group_and_a_case_that_hangs_gets_a_fresh_one(tmp_path
     assert all(r["ratio"] == 0.25 for r in rows if r["outcome"] == "pass" and r["baseline"])
 
 
+def test_tp1_cases_share_a_group_of_one_rank(tmp_path, monkeypatch):
+    """tp=1 cases of one group key are timed on one rank actor, built once
+    (a Ray task per case paid a new process, CUDA context, kernel load and
+    NCCL set-up each time: Ray ends a GPU task's process after each call)."""
+    from jobs import correctness, profile
+    from jobs.config import load_suite, suite_path
+    from jobs.harness import Run
+    from jobs.results import read_results
+    suite = load_suite(suite_path("nightly"))
+    cases = [c for c in suite.of("profile") if c.tp == 1 and c.op in ("all_reduce_norm", "indexer")]
+    assert len(cases) == 12  # all_reduce_norm: 2 hidden x 4 M; indexer: 4 M
+    opened, timed = [], []
+
+    class FakeGroup:
+        def __init__(self, members):
+            opened.append((members[0].op, members[0].hidden, [c.tokens for c in members]))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def time(self, spec, timeout_s):
+            timed.append((spec["op"], spec["tokens"]))
+            return [{"rank": 0, "impls": {"fused": {"times_us": [2.0], "compile_s": 1.0}}}]
+
+    monkeypatch.setattr(correctness, "open_group",
+                        lambda run, suite, members, where, timeout_s: FakeGroup(members))
+    run = Run(results=tmp_path, trigger="ci", backend="gpu")
+    profile.run(run, suite, cases, view=FakeView())
+    assert opened == [("all_reduce_norm", 5120, [1, 8, 16, 64]),
+                      ("all_reduce_norm", 7168, [1, 8, 16, 64]), ("indexer", 7168, [1, 8, 16, 64])]
+    assert len(timed) == 12
+    rows = read_results(tmp_path).to_pylist()
+    assert {(r["op"], r["outcome"], r["placement"]) for r in rows} == {
+        ("all_reduce_norm", "pass", "process-per-gpu"), ("indexer", "pass", "process-per-gpu")}
+
+
 def test_every_op_is_profiled_and_what_cannot_be_timed_says_why(tmp_path):
     from jobs import profile
     from jobs.config import load_suite, suite_path

@@ -1,7 +1,7 @@
 """Time one case on one rank: the fused op and its baselines
-(:func:`time_case`), on a lone GPU (:func:`measure_tp1`, the profile job's
-tp=1 task) or on every rank of a process-per-GPU TP group at once
-(``GpuRank.time_case``).
+(:func:`time_case`), on a lone GPU without Ray (:func:`measure_tp1`, the
+benchmarks) or on every rank of a process-per-GPU TP group at once, a group
+of one included (``GpuRank.time_case``, the profile job).
 
 Per implementation, on every rank together:
 
@@ -148,8 +148,8 @@ def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[
 
 
 def measure_tp1(spec: Mapping) -> dict:
-    """:func:`time_case` on this process's GPU alone (the profile job's tp=1
-    Ray task holding one GPU): the fused kernel on its own tp=1 mailbox,
+    """:func:`time_case` on this process's GPU alone (the benchmarks, a GPU
+    test): the fused kernel on its own tp=1 mailbox,
     the all-reduces the identity (``symm_mem`` over a world-size-1 group)."""
     import torch
 

@@ -123,7 +123,7 @@ class Workload:
 class RankContext:
     """One rank as the harness sees it. ``dist``: torch.distributed is set
     up with this rank's TP group as WORLD (a process-per-GPU group, also of
-    one); else a lone GPU (the tp=1 profile task, the benchmarks), where
+    one); else a lone GPU (the benchmarks), where
     ``gather`` returns ``[t]`` and the barrier is a device synchronize.
     ``mailbox``: the group's Lamport mailbox (None: a kernel makes its own
     tp=1 mailbox). ``cache``: per-group objects built once (a baseline's
