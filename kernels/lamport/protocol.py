@@ -28,7 +28,11 @@ Consume (one CTA a token on every rank, after ``griddepcontrol.wait``):
   1. volatile-load ``stage = ACTIVE_STAGE`` (bounds-checked as above);
   2. for source rank 0..tp-1 in order, spin on 16-byte volatile loads of
      slot ``(stage, source, t, column)`` until no lane is 0x8000, and add the
-     fragment into an FP32 accumulator that starts at +0.0;
+     fragment into an FP32 accumulator that starts at +0.0 (the AllReduceNorm
+     consumer issues the first load of every source together with step 1,
+     at the stage NEXT_STAGE held before the wait, and spins only where that
+     load holds a sentinel lane or was made at another stage: the same
+     values, one memory round trip instead of 1 + tp);
   3. token 0 thread 0 writes ``NEXT_STAGE = (stage + 1) % 3``, then every
      thread triggers dependents (PDL);
   4. write the sentinel back into every slot it read;
