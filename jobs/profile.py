@@ -13,8 +13,8 @@ into rows.
   recorded and the group is rebuilt for the cases after it. (tp=1 cases
   were Ray tasks, one per case: Ray ends a GPU task's process after each
   call, so every case paid a process start, a CUDA context, its kernels'
-  load and an NCCL set-up; on two H200s 28 such cases took 390 s for 114 s
-  of timed replays.)
+  load and an NCCL set-up; docs/results/service_h200x2_2026-11-30.md
+  section 8 has the figures.)
 
 Rows: one per implementation; the fused op's row carries the first
 baseline's median and the ratio (``ratio`` < 1: fused is faster); each

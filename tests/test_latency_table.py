@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "latency_table.py"
 
 
@@ -37,3 +39,29 @@ def test_rank_table_shows_each_rank_and_the_spread():
         "| all_reduce_norm | 2 | 7168 | 16 | fused (owner) | 220 | 4.67 / 4.37 | 0.30 | 4.68 |",
         "| all_reduce_norm | 2 | 7168 | 64 | fused | 50 | 8.57 / 7.08 | 1.49 | 8.57 |",
     ]
+
+
+def test_profile_time_splits_case_wall_into_replays_build_and_rest():
+    import datetime as dt
+    spec = importlib.util.spec_from_file_location(
+        "profile_time", SCRIPT.with_name("profile_time.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    t0 = dt.datetime(2026, 11, 30, 20, 0, tzinfo=dt.timezone.utc)
+
+    def row(impl, median, calls, compile_s, end_s, start=t0, tokens=1):
+        return {"job": "profile", "op": "all_reduce_norm", "tp": 1, "placement": "process-per-gpu",
+                "hidden": 7168, "tokens": tokens, "started_at": start, "t_n": 200,
+                "t_median_us": median, "finished_at": start + dt.timedelta(seconds=end_s),
+                "extra": json.dumps({"impl": impl, "calls_per_graph": calls,
+                                     "compile_s": compile_s})}
+    later = t0 + dt.timedelta(seconds=30)
+    table = module.case_times([
+        row("fused", 3.0, 1000, 4.0, 10.0), row("unfused", 7.0, 1000, 1.0, 12.0),
+        row("fused", 4.0, 50, 0.5, 3.0, start=later, tokens=64),
+        {"job": "correctness", "t_n": None},
+    ])
+    (n, wall, timed, build), = table.values()
+    assert n == 2 and wall == 15.0
+    assert timed == pytest.approx((3.0 + 7.0) * 1e-6 * 200 * 1000 + 4.0 * 1e-6 * 200 * 50)
+    assert build == 5.5
