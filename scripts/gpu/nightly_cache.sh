@@ -18,7 +18,10 @@
 # each part's full log goes to $OUT/nightly_<pass>_<part>.log, and the rows
 # and pages so far to $OUT/results-<pass>.tgz. OPS=a,b narrows a part to
 # those ops; PART_TIMEOUT_S (default 570) bounds each part, so that several
-# parts fit one device call.
+# parts fit one device call. On a fresh two-GPU machine part 4 (the profile,
+# cold) outgrew one 10-minute call on 2026-11-30: run it as OPS=all_reduce_norm,
+# then RESUME=1 for the rest. A run takes rows from one tree only (a part
+# from another commit is refused): start a new RUN_ID after changing the tree.
 set -u
 pass=${1:?usage: nightly_cache.sh cold|warm [1|2|3|4|all]}
 part=${2:-all}
