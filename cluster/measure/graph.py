@@ -49,40 +49,68 @@ MAX_FLOOR_FACTOR = 100
 """A replay floor lengthens a graph at most this many times."""
 
 
-def floor_calls(calls: int, sets: int, replay_us: float, min_replay_us: float) -> int:
+def floor_calls(calls: int, sets: int, replay_us: float, min_replay_us: float,
+                most: int | None = None) -> int:
     """Calls one graph holds so that a replay lasts at least ``min_replay_us``
     microseconds, given that a replay of ``calls`` calls took ``replay_us``:
     ``calls`` scaled up, then rounded up to whole rotations over the ``sets``
     input sets (every set read equally often); never fewer than ``calls``,
-    never more than :data:`MAX_FLOOR_FACTOR` times them (before rounding).
-    ``min_replay_us`` 0: ``calls`` as it is."""
+    never more than ``most`` (default :data:`MAX_FLOOR_FACTOR` times
+    ``calls``) before rounding. ``min_replay_us`` 0: ``calls`` as it is."""
     if min_replay_us < 0 or replay_us < 0:
         raise ValueError(f"min_replay_us and replay_us must be >= 0, got {min_replay_us}, "
                          f"{replay_us}")
     if min_replay_us == 0 or replay_us >= min_replay_us:
         return int(calls)
-    want = min(math.ceil(calls * min_replay_us / max(replay_us, 1e-3)), calls * MAX_FLOOR_FACTOR)
+    most = calls * MAX_FLOOR_FACTOR if most is None else most
+    want = min(math.ceil(calls * min_replay_us / max(replay_us, 1e-3)), most)
     return max(int(calls), math.ceil(want / sets) * sets)
+
+
+FIT_ROUNDS = 3
+"""Measurements :func:`refine_calls` makes at most."""
+
+
+def refine_calls(calls: int, sets: int, min_replay_us: float,
+                 replay_us_of: Callable[[int], float], rounds: int = FIT_ROUNDS) -> int:
+    """:func:`floor_calls` iterated: ``replay_us_of(n)`` measures a replay of
+    a graph of ``n`` calls; the count is rescaled from each measurement until
+    a replay reaches the floor, the count stops growing, or ``rounds``
+    measurements were made (at most :data:`MAX_FLOOR_FACTOR` times ``calls``
+    in all). Why more than one: a replay's fixed cost (the graph launch,
+    ~10-20 us) is most of a short graph's time, so the first rescaling
+    falls short (8 calls of 0.85 us on an H200: 800 calls, 680 us, for a
+    2 ms floor)."""
+    if min_replay_us == 0:
+        return int(calls)
+    most, n = calls * MAX_FLOOR_FACTOR, int(calls)
+    for _ in range(rounds):
+        more = floor_calls(n, sets, replay_us_of(n), min_replay_us, most=most)
+        if more == n:
+            break
+        n = more
+    return n
 
 
 def fit_calls(fn: Callable[[], object], calls: int, sets: int, min_replay_us: float,
               before_replay: Callable[[], object] | None = None,
               agree: Callable[[float], float] | None = None) -> int:
-    """:func:`floor_calls` from a measured replay: capture ``calls`` calls of
-    ``fn``, replay once untimed and once timed (``before_replay`` before
-    each); ``agree`` turns this rank's replay time into the one every rank
-    of a group uses (the max over ranks), so that they all capture graphs of
-    the same length. Why a floor: the ranks start a replay after a host
-    barrier, and the first to start carries the start skew in its time,
-    spread over the graph's calls (tens of us over 50 calls measured on two
-    H200s: docs/results/service_h200x2_2026-11-30.md section 10)."""
-    graph, events = _capture(fn, calls), _events()
-    for _ in range(2):  # a warm replay, then the one whose time counts
-        replay_us = _replay_us(graph, events, before_replay)
-    del graph
-    if agree is not None:
-        replay_us = agree(replay_us)
-    return floor_calls(calls, sets, replay_us, min_replay_us)
+    """:func:`refine_calls` with measured replays: a graph of ``n`` calls of
+    ``fn`` is captured, replayed once untimed and once timed
+    (``before_replay`` before each); ``agree`` turns this rank's replay time
+    into the one every rank of a group uses (the max over ranks), so that
+    they all capture graphs of the same length. Why a floor: the ranks start
+    a replay after a host barrier, and the first to start carries the start
+    skew in its time, spread over the graph's calls (tens of us over 50
+    calls measured on two H200s: docs/results/service_h200x2_2026-11-30.md
+    section 10)."""
+    def replay_us_of(n: int) -> float:
+        graph, events = _capture(fn, n), _events()
+        for _ in range(2):  # a warm replay, then the one whose time counts
+            replay_us = _replay_us(graph, events, before_replay)
+        del graph
+        return agree(replay_us) if agree is not None else replay_us
+    return refine_calls(calls, sets, min_replay_us, replay_us_of)
 
 
 def time_graph(fn: Callable[[], object], calls: int, replays: int, warmup: int = 3,

@@ -52,8 +52,13 @@ def all_reduce_mhc(ctx, spec):
 
 
 def indexer(ctx, spec):
-    from cluster.measure.workloads.indexer import indexer_workload
+    from cluster.measure.workloads.projection import indexer_workload
     return indexer_workload(ctx, spec)
+
+
+# The builders' modules are named apart from the ops: importing a submodule
+# sets the package attribute of its name, which would replace a builder of
+# that name (the indexer's did, from its second case in a process on).
 
 
 def builder(op: str, path: str | None = None) -> Callable:
@@ -62,8 +67,10 @@ def builder(op: str, path: str | None = None) -> Callable:
     path = path or f"{__name__}.{op}"
     module, _, attr = path.rpartition(".")
     try:
-        found = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError):
+        found = getattr(importlib.import_module(module), attr, None)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module == err.name or module.startswith(err.name + ".")):
+            raise  # the module exists; something it imports does not
         found = None
     if not callable(found):
         raise ValueError(f"no timing workload for op {op!r} at {path!r}; "
