@@ -41,6 +41,9 @@ class FaultVerdict:
     diagnosis: GroupDiagnosis
     outcome: str
     """The faulty call's outcome (pass, fail, hang, error)."""
+    rebuilt: bool = False
+    """Whether the group was rebuilt (a rank process killed and restarted)
+    by the faulty call or the next one."""
 
 
 def _recovered_next_exact(c: GroupCall, n: GroupCall) -> bool:
@@ -153,4 +156,5 @@ def run_fault(group: TPGroup, kind: str, *, rank: int, tokens: int = 4, seed: in
     return FaultVerdict(kind=kind, rank=rank,
                         expected=fault.expected.replace("{rank}", ranks_str({rank})),
                         seen=describe(faulty, following), met=fault.met(faulty, following, rank),
-                        diagnosis=faulty.diagnosis, outcome=faulty.outcome)
+                        diagnosis=faulty.diagnosis, outcome=faulty.outcome,
+                        rebuilt=bool(faulty.rebuilt or following.rebuilt))

@@ -144,4 +144,5 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
         reason=None if met else f"expected: {v.expected}; seen: {v.seen}",
         note=f"rank {case.rank}: {v.outcome}, {d.kind}" if met else None,
         extra={"faulty_rank": case.rank, "call_outcome": v.outcome, "diagnosis_kind": d.kind,
-               "budget_ns": budget_ns, "repeats": len(verdicts), **row_extra(case)})
+               "budget_ns": budget_ns, "repeats": len(verdicts),
+               "rebuilt": any(x.rebuilt for x in verdicts), **row_extra(case)})

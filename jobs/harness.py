@@ -340,6 +340,9 @@ def closing_line(entry: dict) -> str:
         parts.append("service overhead n/a (no timed work)")
     if entry.get("peak_groups"):
         parts.append(f"peak {entry['peak_groups']} group(s) at once")
+    if entry.get("rebuilt_cases"):
+        parts.append(f"{entry['rebuilt_cases']} case(s) rebuilt their group "
+                     f"({entry['rebuilt_s']:.1f} s of case time)")
     return ", ".join(parts)
 
 
@@ -390,7 +393,9 @@ class Run:
         self.accounting: list[dict] = []
         """Per job section: wall_s, work_s (timed GPU work, or on the emulated
         backend the summed case compute time), overhead (wall / work), cases,
-        peak_groups; also in the run's manifest (``accounting``, :meth:`finish`)."""
+        peak_groups, and where cases rebuilt their group (a rank killed:
+        ``extra.rebuilt``) rebuilt_cases and their summed time rebuilt_s; also appended to the run's manifest as each section ends
+        (``accounting``)."""
         self._skips: dict[str, list] = {}
         """A section's skip reasons: reason -> [footnote mark, cases]."""
 
@@ -414,7 +419,8 @@ class Run:
         t0 = time.monotonic()
         job = title.split(":", 1)[0]
         self._section = {"job": job, "t0": t0, "total": total, "done": 0, "work_s": 0.0,
-                         "work_kind": None, "peak_groups": None, "next_line": 0.1}
+                         "work_kind": None, "peak_groups": None, "next_line": 0.1,
+                         "rebuilt_cases": 0, "rebuilt_s": 0.0}
         self._bar = tqdm(total=total, file=sys.stderr, leave=False, unit="case",
                          disable=not sys.stderr.isatty() or total < 2, dynamic_ncols=True)
         self._table = Table(COLUMNS, out=None if self._bar.disable else _BarOut(self._bar))
@@ -434,7 +440,13 @@ class Run:
                      "work_s": round(sec["work_s"], 6), "work": sec["work_kind"],
                      "overhead": round(wall / sec["work_s"], 2) if sec["work_s"] > 0 else None,
                      "peak_groups": sec["peak_groups"]}
+            if sec["rebuilt_cases"]:
+                entry.update(rebuilt_cases=sec["rebuilt_cases"],
+                             rebuilt_s=round(sec["rebuilt_s"], 3))
             self.accounting.append(entry)
+            if self.results is not None:
+                from jobs.results import runs
+                runs.add_accounting(self.results, self.run_id, entry)
             print(f"   ({closing_line(entry)})", flush=True)
 
     def add_work(self, seconds: float, kind: str) -> None:
@@ -538,6 +550,9 @@ class Run:
                              columns.get("t_median_us"), columns.get("t_p99_us"), outcome,
                              note or reason or ""])
         if progress:
+            if info.get("rebuilt") and self._section is not None:
+                self._section["rebuilt_cases"] += 1
+                self._section["rebuilt_s"] += (row["finished_at"] - started_at).total_seconds()
             self._progress()
         return row
 
@@ -561,8 +576,7 @@ class Run:
         files = []
         if compact and self._writers:
             files = compact_run(self.results, self.run_id)
-        runs.finish(self.results, self.run_id, counts=dict(self.counts),
-                    accounting=list(self.accounting))
+        runs.finish(self.results, self.run_id, counts=dict(self.run_counts()))
         if files:
             print(f"results: run {self.run_id} compacted into {len(files)} file(s)", flush=True)
 
@@ -571,17 +585,23 @@ class Run:
         compile-check)."""
         self.counts.update(outcome_counts)
 
+    def run_counts(self) -> Counter[str]:
+        """Rows by outcome: read back from the run's rows (every part of a
+        run split in parts, self-check and compile check included), else
+        (no rows: --no-results, or none written yet) this process's own count."""
+        if self.results is None or not Path(self.results).is_dir():
+            return Counter(self.counts)
+        from jobs.results import read_results
+        outcomes = read_results(self.results, filters={"run_id": self.run_id},
+                                columns=["outcome"]).column("outcome").to_pylist()
+        return Counter(outcomes) if outcomes else Counter(self.counts)
+
     def summary(self) -> int:
         """Print the failing rows with their repro commands and the closing
         line (counts over every row of the run, self-check and compile
         check included, when rows were written); returns the number of
         failing cases."""
-        counts = self.counts
-        if self.results is not None and self._writers:
-            from jobs.results import read_results
-            outcomes = read_results(self.results, filters={"run_id": self.run_id},
-                                    columns=["outcome"]).column("outcome").to_pylist()
-            counts = Counter(outcomes)
+        counts = self.run_counts()
         n = max(sum(counts[o] for o in FAILING), sum(self.counts[o] for o in FAILING))
         if self.failing:
             print(f"\n{len(self.failing)} failing case(s), each with the command that reproduces it:")

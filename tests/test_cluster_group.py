@@ -108,6 +108,7 @@ def test_fault_meets_expected_outcome(groups, kind):
     g.recover()
     verdict = run_fault(g, kind, rank=rank, budget_ns=BUDGET_NS)
     assert verdict.met, f"{kind}: expected {verdict.expected!r}, seen {verdict.seen!r}"
+    assert verdict.rebuilt == (kind in REBUILDS)
 
 
 OTHER_OPS = {"finalize_publish": {"top_k": 2}, "embed_norm": {},

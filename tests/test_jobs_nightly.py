@@ -180,6 +180,11 @@ def test_the_fault_campaign_meets_every_expected_outcome(smoke):
         and skip["fault_stage"] is not None
     assert faults["stuck_rank"]["x"]["call_outcome"] == "hang"
     assert faults["late_within_budget"]["x"]["call_outcome"] == "pass"
+    # the cases that rebuilt their group say so, and the job's closing line counts them
+    assert {k for k, r in faults.items() if r["x"]["rebuilt"]} == {"dirty_mailbox", "stuck_rank"}
+    rebuilt = sum(r["x"]["rebuilt"] for r in every)
+    assert re.search(rf"\(.*, {rebuilt} case\(s\) rebuilt their group \(\d+\.\d s of case "
+                     rf"time\)\)", smoke[0].out), smoke[0].out[-3000:]
 
 
 def test_report_prints_the_run_and_compares(smoke, capsys):

@@ -48,6 +48,7 @@ def test_resume_runs_only_what_the_run_lacks(tmp_path):
     manifest = runs.read_manifest(results, "cut-short")
     assert manifest["status"] == "finished"
     assert [a["cases"] for a in manifest["accounting"]] == [1, 2]
+    assert manifest["counts"] == dict(Counter(r["outcome"] for r in rows))  # both parts' rows
 
 
 def test_resume_needs_a_run_that_exists(tmp_path):

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import warnings
@@ -184,23 +185,34 @@ def test_incomplete_runs_are_never_a_baseline(tmp_path):
     assert "This run is INCOMPLETE" in index.read_text()
 
 
-def test_a_run_split_in_parts_is_reopened_and_sums_its_parts(tmp_path):
+def test_a_run_split_in_parts_is_reopened_and_keeps_every_parts_accounting(tmp_path):
     """``nightly --jobs ... --run-id R`` in several invocations: each part
-    takes the finished run over and adds its counts and accounting."""
+    takes the run over and appends its sections' accounting as each ends;
+    a part stopped by a time limit (no finish) keeps the sections it ended,
+    and the last finish stores the counts of all the run's rows."""
     root = tmp_path / "results"
     runs.begin(root, "split", trigger="nightly", facts={"hostname": "h"})
     started = runs.read_manifest(root, "split")["started_at"]
-    runs.finish(root, "split", counts={"pass": 2}, accounting=[{"job": "correctness"}])
+    runs.add_accounting(root, "split", {"job": "correctness"})
+    runs.finish(root, "split", counts={"pass": 2})
     assert runs.read_manifest(root, "split")["status"] == "finished"
     runs.begin(root, "split", trigger="nightly")
     data = runs.read_manifest(root, "split")
     assert data["status"] == "running" and data["started_at"] == started
     assert "finished_at" not in data
-    runs.finish(root, "split", counts={"pass": 1, "fail": 1}, accounting=[{"job": "profile"}])
+    runs.add_accounting(root, "split", {"job": "faults"})
+    # killed here: the next part finds a dead driver and takes the run over
+    dead = subprocess.Popen(["true"])  # noqa: S603,S607 - a pid that has exited
+    dead.wait()
+    runs._write(root, "split", {**runs.read_manifest(root, "split"),
+                                "driver": {"host": socket.gethostname(), "pid": dead.pid}})
+    runs.begin(root, "split", trigger="nightly")
+    runs.add_accounting(root, "split", {"job": "profile"})
+    runs.finish(root, "split", counts={"pass": 5, "fail": 1})
     data = runs.read_manifest(root, "split")
     assert data["status"] == "finished"
-    assert data["counts"] == {"pass": 3, "fail": 1}
-    assert [a["job"] for a in data["accounting"]] == ["correctness", "profile"]
+    assert data["counts"] == {"pass": 5, "fail": 1}
+    assert [a["job"] for a in data["accounting"]] == ["correctness", "faults", "profile"]
 
 
 def test_a_job_joined_to_a_running_run_leaves_it_running(tmp_path, capsys):

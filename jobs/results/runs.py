@@ -11,9 +11,9 @@ what is true of the whole run once, instead of on every row:
                                        driver process
 ``started_at``, ``heartbeat_at``,      UTC ISO times; the heartbeat is refreshed as
 ``finished_at``                        rows are written
-``counts``, ``accounting``             rows by outcome; per job section: wall time,
-                                       cases, timed work, overhead (summed over
-                                       the invocations of a run split in parts)
+``counts``, ``accounting``             the run's rows by outcome (all its parts');
+                                       per job section, appended as it ends:
+                                       wall time, cases, timed work, overhead
 ``facts``                              the per-run columns (``RUN_FACTS``: commit,
                                        versions, host, GPUs, topology)
 
@@ -114,8 +114,9 @@ def begin(root, run_id: str, *, trigger: str, facts: dict | None = None) -> dict
     ``--run-id`` while its driver lives keeps that driver (a job joined to a
     nightly); a finished run, or one whose driver is gone, is taken over:
     one run split over several invocations (``nightly --jobs``, one part per
-    call) keeps its start time, and :func:`finish` adds each part's counts
-    and accounting to the earlier parts'. Joining a run from another commit
+    call) keeps its start time; each part appends its sections' accounting
+    (:func:`add_accounting`) and :func:`finish` stores the counts of all
+    the run's rows. Joining a run from another commit
     is a ValueError (:func:`check_same_tree`)."""
     check_same_tree(root, run_id, (facts or {}).get("git_commit"))
     data = read_manifest(root, run_id) or {}
@@ -145,18 +146,26 @@ def heartbeat(root, run_id: str) -> None:
         _write(root, run_id, data)
 
 
-def finish(root, run_id: str, *, counts: dict[str, int] | None = None,
-           accounting: list[dict] | None = None) -> None:
-    """Mark the run finished (only its own driver does); ``counts`` (rows
-    by outcome) and ``accounting`` (one entry per job section) are added to
-    those of the run's earlier invocations, if any."""
+def finish(root, run_id: str, *, counts: dict[str, int] | None = None) -> None:
+    """Mark the run finished (only its own driver does); ``counts``: the
+    run's rows by outcome, every part's (read back from the rows, so a part
+    stopped by a time limit, which never got here, is counted too),
+    replacing the manifest's."""
     data = read_manifest(root, run_id)
     if data and owns(data):
         data.update(status="finished", finished_at=_now())
-        if counts:
-            data["counts"] = dict(Counter(data.get("counts") or {}) + Counter(counts))
-        if accounting:
-            data["accounting"] = list(data.get("accounting") or []) + list(accounting)
+        if counts is not None:
+            data["counts"] = dict(counts)
+        _write(root, run_id, data)
+
+
+def add_accounting(root, run_id: str, entry: dict) -> None:
+    """Append one job section's accounting (wall time, work, cases) to the
+    run's manifest as the section ends, so that a part stopped later keeps
+    the sections it completed (only the run's driver writes)."""
+    data = read_manifest(root, run_id)
+    if data and owns(data):
+        data["accounting"] = list(data.get("accounting") or []) + [dict(entry)]
         _write(root, run_id, data)
 
 
