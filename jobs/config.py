@@ -43,6 +43,8 @@ A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
     calls = 50                    # calls captured in one CUDA graph
     replays = 200                 # timed replays
     min_replay_ms = 0             # floor on a replay's duration (more calls where they are short)
+    min_replays = 0               # > 0: a graph of more than `calls` calls (rotation, floor) is
+                                  # replayed proportionally fewer times, not below this
 
 Every key is checked: an unknown key, a wrong type or a value outside its
 choices is a :class:`ConfigError` naming the file, the table and the key.
@@ -171,6 +173,10 @@ def _int(v):
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
+def _non_negative_int(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def _number(**rule):
     """A check: a finite number meeting ``rule`` (require_number's keywords)."""
     def check(v):
@@ -215,7 +221,8 @@ _SCALAR_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
     "profile": {"repeats": (1, _int), "baselines": (None, baseline_names),
                 "calls": (50, _int), "replays": (200, _int), "watchdog_ns": (1_000_000_000, _int),
                 "rotate_mb": (120, _num), "timeout_s": (600.0, _num),
-                "min_replay_ms": (0.0, _non_negative)},
+                "min_replay_ms": (0.0, _non_negative),
+                "min_replays": (0, _non_negative_int)},
 }
 _TOP_KEYS = {"format", "name", "version", "description", "memory_limit_gb", "selfcheck",
              "compile_check", *JOBS}
@@ -361,8 +368,9 @@ def _check(value, check, where: str) -> None:
         except (TypeError, ValueError) as err:  # a kernel rule: its own words
             raise ConfigError(f"{where} = {value!r}: {err}") from None
         if not ok:
-            what = "integer" if check is _int else "finite number"
-            raise ConfigError(f"{where} = {value!r} must be a positive {what}")
+            what = {_int: "a positive integer", _non_negative_int: "an integer >= 0",
+                    _non_negative: "a finite number >= 0"}.get(check, "a positive finite number")
+            raise ConfigError(f"{where} = {value!r} must be {what}")
 
 
 def _values(sweep: Mapping, key: str, default, check, where: str, *, listable: bool) -> list:

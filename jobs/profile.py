@@ -103,7 +103,7 @@ def timing_spec(case: Case) -> dict:
     from cluster.cases import DEFAULTS
     return {"op": case.op, "hidden": case.hidden, "tokens": case.tokens, "hc": case.hc,
             "top_k": case.top_k, "calls": case.param("calls"), "replays": case.param("replays"),
-            "min_replay_ms": case.param("min_replay_ms"),
+            "min_replay_ms": case.param("min_replay_ms"), "min_replays": case.param("min_replays"),
             "rotate_mb": case.param("rotate_mb"),
             "watchdog_ns": case.param("watchdog_ns") if case.variant == "watchdog" else 0,
             "eps": DEFAULTS["eps"], "baselines": list(case.param("baselines")),

@@ -93,7 +93,11 @@ def test_filters_narrow_and_an_empty_selection_is_an_error():
      r"rank = 5 is outside 0..1"),
     ("format = 1\nname = 'x'\nversion = 1\n[[correctness]\n", "not valid TOML"),
     (GOOD + "[[profile]]\nop='all_reduce_norm'\ntp=1\nhidden=256\ntokens=4\nmin_replay_ms=-1",
-     "min_replay_ms = -1"),
+     "min_replay_ms = -1 must be a finite number >= 0"),
+    (GOOD + "[[profile]]\nop='all_reduce_norm'\ntp=1\nhidden=256\ntokens=4\nmin_replays=-1",
+     "min_replays = -1 must be an integer >= 0"),
+    (GOOD + "[[profile]]\nop='all_reduce_norm'\ntp=1\nhidden=256\ntokens=4\nmin_replays=2.5",
+     "min_replays = 2.5 must be an integer >= 0"),
 ])
 def test_bad_configs_are_named(tmp_path, text, message):
     path = tmp_path / "suite.toml"

@@ -17,7 +17,8 @@ import torch
 
 from cluster.measure import harness, workloads
 from cluster.measure.graph import (FIT_ROUNDS, MAX_FLOOR_FACTOR, MAX_SETS, floor_calls,
-                                   graph_calls, refine_calls, rotating, rotation_sets)
+                                   graph_calls, refine_calls, rotating, rotation_sets,
+                                   scaled_replays)
 from cluster.measure.stats import bandwidth, max_over_ranks, median_p10_p90, stats
 from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
 from cluster.measure.workloads import flashinfer as fi
@@ -54,6 +55,20 @@ def test_a_replay_floor_lengthens_short_graphs_by_whole_rotations():
         floor_calls(50, 33, 400.0, -1.0)
     with pytest.raises(ValueError, match="min_replay_ms must be >= 0"):
         Spec.of({**SPEC, "min_replay_ms": -1})
+
+
+def test_a_longer_graph_is_replayed_proportionally_fewer_times():
+    # 200 replays of 50 calls = 10,000 calls; a graph of 3072 calls (the
+    # rotation at M = 1) needs 4 replays for as many, but at least 20
+    assert scaled_replays(200, 50, 3072, 20) == 20
+    assert scaled_replays(200, 50, 192, 20) == 53      # ceil(10,000 / 192)
+    assert scaled_replays(200, 50, 50, 20) == 200      # the graph asked for
+    assert scaled_replays(10, 50, 3072, 20) == 10      # never more than replays
+    assert scaled_replays(200, 50, 3072, 0) == 200     # off
+    with pytest.raises(ValueError, match="min_replays must be >= 0"):
+        scaled_replays(200, 50, 3072, -1)
+    with pytest.raises(ValueError, match="min_replays must be >= 0, got -2"):
+        Spec.of({**SPEC, "min_replays": -2})
 
 
 def test_refined_floor_reaches_the_floor_despite_a_fixed_replay_cost():
@@ -214,6 +229,9 @@ def test_a_replay_floor_fits_each_implementation_s_graph(no_gpu, monkeypatch):
     assert seen == [(4, 3, 5000.0, 2.0)] * 2  # fused and unfused (the others do not run)
     assert out["impls"]["fused"]["calls"] == out["impls"]["unfused"]["calls"] == 600
     assert no_gpu == [600, 600] and out["calls"] == 4
+    assert len(out["impls"]["fused"]["times_us"]) == 5  # min_replays unset: every replay
+    out = harness.time_case(ctx, {**SPEC, "min_replay_ms": 5, "min_replays": 2}, WORKLOAD)
+    assert [len(out["impls"][n]["times_us"]) for n in ("fused", "unfused")] == [2, 2]
 
 
 def test_fused_wrong_answer_or_failure_elsewhere_stops_every_rank(no_gpu):

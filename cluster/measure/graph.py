@@ -45,6 +45,22 @@ def rotating(call: Callable[[int], object], sets: int) -> Callable[[], None]:
     return step
 
 
+def scaled_replays(replays: int, calls: int, graph_calls: int, min_replays: int) -> int:
+    """Replays of a graph of ``graph_calls`` calls that time about as many
+    calls as ``replays`` replays of ``calls`` calls would: a graph lengthened
+    (by the rotation over more than the L2 at small M, or by a replay floor)
+    is replayed proportionally fewer times, each replay already a mean over
+    its calls; never fewer than ``min_replays``, never more than
+    ``replays``. ``min_replays`` 0: ``replays`` as it is. Every rank of a
+    group gets the same count from the same arguments."""
+    if min_replays < 0:
+        raise ValueError(f"min_replays must be >= 0, got {min_replays}")
+    if min_replays == 0:
+        return int(replays)
+    return max(min(int(min_replays), int(replays)),
+               min(int(replays), math.ceil(replays * calls / max(int(graph_calls), 1))))
+
+
 MAX_FLOOR_FACTOR = 100
 """A replay floor lengthens a graph at most this many times."""
 

@@ -17,8 +17,10 @@ Per implementation, on every rank together:
 3. barrier; one CUDA graph of max(``calls``, sets) calls over the rotating
    sets (more where ``min_replay_ms`` asks a replay to last that long:
    :func:`cluster.measure.graph.fit_calls`, the ranks agreeing on the
-   length), replayed ``replays`` times with a barrier (NCCL barrier + device
-   synchronize) before each replay, inside an NVTX range.
+   length), replayed ``replays`` times (fewer for a longer graph where
+   ``min_replays`` is set: :func:`cluster.measure.graph.scaled_replays`)
+   with a barrier (NCCL barrier + device synchronize) before each replay,
+   inside an NVTX range.
 
 Returns ``{"rank", "impls": {name: {"times_us": [...], "compile_s": s,
 "extra": {...}, "calls": calls in its graph} | {"skipped": why} | {"failed": why}},
@@ -37,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from cluster.measure.clocks import gpu_state
-from cluster.measure.graph import fit_calls, graph_calls, rotating, time_graph
+from cluster.measure.graph import fit_calls, graph_calls, rotating, scaled_replays, time_graph
 from cluster.measure.nvtx import nvtx_range, range_name
 from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
 from cluster.measure.workloads import builder
@@ -141,8 +143,9 @@ def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[
     if s.min_replay_ms > 0:
         calls = fit_calls(rotating(call.fn, work.sets), calls, work.sets, s.min_replay_ms * 1e3,
                           before_replay=ctx.barrier, agree=ctx.max_over_ranks)
+    replays = scaled_replays(s.replays, s.calls, calls, s.min_replays)
     with nvtx_range(range_name(s.op, name, **names), s.tokens):
-        times = time_graph(rotating(call.fn, work.sets), calls, s.replays,
+        times = time_graph(rotating(call.fn, work.sets), calls, replays,
                            before_replay=ctx.barrier)
     return {"times_us": times, "compile_s": compile_s, "extra": call.extra, "calls": calls}
 

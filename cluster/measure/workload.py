@@ -59,6 +59,10 @@ class Spec:
     min_replay_ms: float = 0.0
     """Floor on one replay's duration (:func:`cluster.measure.graph.fit_calls`),
     per implementation; 0: a graph holds max(``calls``, sets) calls."""
+    min_replays: int = 0
+    """Where a graph holds more than ``calls`` calls, it is replayed
+    proportionally fewer times, down to this many
+    (:func:`cluster.measure.graph.scaled_replays`); 0: always ``replays``."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> "Spec":
@@ -67,7 +71,7 @@ class Spec:
         if missing:
             raise ValueError(f"timing spec lacks {missing}; got {sorted(spec)}")
         unknown = set(spec) - set(SPEC_KEYS) - {"hc", "top_k", "transport", "variant", "mode",
-                                                 "min_replay_ms"}
+                                                 "min_replay_ms", "min_replays"}
         if unknown:
             raise ValueError(f"timing spec has unknown keys {sorted(unknown)}")
         out = cls(op=str(spec["op"]), hidden=int(spec["hidden"]), tokens=int(spec["tokens"]),
@@ -79,9 +83,12 @@ class Spec:
                   top_k=None if spec.get("top_k") is None else int(spec["top_k"]),
                   transport=str(spec.get("transport") or "unicast"),
                   mode=str(spec.get("mode") or "one_shot"),
-                  min_replay_ms=float(spec.get("min_replay_ms") or 0.0))
+                  min_replay_ms=float(spec.get("min_replay_ms") or 0.0),
+                  min_replays=int(spec.get("min_replays") or 0))
         if out.min_replay_ms < 0:
             raise ValueError(f"timing spec: min_replay_ms must be >= 0, got {out.min_replay_ms}")
+        if out.min_replays < 0:
+            raise ValueError(f"timing spec: min_replays must be >= 0, got {out.min_replays}")
         from kernels.lamport.protocol import MODES
         if out.mode not in MODES:
             raise ValueError(f"timing spec: mode must be one of {list(MODES)}, got {out.mode!r}")
