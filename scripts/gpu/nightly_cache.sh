@@ -18,10 +18,12 @@
 # each part's full log goes to $OUT/nightly_<pass>_<part>.log, and the rows
 # and pages so far to $OUT/results-<pass>.tgz. OPS=a,b narrows a part to
 # those ops; PART_TIMEOUT_S (default 570) bounds each part, so that several
-# parts fit one device call. On a fresh two-GPU machine part 4 (the profile,
-# cold) outgrew one 10-minute call on 2026-11-30: run it as OPS=all_reduce_norm,
-# then RESUME=1 for the rest. A run takes rows from one tree only (a part
-# from another commit is refused): start a new RUN_ID after changing the tree.
+# parts fit one device call. Cold, on two H200s, nightly v6 (2026-11-30,
+# docs/results/service_h200x2_2026-11-30.md section 11): part 1 315 s,
+# part 2 ~375 s, part 3 291 s, part 4 ~580 s (v7 replays long graphs fewer
+# times); a part cut by PART_TIMEOUT_S is completed with RESUME=1. A run
+# takes rows from one tree only (a part from another commit is refused):
+# start a new RUN_ID after changing the tree.
 set -u
 pass=${1:?usage: nightly_cache.sh cold|warm [1|2|3|4|all]}
 part=${2:-all}
