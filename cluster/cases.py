@@ -121,7 +121,8 @@ def compare(name: str, got_bits: np.ndarray | None, ref: torch.Tensor, bound: in
 
 
 def check_outputs(case: Mapping, *, tp: int, hidden: int, outputs: Mapping[str, np.ndarray | None],
-                  facts: Mapping | None = None, rank: int | None = None) -> dict:
+                  facts: Mapping | None = None, rank: int | None = None,
+                  inputs: dict | None = None) -> dict:
     """Compare one rank's outputs (bit arrays, by output name) with the op's
     torch reference (``expected``: bit for bit or within its ULP bound; NaN
     never passes). ``facts``: what the rank's kernel decided that the
@@ -129,10 +130,14 @@ def check_outputs(case: Mapping, *, tp: int, hidden: int, outputs: Mapping[str, 
     given, joins them as ``facts["rank"]`` (owner mode: the reference is the
     rows this rank owns). An output that
     is missing or None is reported as ``{"observed": False}`` and does not
-    decide ``ok``. Returns a plain dict with ``ok`` and, per output,
+    decide ``ok``. ``inputs``: the case's :func:`case_inputs` where the caller
+    has them (one set for every rank of a call: the op's reference keeps what
+    every rank shares in it, e.g. the finalize payloads, so tp checks compute
+    it once); else made here. Returns a plain dict with ``ok`` and, per output,
     elements, mismatches, max ULP, NaN and the bound."""
     module = ops.get(case["op"]).module()
-    inputs = module.make_inputs(case, tp=tp, hidden=hidden, tokens=int(case["tokens"]))
+    if inputs is None:
+        inputs = module.make_inputs(case, tp=tp, hidden=hidden, tokens=int(case["tokens"]))
     facts = dict(facts or {}) | ({} if rank is None else {"rank": int(rank)})
     expected = module.expected(case, inputs, tp=tp, facts=facts)
     report: dict = {"ok": True}

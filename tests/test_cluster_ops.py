@@ -183,3 +183,37 @@ def test_static_buffers_follow_the_structure_of_moe_inputs():
     assert torch.equal(static.routed.gemm2_permuted, new.routed.gemm2_permuted)
     assert torch.equal(static.shared_output, new.shared_output)
     assert static.routed.gemm2_permuted.data_ptr() != new.routed.gemm2_permuted.data_ptr()
+
+
+@pytest.mark.parametrize("op,fields", [
+    ("finalize_publish", {"top_k": 2, "mode": "one_shot"}),
+    ("finalize_publish", {"top_k": 2, "mode": "owner"}),
+    ("all_reduce_norm", {"mode": "owner"}),
+    ("embed_norm", {}),
+    ("all_reduce_mhc", {"hc": 2, "finalize": True, "top_k": 2}),
+])
+def test_one_set_of_inputs_checks_every_rank_of_a_call(op, fields):
+    """cluster.cases.check_outputs with the call's inputs shared by every
+    rank's check (what virtual ranks and rank actors pass) reports exactly
+    what it reports from inputs of its own, per rank (owner mode: each rank
+    its own rows), and still fails a wrong element."""
+    from cluster.cases import bits_from_bf16, case_inputs, check_outputs, make_case
+
+    tp, hidden = 4, 64
+    case = make_case(capacity=8, tokens=5, op=op, inputs="random", seed=11, budget_ns=10**9,
+                     **fields)
+    shared = case_inputs(case, tp=tp, hidden=hidden)
+    module = ops.get(op).module()
+    for rank in range(tp):
+        expected = module.expected(case, case_inputs(case, tp=tp, hidden=hidden), tp=tp,
+                                   facts={"rank": rank})
+        outputs = {name: bits_from_bf16(ref) for name, (ref, _) in expected.items()}
+        alone = check_outputs(case, tp=tp, hidden=hidden, outputs=outputs, rank=rank)
+        together = check_outputs(case, tp=tp, hidden=hidden, outputs=outputs, rank=rank,
+                                 inputs=shared)
+        assert alone == together and together["ok"], (rank, together)
+        name = next(iter(outputs))
+        outputs[name] = outputs[name].copy()
+        outputs[name].flat[0] ^= 0x4000  # an exponent bit: beyond any ULP bound
+        assert not check_outputs(case, tp=tp, hidden=hidden, outputs=outputs, rank=rank,
+                                 inputs=shared)["ok"]

@@ -256,7 +256,8 @@ class GpuRank:
             "mailbox_clean": box.is_all_sentinel(), "outputs": outputs,
             "publish_ns": consume_from - started, "consume_ns": done - consume_from,
             "check": check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
-                                   facts=kernel.facts(), rank=self._rank),
+                                   facts=kernel.facts(), rank=self._rank,
+                                   inputs=inputs if tokens == int(case["tokens"]) else None),
         })
         return result
 

@@ -120,7 +120,8 @@ def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int):
     dev = kernel.group.device
     graph = None
     for i, case in enumerate(cases):
-        kernel.load(case, case_inputs(case, tp=tp, hidden=hidden), m)
+        inputs = case_inputs(case, tp=tp, hidden=hidden)
+        kernel.load(case, inputs, m)
         if i == 0:
             kernel()
         else:
@@ -133,7 +134,7 @@ def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int):
         torch.cuda.synchronize(dev)
         diagnosis = kernel.group.diagnose()
         checks = [check_outputs(case, tp=tp, hidden=hidden, outputs=kernel.outputs(r),
-                                facts=kernel.facts(), rank=r) for r in range(tp)]
+                                facts=kernel.facts(), rank=r, inputs=inputs) for r in range(tp)]
         yield {"graph": i > 0, "checks": checks, "mailbox_clean": kernel.group.is_all_sentinel(),
                "diagnosis": None if diagnosis.ok else diagnosis.summary(),
                "missing_ranks": sorted(diagnosis.missing_ranks)}
