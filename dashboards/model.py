@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from jobs.regression import KEY as REGRESSION_KEY
 from jobs.results import read_results
-from jobs.results.runs import BASELINE_STATUSES
+from jobs.results.runs import BASELINE_STATUSES, read_manifests
 
 CASE_FIELDS: tuple[str, ...] = tuple(REGRESSION_KEY)
 #: Baseline implementations timed beside a kernel are rows of their own whose
@@ -119,6 +119,11 @@ class Run:
     status: str = "unrecorded"
     """The run manifest's effective status (jobs.results.runs.STATUSES):
     ``incomplete`` is a run whose driver went away before it finished."""
+    accounting: list[dict] = field(default_factory=list)
+    """Where the run's time went, per job section as it ended (its manifest's
+    ``accounting``: job, cases, wall_s, work_s and what ``work`` is,
+    overhead = wall / work, peak_groups, rebuilt_cases / rebuilt_s); empty
+    for a run without a manifest."""
 
     @property
     def baseline(self) -> bool:
@@ -178,7 +183,13 @@ def load(root: str | Path) -> Results:
     no rows and no runs. FileNotFoundError when ``root`` is not a directory."""
     root = Path(root)
     table = read_results(root)
-    return from_table(root, table)
+    results = from_table(root, table)
+    manifests = read_manifests(root)
+    for run in results.runs:
+        entries = (manifests.get(run.run_id) or {}).get("accounting")
+        run.accounting = [e for e in entries if isinstance(e, dict) and isinstance(
+            e.get("wall_s"), (int, float))] if isinstance(entries, list) else []
+    return results
 
 
 def from_table(root: Path, table: pa.Table) -> Results:

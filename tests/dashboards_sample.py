@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 
 from cluster.topology import Topology, fake_node
-from jobs.results import ResultsWriter
+from jobs.results import ResultsWriter, runs
 
 INJECT = '<img src=x onerror="window.__xss=1">'
 SCRIPT = "<script>window.__xss=2</script>"
@@ -132,4 +132,21 @@ def write_sample(root: Path) -> list[str]:
             ]
             ResultsWriter(root, suite="faults", run_id=run_id, trigger="nightly",
                           date=when.date()).append(faults)
+            runs.begin(root, run_id, trigger="nightly")
+            for entry in ACCOUNTING:
+                runs.add_accounting(root, run_id, entry)
+            runs.finish(root, run_id)
     return run_ids
+
+
+ACCOUNTING = [  # the latest run's manifest: a run in two parts, correctness in both
+    {"job": "correctness", "wall_s": 168.0, "cases": 576, "work_s": 12.55, "overhead": 13.39,
+     "work": "summed kernel call time", "peak_groups": 2},
+    {"job": "faults", "wall_s": 271.1, "cases": 180, "work_s": 26.6, "overhead": 10.19,
+     "work": "summed kernel call time", "peak_groups": 2, "rebuilt_cases": 18,
+     "rebuilt_s": 204.6},
+    {"job": "correctness", "wall_s": 104.6, "cases": 71, "work_s": 13.2, "overhead": 7.92,
+     "work": "summed kernel call time", "peak_groups": 2},
+    {"job": "profile", "wall_s": 90.6, "cases": 8, "work_s": 49.9, "overhead": 1.82,
+     "work": "timed CUDA-graph replays", "peak_groups": None},
+]

@@ -164,6 +164,22 @@ def test_overview_counts_equal_the_dataset(site, dataset):
     assert len(runs) == sample.RUNS
 
 
+def test_overview_shows_where_the_latest_run_s_time_went(site):
+    """The run manifest's accounting (one entry per job section, a run in
+    parts listing a job once per part): bars of timed work and the rest,
+    and the table behind them."""
+    doc = parse(site / "index.html")
+    rows = [[td.text.strip() for td in tr.find_all("td")]
+            for tr in doc.find("table", id="time").find("tbody").find_all("tr")]
+    assert [r[0] for r in rows] == ["correctness", "faults", "correctness (2)", "profile"]
+    assert rows[0][1:6] == ["576", "168.0", "12.55", "summed kernel call time", "13.4×"]
+    assert rows[1][7] == "18 (204.6 s)" and rows[0][7] == "—"
+    spec = chart_specs(doc)["overview-time"]
+    work, rest = spec["data"]
+    assert work["x"] == [e["work_s"] for e in sample.ACCOUNTING]
+    assert rest["x"] == [round(e["wall_s"] - e["work_s"], 3) for e in sample.ACCOUNTING]
+
+
 def test_every_registered_op_is_named_on_the_correctness_page(site):
     """The sample holds all_reduce_norm and finalize_publish rows; the other
     registered ops (cluster.ops) are named as absent from the run."""

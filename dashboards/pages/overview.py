@@ -131,11 +131,54 @@ def render(site: Site) -> dict[str, str]:
         h.section("By topology", topo_table,
                   note="topology: nodes, GPUs, links and multicast as discovered at the run's "
                        "start (click one for the recorded JSON); — where none was recorded."),
+        _time_section(run),
         h.section(f"Runs ({len(site.results.runs)})", runs_table),
     ])
     sub = h.join(["Latest run ", h.tag("code", run.run_id), f" · {run.trigger} · "
                   f"{h.fmt(run.started_at)}"])
     return {"index.html": site.page("Overview", "index.html", body, charts=True, subtitle=sub)}
+
+
+def _time_section(run) -> h.Markup | str:
+    """Where the latest run's time went, per job section (its manifest's
+    accounting): a bar of wall time split into the timed work and the rest
+    (the service's overhead), and the table behind it."""
+    entries = run.accounting
+    if not entries:
+        return ""
+    seen: dict[str, int] = {}
+    labels, work, rest, rows = [], [], [], []
+    for e in entries:
+        job = str(e.get("job") or "?")
+        seen[job] = seen.get(job, 0) + 1
+        label = job if seen[job] == 1 else f"{job} ({seen[job]})"  # a run in parts
+        wall, done = float(e["wall_s"]), float(e.get("work_s") or 0.0)
+        labels.append(h.plot_text(label))
+        work.append(round(min(done, wall), 3))
+        rest.append(round(max(wall - done, 0.0), 3))
+        rebuilt = (f"{e['rebuilt_cases']} ({float(e.get('rebuilt_s') or 0):,.1f} s)"
+                   if e.get("rebuilt_cases") else "—")
+        rows.append([label, e.get("cases"), f"{wall:,.1f}", f"{done:,.2f}" if done else "—",
+                     e.get("work") or "—",
+                     f"{e['overhead']:.1f}×" if e.get("overhead") is not None else "—",
+                     e.get("peak_groups") or "—", rebuilt])
+    data = [{"type": "bar", "orientation": "h", "name": name, "y": labels, "x": values,
+             "marker": {"color": colour},
+             "hovertemplate": "%{y}: %{x:.1f} s " + name + "<extra></extra>"}
+            for name, values, colour in (("timed work", work, palette.OUTCOME_COLOURS["pass"]),
+                                         ("the rest (service overhead)", rest,
+                                          palette.BASELINE_COLOUR))]
+    layout = {"barmode": "stack", "margin": {"l": 150, "t": 10},
+              "yaxis": {"autorange": "reversed"}, "xaxis": {"title": {"text": "seconds"}},
+              "legend": {"orientation": "h", "y": -0.3}}
+    chart = h.chart("overview-time", data, layout, height=max(160, 60 + 34 * len(labels)))
+    table = h.table(["job", "cases", "wall (s)", "timed work (s)", "what is timed",
+                     "overhead", "peak groups at once", "cases that rebuilt their group"],
+                    rows, numeric=range(1, 4), id="time")
+    return h.section("Where the time went", chart, table,
+                     note="Per job of the latest run, as each ended (a run in parts lists each "
+                          "part's jobs): wall time, the timed work inside it and their "
+                          "ratio, the service overhead.")
 
 
 def _status(run) -> h.Markup:
