@@ -17,8 +17,11 @@
 # (compiled vs served from the cache) and how many kernels the cache holds;
 # each part's full log goes to $OUT/nightly_<pass>_<part>.log, and the rows
 # and pages so far to $OUT/results-<pass>.tgz. OPS=a,b narrows a part to
-# those ops; PART_TIMEOUT_S (default 570) bounds each part, so that several
-# parts fit one device call. Cold, on two H200s, nightly v6 (2026-11-30,
+# those ops; PART_TIMEOUT_S (default 570) bounds each part; CALL_BUDGET_S
+# bounds the whole invocation (each part gets what is left, none starts with
+# less than 60 s), so that one device call runs `all` as far as it goes and
+# the next `RESUME=1 ... all` picks up there (a finished part's cases are
+# held: it only restarts Ray and rebuilds the dashboard). Cold, on two H200s, nightly v6 (2026-11-30,
 # docs/results/service_h200x2_2026-11-30.md section 11): part 1 315 s,
 # part 2 ~375 s, part 3 291 s, part 4 ~580 s (v7 replays long graphs fewer
 # times); a part cut by PART_TIMEOUT_S is completed with RESUME=1. A run
@@ -45,11 +48,22 @@ args_of() {
   esac
 }
 rc_all=0
+call_start=$(date +%s)
 for p in $( [ "$part" = all ] && echo 1 2 3 4 || echo "$part" ); do
+  limit=${PART_TIMEOUT_S:-570}
+  if [ -n "${CALL_BUDGET_S:-}" ]; then
+    left=$(( CALL_BUDGET_S - ($(date +%s) - call_start) ))
+    if [ "$left" -lt 60 ]; then
+      echo "$pass: ${left} s of CALL_BUDGET_S left: part $p and later not started (rerun with RESUME=1)"
+      rc_all=124
+      break
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   before=$(find "$LAMPORT_COMPILE_CACHE" -name meta.json 2>/dev/null | wc -l)
   start=$(date +%s)
   # shellcheck disable=SC2046
-  timeout "${PART_TIMEOUT_S:-570}" python3 -m jobs nightly --suite nightly --backend gpu $(args_of "$p") --run-id "$run_id" ${RESUME:+--resume} \
+  timeout "$limit" python3 -m jobs nightly --suite nightly --backend gpu $(args_of "$p") --run-id "$run_id" ${RESUME:+--resume} \
     --results "/tmp/results-$pass" --site "/tmp/site-$pass" > "$out/nightly_${pass}_$p.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && rc_all=$rc
