@@ -162,6 +162,10 @@ class TPGroup:
         self.work_s = 0.0
         """Summed over calls, the slowest rank's publish + consume time (the
         work a call timed on its ranks; the service overhead's denominator)."""
+        self.prepare_s = 0.0
+        """Summed wall time of :meth:`prepare` (every rank building the kernels
+        a case needs: compiled, or loaded from the compile cache), which the
+        first call of each kind pays."""
         self.start_diagnosis: GroupDiagnosis | None = None
         self.metadata: list[dict] = []
         self._actors: list = []
@@ -330,6 +334,13 @@ class TPGroup:
         :func:`prepare_key` and build, before any rank's watchdog starts."""
         self._require_open()
         case = make_case(capacity=self.capacity, **{k: v for k, v in case.items() if k != "seq"})
+        started = time.monotonic()
+        try:
+            return self._prepare(case)
+        finally:
+            self.prepare_s += time.monotonic() - started
+
+    def _prepare(self, case: dict) -> list[dict]:
         refs = [a.prepare.remote(case) for a in self._actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.setup_timeout_s)
         if len(ready) < len(refs):

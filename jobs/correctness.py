@@ -109,7 +109,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
             for case in members:
                 run_case(run, suite, group, case, where)
         finally:
-            run.add_work(group.work_s, work_kind(run.backend))
+            run.add_group(group, work_kind(run.backend))
 
 
 def group_tags(group) -> dict:

@@ -87,7 +87,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
                     continue
                 run_case(run, suite, group, case, where)
         finally:
-            run.add_work(group.work_s, work_kind(run.backend))
+            run.add_group(group, work_kind(run.backend))
 
 
 KILLS = {"die_after_publish": "exits after its publish, on purpose",
@@ -116,6 +116,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
     if notice:
         run.announce(notice)
     verdicts = []
+    prepared_before = group.prepare_s
     try:
         for repeat in range(case.repeats):
             group.recover()  # every case starts from a recovered group
@@ -145,4 +146,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
         note=f"rank {case.rank}: {v.outcome}, {d.kind}" if met else None,
         extra={"faulty_rank": case.rank, "call_outcome": v.outcome, "diagnosis_kind": d.kind,
                "budget_ns": budget_ns, "repeats": len(verdicts),
-               "rebuilt": any(x.rebuilt for x in verdicts), **row_extra(case)})
+               "rebuilt": any(x.rebuilt for x in verdicts),
+               # the group's kernels this case was the first to need (compiled or loaded)
+               "prepare_s": round(group.prepare_s - prepared_before, 3) or None,
+               **row_extra(case)})

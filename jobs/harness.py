@@ -340,6 +340,8 @@ def closing_line(entry: dict) -> str:
         parts.append("service overhead n/a (no timed work)")
     if entry.get("peak_groups"):
         parts.append(f"peak {entry['peak_groups']} group(s) at once")
+    if entry.get("prepare_s"):
+        parts.append(f"kernels prepared by the groups in {entry['prepare_s']:.1f} s")
     if entry.get("rebuilt_cases"):
         parts.append(f"{entry['rebuilt_cases']} case(s) rebuilt their group "
                      f"({entry['rebuilt_s']:.1f} s of case time)")
@@ -393,7 +395,8 @@ class Run:
         self.accounting: list[dict] = []
         """Per job section: wall_s, work_s (timed GPU work, or on the emulated
         backend the summed case compute time), overhead (wall / work), cases,
-        peak_groups, and where cases rebuilt their group (a rank killed:
+        peak_groups, prepare_s (the TP groups' kernel preparation, summed
+        over groups), and where cases rebuilt their group (a rank killed:
         ``extra.rebuilt``) rebuilt_cases and their summed time rebuilt_s; also appended to the run's manifest as each section ends
         (``accounting``)."""
         self._skips: dict[str, list] = {}
@@ -420,7 +423,7 @@ class Run:
         job = title.split(":", 1)[0]
         self._section = {"job": job, "t0": t0, "total": total, "done": 0, "work_s": 0.0,
                          "work_kind": None, "peak_groups": None, "next_line": 0.1,
-                         "rebuilt_cases": 0, "rebuilt_s": 0.0}
+                         "rebuilt_cases": 0, "rebuilt_s": 0.0, "prepare_s": 0.0}
         self._bar = tqdm(total=total, file=sys.stderr, leave=False, unit="case",
                          disable=not sys.stderr.isatty() or total < 2, dynamic_ncols=True)
         self._table = Table(COLUMNS, out=None if self._bar.disable else _BarOut(self._bar))
@@ -443,6 +446,8 @@ class Run:
             if sec["rebuilt_cases"]:
                 entry.update(rebuilt_cases=sec["rebuilt_cases"],
                              rebuilt_s=round(sec["rebuilt_s"], 3))
+            if sec["prepare_s"] > 0:
+                entry["prepare_s"] = round(sec["prepare_s"], 3)
             self.accounting.append(entry)
             if self.results is not None:
                 from jobs.results import runs
@@ -457,6 +462,16 @@ class Run:
             if self._section is not None and seconds > 0:
                 self._section["work_s"] += seconds
                 self._section["work_kind"] = kind
+
+    def add_group(self, group, kind: str) -> None:
+        """A TP group's share of the current job's accounting as it closes:
+        its timed work (:meth:`add_work`) and its kernel preparation time
+        (``TPGroup.prepare_s``: compiling, or loading from the compile cache,
+        what its cases needed)."""
+        self.add_work(group.work_s, kind)
+        with self._lock:
+            if self._section is not None:
+                self._section["prepare_s"] += group.prepare_s
 
     def note_fanout(self, fan) -> None:
         """Record the peak number of TP groups the current job ran at once."""

@@ -183,8 +183,15 @@ def test_the_fault_campaign_meets_every_expected_outcome(smoke):
     # the cases that rebuilt their group say so, and the job's closing line counts them
     assert {k for k, r in faults.items() if r["x"]["rebuilt"]} == {"dirty_mailbox", "stuck_rank"}
     rebuilt = sum(r["x"]["rebuilt"] for r in every)
-    assert re.search(rf"\(.*, {rebuilt} case\(s\) rebuilt their group \(\d+\.\d s of case "
-                     rf"time\)\)", smoke[0].out), smoke[0].out[-3000:]
+    assert re.search(rf"\(.*, kernels prepared by the groups in \d+\.\d s, {rebuilt} case\(s\) "
+                     rf"rebuilt their group \(\d+\.\d s of case time\)\)", smoke[0].out), \
+        smoke[0].out[-3000:]
+    # the first case of each group pays its kernels' preparation, and says so
+    first = {}
+    for r in sorted(every, key=lambda r: r["started_at"]):
+        first.setdefault(r["x"]["group_id"], r)
+    assert all(r["x"].get("prepare_s", 0) > 0 for r in first.values()), \
+        [(r["fault_kind"], r["x"].get("prepare_s")) for r in first.values()]
 
 
 def test_report_prints_the_run_and_compares(smoke, capsys):

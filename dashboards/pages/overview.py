@@ -158,9 +158,11 @@ def _time_section(run) -> h.Markup | str:
         rest.append(round(max(wall - done, 0.0), 3))
         rebuilt = (f"{e['rebuilt_cases']} ({float(e.get('rebuilt_s') or 0):,.1f} s)"
                    if e.get("rebuilt_cases") else "—")
+        prepared = float(e.get("prepare_s") or 0.0)
         rows.append([label, e.get("cases"), f"{wall:,.1f}", f"{done:,.2f}" if done else "—",
                      e.get("work") or "—",
                      f"{e['overhead']:.1f}×" if e.get("overhead") is not None else "—",
+                     f"{prepared:,.1f}" if prepared else "—",
                      e.get("peak_groups") or "—", rebuilt])
     data = [{"type": "bar", "orientation": "h", "name": name, "y": labels, "x": values,
              "marker": {"color": colour},
@@ -173,12 +175,15 @@ def _time_section(run) -> h.Markup | str:
               "legend": {"orientation": "h", "y": -0.3}}
     chart = h.chart("overview-time", data, layout, height=max(160, 60 + 34 * len(labels)))
     table = h.table(["job", "cases", "wall (s)", "timed work (s)", "what is timed",
-                     "overhead", "peak groups at once", "cases that rebuilt their group"],
+                     "overhead", "kernel preparation (s)", "peak groups at once",
+                     "cases that rebuilt their group"],
                     rows, numeric=range(1, 4), id="time")
     return h.section("Where the time went", chart, table,
                      note="Per job of the latest run, as each ended (a run in parts lists each "
                           "part's jobs): wall time, the timed work inside it and their "
-                          "ratio, the service overhead.")
+                          "ratio, the service overhead; kernel preparation: the TP groups "
+                          "compiling or loading from the compile cache what their cases "
+                          "needed (summed over groups that may run at once).")
 
 
 def _status(run) -> h.Markup:
