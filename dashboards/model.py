@@ -122,8 +122,9 @@ class Run:
     accounting: list[dict] = field(default_factory=list)
     """Where the run's time went, per job section as it ended (its manifest's
     ``accounting``: job, cases, wall_s, work_s and what ``work`` is,
-    overhead = wall / work, peak_groups, rebuilt_cases / rebuilt_s); empty
-    for a run without a manifest."""
+    overhead = wall / work, peak_groups, prepare_s, rebuilt_cases /
+    rebuilt_s: :attr:`jobs.harness.Run.accounting`); empty for a run
+    without a manifest."""
 
     @property
     def baseline(self) -> bool:

@@ -397,7 +397,8 @@ class Run:
         backend the summed case compute time), overhead (wall / work), cases,
         peak_groups, prepare_s (the TP groups' kernel preparation, summed
         over groups), and where cases rebuilt their group (a rank killed:
-        ``extra.rebuilt``) rebuilt_cases and their summed time rebuilt_s; also appended to the run's manifest as each section ends
+        ``extra.rebuilt``) rebuilt_cases and their summed time rebuilt_s;
+        also appended to the run's manifest as each section ends
         (``accounting``)."""
         self._skips: dict[str, list] = {}
         """A section's skip reasons: reason -> [footnote mark, cases]."""
