@@ -65,3 +65,27 @@ def test_profile_time_splits_case_wall_into_replays_build_and_rest():
     assert n == 2 and wall == 15.0
     assert timed == pytest.approx((3.0 + 7.0) * 1e-6 * 200 * 1000 + 4.0 * 1e-6 * 200 * 50)
     assert build == 5.5
+
+
+def test_case_time_sums_fault_kinds_and_correctness_cells():
+    import datetime as dt
+    spec = importlib.util.spec_from_file_location("case_time", SCRIPT.with_name("case_time.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    t0 = dt.datetime(2026, 11, 30, 20, 0, tzinfo=dt.timezone.utc)
+
+    def row(job, s, outcome="pass", kind=None, **extra):
+        return {"job": job, "op": "all_reduce_norm", "tp": 2, "placement": "shared-gpu",
+                "outcome": outcome, "fault_kind": kind, "started_at": t0,
+                "finished_at": t0 + dt.timedelta(seconds=s), "extra": json.dumps(extra)}
+    rows = [row("faults", 3.0, kind="late_beyond_budget", rebuilt=False, prepare_s=2.5),
+            row("faults", 0.5, kind="late_beyond_budget", rebuilt=False),
+            row("faults", 11.0, kind="stuck_rank", rebuilt=True),
+            row("faults", 0.0, outcome="skipped", kind="dirty_mailbox"),
+            row("correctness", 0.25), row("correctness", 0.5), row("profile", 9.0)]
+    faults, (n, total) = module.fault_table(rows)
+    assert faults == [["late_beyond_budget", 2, 3.5, 3.0, 0, 1], ["stuck_rank", 1, 11.0, 11.0, 1, 0]]
+    assert (n, total) == (2, 3.5)  # the rebuilding kind left out, the skipped row too
+    assert module.correctness_table(rows) == [["all_reduce_norm", 2, "shared-gpu", 2, 0.75]]
+    old = module.fault_table([{**r, "extra": "{}"} for r in rows])[0]  # rows before extra.rebuilt
+    assert old[0][4:] == [None, None]

@@ -1,0 +1,98 @@
+"""Where a run's correctness and fault time went, from its rows: a case's
+time is its row's ``finished_at - started_at`` (groups of a layout run at
+once, so case times overlap and add up to more than the wall).
+
+- faults, per fault kind: cases run, summed and largest case time, how many
+  rebuilt their group (``extra.rebuilt``) and how many paid a group's kernel
+  preparation (``extra.prepare_s``; rows from before these were recorded
+  show ``-``); then the cases run, their time and the mean per case beyond
+  the stuck-rank kind, whose cases rebuild their group;
+- correctness, per (op, tp, placement): cases and summed case time (a
+  virtual-rank group is one batch: its time is on its first row).
+
+    python3 scripts/gpu/case_time.py RESULTS [--run RUN_ID]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+REBUILDING_KINDS = ("stuck_rank", "dirty_mailbox")
+"""Fault kinds whose cases end with their group rebuilt (a rank killed)."""
+
+
+def seconds(row: dict) -> float:
+    return (row["finished_at"] - row["started_at"]).total_seconds()
+
+
+def fault_table(rows: list[dict]) -> tuple[list[list], tuple[int, float]]:
+    """Per fault kind: [kind, cases, summed s, max s, rebuilt, paid preparation];
+    and (cases, summed s) over the kinds that do not rebuild their group."""
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["job"] == "faults" and r["outcome"] != "skipped":
+            by_kind[r["fault_kind"]].append(r)
+    table, rest = [], [0, 0.0]
+    for kind, rs in sorted(by_kind.items()):
+        extras = [json.loads(r.get("extra") or "{}") for r in rs]
+        times = [seconds(r) for r in rs]
+        rebuilt = sum(bool(x.get("rebuilt")) for x in extras) if any(
+            "rebuilt" in x for x in extras) else None
+        prepared = sum(bool(x.get("prepare_s")) for x in extras) if rebuilt is not None else None
+        table.append([kind, len(rs), sum(times), max(times), rebuilt, prepared])
+        if kind not in REBUILDING_KINDS:
+            rest[0] += len(rs)
+            rest[1] += sum(times)
+    return table, (rest[0], rest[1])
+
+
+def correctness_table(rows: list[dict]) -> list[list]:
+    """Per (op, tp, placement): [op, tp, placement, cases, summed s]."""
+    out: dict[tuple, list] = defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        if r["job"] == "correctness" and r["outcome"] != "skipped":
+            cell = out[(r["op"], r["tp"], r["placement"])]
+            cell[0] += 1
+            cell[1] += seconds(r)
+    return [[*key, n, s] for key, (n, s) in sorted(out.items(), key=lambda kv: str(kv[0]))]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/gpu/case_time.py")
+    p.add_argument("results")
+    p.add_argument("--run", default=None, help="run id (default: every run)")
+    args = p.parse_args(argv)
+    from jobs.results import read_results
+    rows = [r for r in read_results(args.results).to_pylist()
+            if args.run is None or r["run_id"] == args.run]
+    faults, (n, total) = fault_table(rows)
+    correctness = correctness_table(rows)
+    if not faults and not correctness:
+        print(f"no correctness or fault rows under {args.results}", file=sys.stderr)
+        return 2
+
+    def opt(v):
+        return "-" if v is None else v
+    if faults:
+        print("| fault kind | cases | case time (s) | largest (s) | rebuilt their group "
+              "| paid kernel preparation |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for kind, cases, summed, largest, rebuilt, prepared in faults:
+            print(f"| {kind} | {cases} | {summed:.1f} | {largest:.2f} | {opt(rebuilt)} "
+                  f"| {opt(prepared)} |")
+        if n:
+            print(f"\nbeyond {', '.join(REBUILDING_KINDS)}: {n} cases, {total:.1f} s, "
+                  f"{total / n:.2f} s a case\n")
+    if correctness:
+        print("| op | tp | placement | cases | case time (s) |")
+        print("| --- | --- | --- | --- | --- |")
+        for op, tp, placement, cases, summed in correctness:
+            print(f"| {op} | {tp} | {placement} | {cases} | {summed:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
