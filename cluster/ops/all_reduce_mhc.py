@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from cluster.ops import all_reduce_norm as arn
 from cluster.ops import finalize_publish as fin
-from cluster.ops.spec import Field, OpSpec, positive_int
+from cluster.ops.spec import Field, OpSpec, positive_int, shared
 
 MAX_HC = 8
 """kernels.lamport.mhc.MAX_HC (repeated here: the registry imports no kernels)."""
@@ -99,12 +99,15 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
     from kernels.reference.mhc import all_reduce_mhc, reduce_ranks
 
     lanes = int(facts.get("rank_lanes", 1))
-    sent = payloads(case, inputs)
-    residual_out, layer_input = all_reduce_mhc(
-        sent, inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"],
-        inputs["norm_weight"], case["eps"], rank_lanes=lanes)
-    return {"sum": (reduce_ranks(sent, rank_lanes=lanes), 0), "residual_out": (residual_out, 0),
-            "layer_input": (layer_input, 1)}
+
+    def reference() -> dict:
+        sent = payloads(case, inputs)
+        residual_out, layer_input = all_reduce_mhc(
+            sent, inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"],
+            inputs["norm_weight"], case["eps"], rank_lanes=lanes)
+        return {"sum": (reduce_ranks(sent, rank_lanes=lanes), 0),
+                "residual_out": (residual_out, 0), "layer_input": (layer_input, 1)}
+    return shared(inputs, ("mhc_reference", lanes), reference)
 
 
 def _mix(inputs: dict, device) -> list:

@@ -20,7 +20,7 @@ check as ``facts["rank"]``).
 
 from __future__ import annotations
 
-from cluster.ops.spec import Field, OpSpec
+from cluster.ops.spec import Field, OpSpec, shared
 from kernels.lamport.protocol import MODES
 
 SPEC = OpSpec(
@@ -108,10 +108,12 @@ def norm_expected(case, payloads, inputs: dict, facts: dict) -> dict:
     """The one-shot reference, or in owner mode its rows of ``facts["rank"]``."""
     from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum
 
-    norm_ref, residual_ref = all_reduce_norm(payloads, inputs["residual"],
-                                             inputs["norm_weight"], case["eps"])
-    out = {"sum": (all_reduce_sum(payloads), 0), "residual": (residual_ref, 0),
-           "norm": (norm_ref, 1)}
+    def reference() -> dict:
+        norm_ref, residual_ref = all_reduce_norm(payloads, inputs["residual"],
+                                                 inputs["norm_weight"], case["eps"])
+        return {"sum": (all_reduce_sum(payloads), 0), "residual": (residual_ref, 0),
+                "norm": (norm_ref, 1)}
+    out = shared(inputs, "norm_reference", reference)
     if case.get("mode", "one_shot") == "owner":
         if "rank" not in facts:
             raise ValueError("owner mode: the reference needs the checked rank (facts['rank'])")

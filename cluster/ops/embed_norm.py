@@ -17,7 +17,7 @@ emulated only: the GPU consumer does not output it) bit for bit,
 from __future__ import annotations
 
 from cluster.ops import all_reduce_norm as arn
-from cluster.ops.spec import OpSpec
+from cluster.ops.spec import OpSpec, shared
 
 SPEC = OpSpec(
     name="embed_norm",
@@ -86,13 +86,15 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
     from kernels.reference.allreduce import all_reduce_sum
     from kernels.reference.embed import embed_norm, embedding_payload
 
-    shards = [(t, r * VOCAB_PER_RANK) for r, t in enumerate(inputs["tables"])]
-    out = embed_norm(inputs["ids"], inputs["positions"], inputs["previous"], shards,
-                     inputs["enorm"], inputs["hnorm"], case["eps"])
-    h = out.shape[1] // 2
-    reduced = all_reduce_sum([embedding_payload(inputs["ids"], w, s) for w, s in shards])
-    return {"sum": (reduced, 0), "embedding": (out[:, :h].contiguous(), 1),
-            "hidden": (out[:, h:].contiguous(), 1)}
+    def reference() -> dict:
+        shards = [(t, r * VOCAB_PER_RANK) for r, t in enumerate(inputs["tables"])]
+        out = embed_norm(inputs["ids"], inputs["positions"], inputs["previous"], shards,
+                         inputs["enorm"], inputs["hnorm"], case["eps"])
+        h = out.shape[1] // 2
+        reduced = all_reduce_sum([embedding_payload(inputs["ids"], w, s) for w, s in shards])
+        return {"sum": (reduced, 0), "embedding": (out[:, :h].contiguous(), 1),
+                "hidden": (out[:, h:].contiguous(), 1)}
+    return shared(inputs, "embed_reference", reference)
 
 
 def _split(out):

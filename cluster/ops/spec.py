@@ -12,7 +12,10 @@ complete example):
     its own share, so no tensor crosses Ray);
 ``expected(case, inputs, *, tp, facts) -> dict[str, (tensor, bound)]``
     the torch reference per output, with its bound: ``0`` bit for bit, an
-    int ``n`` within n BF16 ULP (DESIGN.md, "Numerical contract");
+    int ``n`` within n BF16 ULP (DESIGN.md, "Numerical contract"); the
+    checks of a call's tp ranks may share one ``inputs`` dict, so what
+    every rank's reference needs is computed once and kept there
+    (:func:`shared`);
 collective ops also
 ``payload(case, inputs, rank) -> tensor [M, hidden] BF16``
     what rank ``rank`` publishes into the Lamport mailbox (the emulated
@@ -33,6 +36,15 @@ import importlib
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
+
+def shared(inputs: dict, key: Any, make: Callable[[], Any]) -> Any:
+    """``inputs[key]``, made by ``make()`` on first use: a reference's
+    intermediate that every rank of a call needs (the tp checks of one
+    call share one ``inputs`` dict; :func:`cluster.cases.check_outputs`)."""
+    if key not in inputs:
+        inputs[key] = make()
+    return inputs[key]
+
 
 GENERIC_FIELDS = ("op", "tokens", "inputs", "seed", "eps", "budget_ns")
 """Case fields every op takes (cluster.cases.make_case validates them)."""
