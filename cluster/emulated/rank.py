@@ -7,7 +7,7 @@ import os
 import time
 
 from cluster import ops
-from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs
+from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs, check_outputs
 from cluster.emulated.lamport import consume, publish
 from cluster.emulated.segment import HostMailbox, segment_name
 from cluster.injection import validate_injection
@@ -141,6 +141,7 @@ class EmulatedRank:
         after = own.check(self._rank)
 
         outputs = module.epilogue(case, inputs, bf16_from_bits(got.sum_bits), self._rank)
+        outputs = {name: bits_from_bf16(t) for name, t in outputs.items()}
         return {
             "rank": self._rank, "seq": seq, "tokens": tokens, "expected_stage": expected_stage,
             "published_stage": None if published is None else published.stage,
@@ -152,8 +153,11 @@ class EmulatedRank:
             "records": [[t, s, f, st, list(w)] for t, s, f, st, w in got.records],
             "record_count": got.record_count, "header_mismatch": got.header_mismatch,
             "mailbox_clean": after.non_sentinel == 0 and after.headers_set == 0,
-            "outputs": {name: bits_from_bf16(t) for name, t in outputs.items()},
+            "outputs": outputs,
             "publish_ns": consume_from - started, "consume_ns": done - consume_from,
+            "check": check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
+                                   rank=self._rank,
+                                   inputs=inputs if tokens == int(case["tokens"]) else None),
         }
 
     # -- recovery
