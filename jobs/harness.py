@@ -341,7 +341,7 @@ def closing_line(entry: dict) -> str:
     if entry.get("peak_groups"):
         parts.append(f"peak {entry['peak_groups']} group(s) at once")
     if entry.get("prepare_s"):
-        parts.append(f"kernels prepared by the groups in {entry['prepare_s']:.1f} s")
+        parts.append(f"kernel preparation {entry['prepare_s']:.1f} s")
     if entry.get("rebuilt_cases"):
         parts.append(f"{entry['rebuilt_cases']} case(s) rebuilt their group "
                      f"({entry['rebuilt_s']:.1f} s of case time)")
@@ -395,8 +395,8 @@ class Run:
         self.accounting: list[dict] = []
         """Per job section: wall_s, work_s (timed GPU work, or on the emulated
         backend the summed case compute time), overhead (wall / work), cases,
-        peak_groups, prepare_s (the TP groups' kernel preparation, summed
-        over groups), and where cases rebuilt their group (a rank killed:
+        peak_groups, prepare_s (kernel preparation: :meth:`add_prepare`,
+        summed over groups), and where cases rebuilt their group (a rank killed:
         ``extra.rebuilt``) rebuilt_cases and their summed time rebuilt_s;
         also appended to the run's manifest as each section ends
         (``accounting``)."""
@@ -470,9 +470,14 @@ class Run:
         (``TPGroup.prepare_s``: compiling, or loading from the compile cache,
         what its cases needed)."""
         self.add_work(group.work_s, kind)
+        self.add_prepare(group.prepare_s)
+
+    def add_prepare(self, seconds: float) -> None:
+        """Add kernel preparation (compile or load from the compile cache,
+        and what a first call sets up) to the current job's accounting."""
         with self._lock:
-            if self._section is not None:
-                self._section["prepare_s"] += group.prepare_s
+            if self._section is not None and seconds > 0:
+                self._section["prepare_s"] += seconds
 
     def note_fanout(self, fan) -> None:
         """Record the peak number of TP groups the current job ran at once."""

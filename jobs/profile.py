@@ -164,6 +164,7 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
             timing[name] = stats(slowest)
             ranks[name] = [stats(i["times_us"]) for i in impls]
             run.add_work(sum(slowest) * impls[0].get("calls", calls) / 1e6, TIMED_WORK)
+            run.add_prepare(max(i["compile_s"] for i in impls))
     base = next((b for b in case.param("baselines") if b in timing), None)
     for name in names:
         progress = name == names[-1]  # one case, however many rows (implementations)
@@ -174,7 +175,8 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
                  "nvtx_range": range_name(case.op, name, tp=case.tp, hidden=case.hidden,
                                           tokens=case.tokens),
                  "calls_per_graph": first["impls"][name].get("calls", calls),
-                 "rotation_sets": first.get("sets"), "replays": case.param("replays")}
+                 "rotation_sets": first.get("sets"),
+                 "replays": len(first["impls"][name].get("times_us") or ()) or None}
         if name not in timing:
             impls = [r["impls"][name] for r in per_rank]
             failed = next((i["failed"] for i in impls if "failed" in i), None)

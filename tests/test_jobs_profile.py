@@ -99,6 +99,7 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     assert acct["cases"] == 1
     assert acct["work_s"] == pytest.approx(((12.5 + 16) * 120 + 31 * 600) / 1e6)
     assert acct["overhead"] is not None
+    assert acct["prepare_s"] == pytest.approx(2.0 + 0.1 + 3.0)  # slowest rank's build, per impl
     rows = {r["variant"]: r for r in read_results(tmp_path).to_pylist()}
     fused = rows["watchdog"]
     assert fused["t_median_us"] == fused["t_max_over_ranks_median_us"] == 4.0
@@ -106,6 +107,7 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     assert fused["ratio"] == pytest.approx(4.0 / 10.0)  # unfused max over ranks: 10, 9, 12
     extra = json.loads(fused["extra"])
     assert extra["rank_median_us"] == [3.0, 3.5] and extra["compile_s"] == 2.0
+    assert extra["replays"] == 3  # the replays timed, not the suite's (min_replays may cut them)
     assert extra["collective_speed"] is True
     assert extra["bytes"] == 8 * 5120 * 2 and extra["algbw_GBps"] == pytest.approx(81920 / 4e3)
     assert extra["nvtx_range"] == "all_reduce_norm/fused tp=2 hidden=5120 M=8"

@@ -181,9 +181,10 @@ def _time_section(run) -> h.Markup | str:
     return h.section("Where the time went", chart, table,
                      note="Per job of the latest run, as each ended (a run in parts lists each "
                           "part's jobs): wall time, the timed work inside it and their "
-                          "ratio, the service overhead; kernel preparation: the TP groups "
-                          "compiling or loading from the compile cache what their cases "
-                          "needed (summed over groups that may run at once).")
+                          "ratio, the service overhead; kernel preparation: compiling, or "
+                          "loading from the compile cache, what the cases needed (the "
+                          "profile: each implementation's build and first call, slowest "
+                          "rank), summed over groups that may run at once.")
 
 
 def _status(run) -> h.Markup:
