@@ -9,12 +9,7 @@
 #   bash scripts/gpu/floor_ab.sh            # HIDDEN=5120,7168 TOKENS=16,64
 # Leaves under $OUT: floor_ab.log, floor-ab.tgz (both runs' rows).
 set -uo pipefail
-source /tmp/site/env.sh
-[[ -f /tmp/flashinfer-site/env.sh ]] && source /tmp/flashinfer-site/env.sh
-export PYTHONPATH=.:${PYTHONPATH:-}
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer}
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+source "$(dirname "$0")/env.sh"
 floor=${MIN_REPLAY_MS:-5}
 results=/tmp/floor-ab
 rc_all=0
@@ -44,8 +39,8 @@ EOF
     --results "$results" --run-id "floor-ab-$ms" >> "$out/floor_ab.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && rc_all=$rc
-  python3 scripts/gpu/latency_table.py "$results" --run "floor-ab-$ms" --ranks
+  [ -d "$results" ] && python3 scripts/gpu/latency_table.py "$results" --run "floor-ab-$ms" --ranks
   echo "run floor-ab-$ms: exit $rc"
 done
-tar czf "$out/floor-ab.tgz" -C /tmp floor-ab
+[ -d "$results" ] && tar czf "$out/floor-ab.tgz" -C /tmp floor-ab
 exit $rc_all

@@ -9,12 +9,7 @@
 # .dev/fi-jit/flashinfer-jit.tgz). Example, issue 21's table:
 #   bash scripts/gpu/profile.sh --ops all_reduce_norm --tp 2 --hidden 5120,7168 --tokens 1,8,16,64
 set -uo pipefail
-source /tmp/site/env.sh
-[[ -f /tmp/flashinfer-site/env.sh ]] && source /tmp/flashinfer-site/env.sh
-export PYTHONPATH=.:${PYTHONPATH:-}
-export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer}
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+source "$(dirname "$0")/env.sh"
 timeout 560 python3 -m jobs profile --suite nightly --backend gpu --results /tmp/results \
   --trigger adhoc "$@" > "$out/profile.log" 2>&1
 rc=$?

@@ -1,0 +1,10 @@
+# Sourced by the scripts here on the GPU machine, from the repo root: the
+# staged wheels (/tmp/site), FlashInfer where its chunks were received
+# (/tmp/flashinfer-site), this tree first on PYTHONPATH, FlashInfer's JIT
+# cache under /tmp, and $out ($OUT, default /tmp/out) created.
+source /tmp/site/env.sh
+[[ -f /tmp/flashinfer-site/env.sh ]] && source /tmp/flashinfer-site/env.sh
+export PYTHONPATH=.:${PYTHONPATH:-}
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer}
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
