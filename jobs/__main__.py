@@ -311,9 +311,11 @@ def _dashboard_part(args) -> int:
     done = subprocess.run(argv, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": path})
     if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()
+        # The headline names the error (a traceback's last line); its tail follows.
         print(f"dashboard: FAILED to build from {args.results} into {args.site} "
               f"({' '.join(argv[1:])}, exit {done.returncode}): "
-              f"{(done.stderr or done.stdout).strip()[-600:]}")
+              f"{said.splitlines()[-1] if said else 'no output'}\n{said[-600:]}")
         return 1
     index = done.stdout.strip().rpartition("site: ")[2] or args.site
     print(f"dashboard: built {index}")

@@ -483,3 +483,24 @@ def test_log_ticks_label_every_tick_with_its_value():
     assert log_ticks([0.3, 0.9, 1500])["ticktext"] == ["0.5", "1", "2", "5", "10", "20", "50",
                                                        "100", "200", "500", "1,000"]
     assert log_ticks([]) == {}
+
+
+def test_a_failed_build_in_a_job_names_its_error_on_the_headline(tmp_path, monkeypatch, capsys):
+    """The nightly's dashboard line, read where only the headline is kept (a
+    GPU machine's part summary), names the exception, not a traceback frame."""
+    import argparse
+    import subprocess
+
+    from jobs import __main__ as jobs_cli
+
+    traceback = ('Traceback (most recent call last):\n  File "dashboards/build.py", line 36,'
+                 ' in plotly_js\n    import plotly\nModuleNotFoundError: No module named \'plotly\'')
+    monkeypatch.setattr(jobs_cli.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 1, stdout="", stderr=traceback))
+    args = argparse.Namespace(no_results=False, no_dashboard=False, results=tmp_path / "r",
+                              site=tmp_path / "site")
+    assert jobs_cli._dashboard_part(args) == 1
+    headline, *rest = capsys.readouterr().out.splitlines()
+    assert headline.startswith("dashboard: FAILED to build")
+    assert headline.endswith("exit 1): ModuleNotFoundError: No module named 'plotly'")
+    assert rest[-1] == "ModuleNotFoundError: No module named 'plotly'"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The nightly suite on the GPU machine with a cold, then a warm compile cache,
 # split into parts that each fit one 10-minute device call and join one run
-# (`python -m jobs nightly --jobs ... --run-id`). Run from the repo root after
-# `source /tmp/site/env.sh && export PYTHONPATH=.:$PYTHONPATH`, with
+# (`python -m jobs nightly --jobs ... --run-id`). Run from the repo root once
+# the wheels are received (it sources scripts/gpu/env.sh), with
 # LAMPORT_GIT_COMMIT set to the tree's commit (the device's .git may be stale):
 #   bash scripts/gpu/nightly_cache.sh cold 1   # empties the cache and the results first
 #   bash scripts/gpu/nightly_cache.sh cold 2   # ... parts 2, 3, 4 join the same run
@@ -21,10 +21,10 @@
 # bounds the whole invocation (each part gets what is left, none starts with
 # less than 60 s), so that one device call runs `all` as far as it goes and
 # the next `RESUME=1 ... all` picks up there (a finished part's cases are
-# held: it only restarts Ray and rebuilds the dashboard). Cold, on two H200s, nightly v6 (2026-11-30,
-# docs/results/service_h200x2_2026-11-30.md section 11): part 1 315 s,
-# part 2 ~375 s, part 3 291 s, part 4 ~580 s (v7 replays long graphs fewer
-# times); a part cut by PART_TIMEOUT_S is completed with RESUME=1. A run
+# held: it only restarts Ray and rebuilds the dashboard). Cold, on two H200s, nightly v7 (2026-11-30,
+# docs/results/service_h200x2_2026-11-30.md section 12): part 1 345 s,
+# part 2 ~355 s, part 3 328 s, part 4 ~340 s, 1,387 s in three device calls;
+# a part cut by PART_TIMEOUT_S is completed with RESUME=1. A run
 # takes rows from one tree only (a part from another commit is refused):
 # start a new RUN_ID after changing the tree.
 set -u
@@ -32,6 +32,7 @@ pass=${1:?usage: nightly_cache.sh cold|warm [1|2|3|4|all]}
 part=${2:-all}
 case "$pass" in cold|warm) ;; *) echo "nightly_cache.sh: pass must be cold or warm, got '$pass'" >&2; exit 2;; esac
 case "$part" in 1|2|3|4|all) ;; *) echo "nightly_cache.sh: part must be 1, 2, 3, 4 or all, got '$part'" >&2; exit 2;; esac
+source "$(dirname "$0")/env.sh"
 export LAMPORT_COMPILE_CACHE=${LAMPORT_COMPILE_CACHE:-/tmp/lamport-compile-cache}
 out=${OUT:-/tmp}
 run_id=${RUN_ID:-h200-nightly-$pass}
