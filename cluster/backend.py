@@ -36,6 +36,9 @@ Result contract of :meth:`RankBackend.run_case` (a plain dict):
                                      all_reduce_norm) as bit arrays (NaN where
                                      not computed)
 ``publish_ns``, ``consume_ns``       wall time of the two phases
+``host_ns`` (optional)               the call's host time by phase
+                                     (:mod:`cluster.phases`: inputs, load,
+                                     call, readback, check), ns
 ``check`` (optional)                 cluster.cases.check_outputs made on the rank
                                      (the group then uses it instead of checking
                                      on the driver)

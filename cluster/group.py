@@ -40,6 +40,7 @@ from cluster.barrier import call_barrier
 from cluster.cases import check_outputs, make_case
 from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
+from cluster import phases
 from cluster.injection import validate_injection
 from kernels.lamport.protocol import VEC_BF16
 from kernels.validation import require_int, require_multiple, require_number, require_tp
@@ -74,6 +75,9 @@ class GroupCall:
     start_diagnosis: GroupDiagnosis | None
     """The group-start check of the rebuilt group (None: not rebuilt)."""
     wall_s: float
+    phases_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """The slowest rank's host time of each phase of this call
+    (:func:`cluster.phases.slowest`; empty where no rank reported it)."""
 
 
 PLACEMENTS = ("cpu", "process_per_gpu", "shared_gpu")
@@ -166,6 +170,9 @@ class TPGroup:
         """Summed wall time of :meth:`prepare` (every rank building the kernels
         a case needs: compiled, or loaded from the compile cache), which the
         first call of each kind pays."""
+        self.phases_s: dict[str, float] = {}
+        """Summed over calls, the slowest rank's host time of each phase
+        (:mod:`cluster.phases`: inputs, load, call, readback, check)."""
         self.start_diagnosis: GroupDiagnosis | None = None
         self.metadata: list[dict] = []
         self._actors: list = []
@@ -520,6 +527,8 @@ class TPGroup:
         outcome = _outcome(diagnosis, results, checks, errors, hung=gone - set(errors))
         self.work_s += max((x.get("publish_ns", 0) + x.get("consume_ns", 0)
                             for x in results if x is not None), default=0) / 1e9
+        phases_s = phases.slowest(x.get("host_ns") for x in results if x is not None)
+        phases.add(self.phases_s, phases_s)
         recovery, rebuilt = None, False
         if outcome != "pass":
             gone = gone | self._drain(streams, ended, remaining)
@@ -537,7 +546,7 @@ class TPGroup:
         return GroupCall(seq=self._seq, case=case, outcome=outcome, diagnosis=diagnosis,
                          results=tuple(results), checks=checks, errors=errors, recovery=recovery,
                          rebuilt=rebuilt, start_diagnosis=self.start_diagnosis if rebuilt else None,
-                         wall_s=time.monotonic() - started)
+                         wall_s=time.monotonic() - started, phases_s=phases_s)
 
     def recover(self) -> tuple[MailboxCheck, ...]:
         """Group recovery: every rank scrubs its mailbox and resets its stage

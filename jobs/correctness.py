@@ -202,10 +202,12 @@ Each rank actor imports torch (seconds of CPU): a tp=4 group on a loaded
 
 def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
              extra: dict | None = None) -> dict:
+    from cluster.phases import rounded, since
     started = now()
     budget_ns = int(case.param("budget_ms") * 1e6)
     tally = Tally(case)
     outcome, reason, call = "pass", None, None
+    phases_before = dict(group.phases_s)
     for repeat, fields in enumerate(case_calls(run, case)):
         try:
             call = group.run(group.case(**fields))
@@ -230,7 +232,10 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
         extra={"inputs": case.inputs, "repeats": case.repeats, "budget_ns": budget_ns,
                **row_extra(case), "collective_speed": where.collective_speed,
                "recovered": bool(call and call.recovery is not None),
-               "rebuilt": bool(call and call.rebuilt), **(extra or {})})
+               "rebuilt": bool(call and call.rebuilt),
+               # host time by phase, slowest rank, summed over the repeats
+               "phases_s": rounded(since(phases_before, group.phases_s)) or None,
+               **(extra or {})})
 
 
 class Tally:
@@ -299,9 +304,12 @@ def record_virtual(run: Run, suite: Suite, members: Sequence[Case], where: Place
     """One row per case from :func:`cluster.gpu.virtual.run_group`'s result:
     a call with a watchdog diagnosis is a hang, outputs outside the contract
     or a mailbox not all sentinel a fail; the first bad call decides."""
+    from cluster.phases import add, rounded, slowest
     for case, result in zip(members, out["cases"]):
         tally, outcome, reason, fields = Tally(case), "pass", None, {}
+        phases_s: dict[str, float] = {}
         for repeat, call in enumerate(result["calls"]):
+            add(phases_s, slowest([call.get("host_ns")]))
             tally.add(call["checks"])
             problems = []
             if call["diagnosis"] is not None:
@@ -323,9 +331,11 @@ def record_virtual(run: Run, suite: Suite, members: Sequence[Case], where: Place
                    extra={"inputs": case.inputs, "repeats": case.repeats,
                           "calls_made": len(result["calls"]),
                           "graph_replays": sum(c["graph"] for c in result["calls"]),
+                          "phases_s": rounded(phases_s) or None,
                           "watchdog_ns": spec["watchdog_ns"], "collective_speed": False,
                           **row_extra(case),
                           "device": out["device"]})
+        run.add_phases(phases_s)
         started = now()
 
 

@@ -109,6 +109,7 @@ def kill_notice(case: Case, budget_ns: int) -> str | None:
 
 def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:
     from cluster.faults import FAULT_KINDS, run_fault
+    from cluster.phases import rounded, since
     started = now()
     budget_ns = int(case.param("budget_ms") * 1e6)
     expected = FAULT_KINDS[case.fault].expected
@@ -116,7 +117,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
     if notice:
         run.announce(notice)
     verdicts = []
-    prepared_before = group.prepare_s
+    prepared_before, phases_before = group.prepare_s, dict(group.phases_s)
     try:
         for repeat in range(case.repeats):
             group.recover()  # every case starts from a recovered group
@@ -149,4 +150,5 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
                "rebuilt": any(x.rebuilt for x in verdicts),
                # the group's kernels this case was the first to need (compiled or loaded)
                "prepare_s": round(group.prepare_s - prepared_before, 3) or None,
+               "phases_s": rounded(since(phases_before, group.phases_s)) or None,
                **row_extra(case)})

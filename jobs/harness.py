@@ -345,6 +345,9 @@ def closing_line(entry: dict) -> str:
     if entry.get("rebuilt_cases"):
         parts.append(f"{entry['rebuilt_cases']} case(s) rebuilt their group "
                      f"({entry['rebuilt_s']:.1f} s of case time)")
+    if entry.get("phases_s"):
+        from cluster.phases import describe
+        parts.append(f"host time in cases, slowest rank: {describe(entry['phases_s'])}")
     return ", ".join(parts)
 
 
@@ -398,6 +401,7 @@ class Run:
         peak_groups, prepare_s (kernel preparation: :meth:`add_prepare`,
         summed over groups), and where cases rebuilt their group (a rank killed:
         ``extra.rebuilt``) rebuilt_cases and their summed time rebuilt_s;
+        phases_s: the cases' host time by phase (:meth:`add_phases`);
         also appended to the run's manifest as each section ends
         (``accounting``)."""
         self._skips: dict[str, list] = {}
@@ -424,7 +428,8 @@ class Run:
         job = title.split(":", 1)[0]
         self._section = {"job": job, "t0": t0, "total": total, "done": 0, "work_s": 0.0,
                          "work_kind": None, "peak_groups": None, "next_line": 0.1,
-                         "rebuilt_cases": 0, "rebuilt_s": 0.0, "prepare_s": 0.0}
+                         "rebuilt_cases": 0, "rebuilt_s": 0.0, "prepare_s": 0.0,
+                         "phases_s": {}}
         self._bar = tqdm(total=total, file=sys.stderr, leave=False, unit="case",
                          disable=not sys.stderr.isatty() or total < 2, dynamic_ncols=True)
         self._table = Table(COLUMNS, out=None if self._bar.disable else _BarOut(self._bar))
@@ -449,6 +454,9 @@ class Run:
                              rebuilt_s=round(sec["rebuilt_s"], 3))
             if sec["prepare_s"] > 0:
                 entry["prepare_s"] = round(sec["prepare_s"], 3)
+            if sec["phases_s"]:
+                from cluster.phases import rounded
+                entry["phases_s"] = rounded(sec["phases_s"], 3)
             self.accounting.append(entry)
             if self.results is not None:
                 from jobs.results import runs
@@ -466,11 +474,21 @@ class Run:
 
     def add_group(self, group, kind: str) -> None:
         """A TP group's share of the current job's accounting as it closes:
-        its timed work (:meth:`add_work`) and its kernel preparation time
+        its timed work (:meth:`add_work`), its kernel preparation time
         (``TPGroup.prepare_s``: compiling, or loading from the compile cache,
-        what its cases needed)."""
+        what its cases needed) and its cases' host time by phase
+        (``TPGroup.phases_s``)."""
         self.add_work(group.work_s, kind)
         self.add_prepare(group.prepare_s)
+        self.add_phases(group.phases_s)
+
+    def add_phases(self, phases_s: dict) -> None:
+        """Add cases' host time by phase (:mod:`cluster.phases`, seconds) to
+        the current job's accounting."""
+        from cluster.phases import add
+        with self._lock:
+            if self._section is not None:
+                add(self._section["phases_s"], phases_s)
 
     def add_prepare(self, seconds: float) -> None:
         """Add kernel preparation (compile or load from the compile cache,

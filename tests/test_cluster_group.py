@@ -76,6 +76,10 @@ def test_calls_match_reference_and_rotate_generations(groups, tp):
         assert call.recovery is None and not call.rebuilt
         assert [x["consumed_stage"] for x in call.results] == [i % 3] * tp
         assert_matches_reference(call, tp)
+        # host time by phase, the slowest rank's (cluster.phases; no device load here)
+        assert set(call.phases_s) == {"inputs", "call", "readback", "check"}
+        assert all(seconds > 0 for seconds in call.phases_s.values())
+        assert all(g.phases_s[p] >= s for p, s in call.phases_s.items())
         for state in g.state():
             assert state["check"]["non_sentinel"] == 0 and state["check"]["headers_set"] == 0
             assert state["check"]["stage_state"] == (i % 3, (i + 1) % 3)

@@ -175,6 +175,8 @@ def test_overview_shows_where_the_latest_run_s_time_went(site):
     assert rows[0][1:6] == ["576", "168.0", "12.55", "summed kernel call time", "13.4×"]
     assert rows[1][8] == "18 (204.6 s)" and rows[0][8] == "—"
     assert rows[1][6] == "41.5" and rows[0][6] == "—"  # kernel preparation
+    assert rows[0][9] == ("inputs 21.4 s, load 3.0 s, call 14.1 s, readback 6.0 s, "
+                          "check 40.2 s") and rows[1][9] == "—"
     spec = chart_specs(doc)["overview-time"]
     work, rest = spec["data"]
     assert work["x"] == [e["work_s"] for e in sample.ACCOUNTING]

@@ -48,6 +48,14 @@ def test_resume_runs_only_what_the_run_lacks(tmp_path):
     manifest = runs.read_manifest(results, "cut-short")
     assert manifest["status"] == "finished"
     assert [a["cases"] for a in manifest["accounting"]] == [1, 2]
+    # where a case's host time went, per row and per job (cluster.phases)
+    for r in rows:
+        if r["job"] == "correctness":
+            assert set(json.loads(r["extra"])["phases_s"]) == {"inputs", "call", "readback",
+                                                               "check"}
+    assert all(set(a["phases_s"]) == {"inputs", "call", "readback", "check"}
+               for a in manifest["accounting"])
+    assert "host time in cases, slowest rank: inputs " in out
     assert manifest["counts"] == dict(Counter(r["outcome"] for r in rows))  # both parts' rows
 
 

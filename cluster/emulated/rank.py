@@ -11,6 +11,7 @@ from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs, check_out
 from cluster.emulated.lamport import consume, publish
 from cluster.emulated.segment import HostMailbox, segment_name
 from cluster.injection import validate_injection
+from cluster.phases import PhaseClock
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_BF16, VEC_BF16
 from kernels.validation import (require_int, require_multiple, require_name, require_number,
                                 require_tp)
@@ -107,8 +108,10 @@ class EmulatedRank:
         tokens = int(case["tokens"]) + (fault["delta"] if kind == "tokens_delta" else 0)
         if not 1 <= tokens <= own.capacity:
             raise ValueError(f"tokens must be in 1..capacity={own.capacity}, got {tokens}")
+        clock = PhaseClock()
         inputs = case_inputs(case, tp=self._tp, hidden=self._hidden, tokens=tokens)
         payload = bits_from_bf16(module.payload(case, inputs, self._rank))
+        clock.mark("inputs")
         seq = int(case["seq"])
         expected_stage = self._calls % LAMPORT_GENERATIONS
         self._calls += 1
@@ -138,10 +141,15 @@ class EmulatedRank:
         got = consume(own, seq=seq, tokens=tokens, budget_ns=int(case["budget_ns"]), mode=mode,
                       rank=self._rank)
         done = time.monotonic_ns()
-        after = own.check(self._rank)
-
         outputs = module.epilogue(case, inputs, bf16_from_bits(got.sum_bits), self._rank)
         outputs = {name: bits_from_bf16(t) for name, t in outputs.items()}
+        clock.mark("call")  # the emulated kernel: publish, consume and the op's epilogue
+        after = own.check(self._rank)
+        clock.mark("readback")
+        check = check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
+                              rank=self._rank,
+                              inputs=inputs if tokens == int(case["tokens"]) else None)
+        clock.mark("check")
         return {
             "rank": self._rank, "seq": seq, "tokens": tokens, "expected_stage": expected_stage,
             "published_stage": None if published is None else published.stage,
@@ -155,9 +163,7 @@ class EmulatedRank:
             "mailbox_clean": after.non_sentinel == 0 and after.headers_set == 0,
             "outputs": outputs,
             "publish_ns": consume_from - started, "consume_ns": done - consume_from,
-            "check": check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
-                                   rank=self._rank,
-                                   inputs=inputs if tokens == int(case["tokens"]) else None),
+            "check": check, "host_ns": clock.ns,
         }
 
     # -- recovery

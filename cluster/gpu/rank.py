@@ -49,6 +49,7 @@ from kernels.lamport.diagnosis import MailboxCheck
 from cluster.gpu.ipc import check_handles, export_buffer, open_buffer, peer_addresses
 from cluster.gpu.report import result_fields
 from cluster.injection import validate_injection
+from cluster.phases import PhaseClock
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_INT16, mailbox_shape
 
 PLACEMENTS = ("process_per_gpu", "shared_gpu")
@@ -216,11 +217,13 @@ class GpuRank:
         if not 1 <= tokens <= self._capacity:
             raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")
         kernel = self._op_kernel(case)
+        clock = PhaseClock()
         inputs = case_inputs(case, tp=self._tp, hidden=self._hidden, tokens=tokens)
+        clock.mark("inputs")
         kernel.load(case, inputs, self._rank, self._device)
         seq = int(case["seq"])
         if not spec.collective:
-            return self._run_local(case, kernel, seq=seq, tokens=tokens)
+            return self._run_local(case, kernel, seq=seq, tokens=tokens, clock=clock)
         expected_stage = self._calls % LAMPORT_GENERATIONS
         self._calls += 1
         box.clear_errors()
@@ -230,6 +233,7 @@ class GpuRank:
         if kind == "shift_next_stage":
             state[NEXT_STAGE] = (state[NEXT_STAGE] + int(fault["by"])) % LAMPORT_GENERATIONS
         next_before = int(state[NEXT_STAGE].item())  # synchronizes: inputs are on the device
+        clock.mark("load")
 
         started = time.monotonic_ns()
         if kind == "hang":
@@ -247,38 +251,48 @@ class GpuRank:
         kernel.consume()
         torch.cuda.synchronize(self._device)
         done = time.monotonic_ns()
+        clock.mark("call")
 
         errors = box.read_errors()
         outputs = kernel.outputs()
         result = result_fields(errors, seq=seq, tokens=tokens, expected_stage=expected_stage,
                                next_stage_before=next_before, published=published)
-        result.update({
-            "mailbox_clean": box.is_all_sentinel(), "outputs": outputs,
-            "publish_ns": consume_from - started, "consume_ns": done - consume_from,
-            "check": check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
-                                   facts=kernel.facts(), rank=self._rank,
-                                   inputs=inputs if tokens == int(case["tokens"]) else None),
-        })
+        result.update({"mailbox_clean": box.is_all_sentinel(), "outputs": outputs,
+                       "publish_ns": consume_from - started, "consume_ns": done - consume_from})
+        clock.mark("readback")
+        result["check"] = check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
+                                        facts=kernel.facts(), rank=self._rank,
+                                        inputs=inputs if tokens == int(case["tokens"]) else None)
+        clock.mark("check")
+        result["host_ns"] = clock.ns
         return result
 
-    def _run_local(self, case: dict, kernel, *, seq: int, tokens: int) -> dict:
+    def _run_local(self, case: dict, kernel, *, seq: int, tokens: int,
+                   clock: PhaseClock) -> dict:
         """An op that is no collective (the indexer) on this rank's GPU: no
         publish, no stage; the result says the protocol was not touched (in
         step, nothing missing) and carries the op's own check."""
         import torch
 
         stage = self._calls % LAMPORT_GENERATIONS
+        torch.cuda.synchronize(self._device)
+        clock.mark("load")
         started = time.monotonic_ns()
         kernel.consume()
         torch.cuda.synchronize(self._device)
         done = time.monotonic_ns()
-        return {"rank": self._rank, "seq": seq, "tokens": tokens, "expected_stage": stage,
-                "published_stage": stage, "consumed_stage": stage, "bad_stage": None,
-                "missing_sources": [], "partial_sources": [], "headers": [], "records": [],
-                "record_count": 0, "header_mismatch": False,
-                "mailbox_clean": self._own().is_all_sentinel(), "outputs": kernel.outputs(),
-                "publish_ns": 0, "consume_ns": done - started, "collective": False,
-                "check": kernel.check()}
+        clock.mark("call")
+        result = {"rank": self._rank, "seq": seq, "tokens": tokens, "expected_stage": stage,
+                  "published_stage": stage, "consumed_stage": stage, "bad_stage": None,
+                  "missing_sources": [], "partial_sources": [], "headers": [], "records": [],
+                  "record_count": 0, "header_mismatch": False,
+                  "mailbox_clean": self._own().is_all_sentinel(), "outputs": kernel.outputs(),
+                  "publish_ns": 0, "consume_ns": done - started, "collective": False}
+        clock.mark("readback")
+        result["check"] = kernel.check()
+        clock.mark("check")
+        result["host_ns"] = clock.ns
+        return result
 
     # -- timing (cluster.measure)
     def time_case(self, spec: dict) -> dict:

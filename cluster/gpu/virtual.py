@@ -32,7 +32,10 @@ Result (plain data, it crosses Ray)::
     {"device": name, "cases": [{"tokens": M, "calls": [
         {"graph": bool, "checks": [check_outputs dict per rank],
          "mailbox_clean": bool, "diagnosis": str | None,
-         "missing_ranks": [...]}]}]}
+         "missing_ranks": [...], "host_ns": {phase: ns}}]}]}
+
+(``host_ns``: the call's host time by phase, :mod:`cluster.phases`; the
+tp ranks' work is one process's, so no slowest rank is taken.)
 """
 
 from __future__ import annotations
@@ -115,13 +118,18 @@ def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int):
     import torch
 
     from cluster.cases import case_inputs, check_outputs
+    from cluster.phases import PhaseClock
 
     m = int(cases[0]["tokens"])
     dev = kernel.group.device
     graph = None
     for i, case in enumerate(cases):
+        clock = PhaseClock()
         inputs = case_inputs(case, tp=tp, hidden=hidden)
+        clock.mark("inputs")
         kernel.load(case, inputs, m)
+        torch.cuda.synchronize(dev)
+        clock.mark("load")
         if i == 0:
             kernel()
         else:
@@ -132,9 +140,14 @@ def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int):
                     kernel()
             graph.replay()
         torch.cuda.synchronize(dev)
+        clock.mark("call")
         diagnosis = kernel.group.diagnose()
-        checks = [check_outputs(case, tp=tp, hidden=hidden, outputs=kernel.outputs(r),
+        outputs = [kernel.outputs(r) for r in range(tp)]
+        clean = kernel.group.is_all_sentinel()
+        clock.mark("readback")
+        checks = [check_outputs(case, tp=tp, hidden=hidden, outputs=outputs[r],
                                 facts=kernel.facts(), rank=r, inputs=inputs) for r in range(tp)]
-        yield {"graph": i > 0, "checks": checks, "mailbox_clean": kernel.group.is_all_sentinel(),
+        clock.mark("check")
+        yield {"graph": i > 0, "checks": checks, "mailbox_clean": clean,
                "diagnosis": None if diagnosis.ok else diagnosis.summary(),
-               "missing_ranks": sorted(diagnosis.missing_ranks)}
+               "missing_ranks": sorted(diagnosis.missing_ranks), "host_ns": clock.ns}

@@ -3,6 +3,7 @@ what needs attention, and every run."""
 
 from __future__ import annotations
 
+from cluster.phases import describe
 from dashboards import html as h
 from dashboards import palette
 from dashboards.model import OUTCOME_ORDER, Row, group, is_baseline, slug, sort_key
@@ -163,7 +164,8 @@ def _time_section(run) -> h.Markup | str:
                      e.get("work") or "—",
                      f"{e['overhead']:.1f}×" if e.get("overhead") is not None else "—",
                      f"{prepared:,.1f}" if prepared else "—",
-                     e.get("peak_groups") or "—", rebuilt])
+                     e.get("peak_groups") or "—", rebuilt,
+                     describe(e["phases_s"]) if e.get("phases_s") else "—"])
     data = [{"type": "bar", "orientation": "h", "name": name, "y": labels, "x": values,
              "marker": {"color": colour},
              "hovertemplate": "%{y}: %{x:.1f} s " + name + "<extra></extra>"}
@@ -176,7 +178,7 @@ def _time_section(run) -> h.Markup | str:
     chart = h.chart("overview-time", data, layout, height=max(160, 60 + 34 * len(labels)))
     table = h.table(["job", "cases", "wall (s)", "timed work (s)", "what is timed",
                      "overhead", "kernel preparation (s)", "peak groups at once",
-                     "cases that rebuilt their group"],
+                     "cases that rebuilt their group", "host time in cases, by phase"],
                     rows, numeric=range(1, 4), id="time")
     return h.section("Where the time went", chart, table,
                      note="Per job of the latest run, as each ended (a run in parts lists each "
@@ -184,7 +186,9 @@ def _time_section(run) -> h.Markup | str:
                           "ratio, the service overhead; kernel preparation: compiling, or "
                           "loading from the compile cache, what the cases needed (the "
                           "profile: each implementation's build and first call, slowest "
-                          "rank), summed over groups that may run at once.")
+                          "rank), summed over groups that may run at once; host time in "
+                          "cases: per call the slowest rank's inputs, load, call, readback "
+                          "and check (cluster.phases), summed over the job's calls.")
 
 
 def _status(run) -> h.Markup:
