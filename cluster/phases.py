@@ -1,5 +1,5 @@
-"""Host time inside a case, by phase: where a correctness or fault case's
-seconds go beyond its kernels (issue 16 asks <= 0.15 s a case).
+"""Host time inside a case, by phase: where a correctness, fault or profile
+case's seconds go beyond its kernels (issue 16 asks <= 0.15 s a case).
 
 A rank backend times its call with a :class:`PhaseClock` and returns
 ``host_ns`` (phase -> ns) in its result (``cluster.backend``); the group
@@ -12,6 +12,12 @@ over its calls (``TPGroup.phases_s``). Phases, in a call's order:
 ``call``      publish and consume, to the end of the device's work
 ``readback``  error buffer, outputs and the mailbox check read back
 ``check``     the outputs against the op's torch reference (CPU)
+
+and for a profile case (:mod:`cluster.measure.harness`; per implementation
+the slowest rank, summed over the implementations):
+
+``build``     compile or load, set up, first call (the rows' ``compile_s``)
+``graph``     capture, warm-up, the barriers and the timed replays
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 
-PHASES = ("inputs", "load", "call", "readback", "check")
+PHASES = ("inputs", "load", "build", "call", "readback", "check", "graph")
 
 
 class PhaseClock:

@@ -152,11 +152,15 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
     ``extra``; the fused row carries the first baseline's median and the ratio."""
     from cluster.measure.nvtx import NVTX_DOMAIN, range_name
     from cluster.measure.stats import bandwidth, max_over_ranks, stats
+    from cluster.phases import add as add_phases
+    from cluster.phases import rounded
     first = per_rank[0]
     gpu = _gpu_columns(first)
     names = list(first["impls"])
     timing, ranks = {}, {}
     calls = first.get("calls", case.param("calls"))
+    # host time by phase (cluster.phases): per implementation the slowest rank
+    phases_s = {"inputs": max(r.get("inputs_s", 0.0) for r in per_rank)}
     for name in names:
         impls = [r["impls"][name] for r in per_rank]
         if all("times_us" in i for i in impls):
@@ -165,12 +169,17 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
             ranks[name] = [stats(i["times_us"]) for i in impls]
             run.add_work(sum(slowest) * impls[0].get("calls", calls) / 1e6, TIMED_WORK)
             run.add_prepare(max(i["compile_s"] for i in impls))
+            add_phases(phases_s, {"build": max(i["compile_s"] for i in impls),
+                                  "check": max(i.get("check_s", 0.0) for i in impls),
+                                  "graph": max(i.get("graph_s", 0.0) for i in impls)})
+    run.add_phases(phases_s)
     base = next((b for b in case.param("baselines") if b in timing), None)
     for name in names:
         progress = name == names[-1]  # one case, however many rows (implementations)
         variant = case.variant if name == "fused" else f"baseline:{name}"
         extra = {"impl": name, "collective_speed": where.collective_speed,
                  **({"case_key": case.key()} if progress else {}),
+                 **({"phases_s": rounded(phases_s)} if name == "fused" else {}),
                  "nvtx_domain": NVTX_DOMAIN,
                  "nvtx_range": range_name(case.op, name, tp=case.tp, hidden=case.hidden,
                                           tokens=case.tokens),

@@ -62,7 +62,7 @@ def _rank(r: int, impls: dict) -> dict:
     state = {"sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "temp_c": 40 + r}
     return {"rank": r, "impls": impls, "sets": 120, "set_bytes": 2**20, "calls": 120,
             "bytes_moved": 8 * 5120 * 2, "bus_factor": 1.0, "collective": True,
-            "before": state, "after": state, "device": "NVIDIA H200"}
+            "before": state, "after": state, "device": "NVIDIA H200", "inputs_s": 1.0 + 0.5 * r}
 
 
 def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
@@ -76,15 +76,19 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     from jobs.results import read_results
     suite = load_suite(suite_path("nightly"))
     case = next(c for c in suite.of("profile") if c.tp == 2 and c.tokens == 8)
-    r0 = {"fused": {"times_us": [3.0, 5.0, 3.0], "compile_s": 1.0},
-          "unfused": {"times_us": [9.0, 9.0, 12.0], "compile_s": 0.1, "calls": 600},
+    r0 = {"fused": {"times_us": [3.0, 5.0, 3.0], "compile_s": 1.0, "check_s": 0.25,
+                    "graph_s": 0.5},
+          "unfused": {"times_us": [9.0, 9.0, 12.0], "compile_s": 0.1, "calls": 600,
+                      "check_s": 0.0, "graph_s": 0.75},
           "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"},
           "flashinfer_oneshot": {"times_us": [5.0, 5.0, 5.0], "compile_s": 3.0,
                                  "extra": {"flashinfer_version": "0.7.2.post1", "mode": "oneshot",
                                            "contract_diff": {"residual_out_differs": 7}}},
           "flashinfer_twoshot": {"failed": "flashinfer_twoshot: beyond its tolerance"}}
-    r1 = {"fused": {"times_us": [4.0, 3.0, 3.5], "compile_s": 2.0},
-          "unfused": {"times_us": [10.0, 8.0, 8.0], "compile_s": 0.1, "calls": 600},
+    r1 = {"fused": {"times_us": [4.0, 3.0, 3.5], "compile_s": 2.0, "check_s": 0.5,
+                    "graph_s": 0.25},
+          "unfused": {"times_us": [10.0, 8.0, 8.0], "compile_s": 0.1, "calls": 600,
+                      "check_s": 0.0, "graph_s": 1.0},
           "symm_mem": {"skipped": "symm_mem unavailable: RuntimeError: x"},
           "flashinfer_oneshot": {"times_us": [6.0, 5.0, 5.0], "compile_s": 3.0},
           "flashinfer_twoshot": {"skipped": "flashinfer_twoshot could not run on 1 other rank(s)"}}
@@ -100,6 +104,10 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     assert acct["work_s"] == pytest.approx(((12.5 + 16) * 120 + 31 * 600) / 1e6)
     assert acct["overhead"] is not None
     assert acct["prepare_s"] == pytest.approx(2.0 + 0.1 + 3.0)  # slowest rank's build, per impl
+    # host time by phase, per implementation the slowest rank (FlashInfer's
+    # one-shot reports no check or graph time here: counted as 0)
+    assert acct["phases_s"] == pytest.approx({"inputs": 1.5, "build": 5.1, "check": 0.5,
+                                              "graph": 0.5 + 1.0})
     rows = {r["variant"]: r for r in read_results(tmp_path).to_pylist()}
     fused = rows["watchdog"]
     assert fused["t_median_us"] == fused["t_max_over_ranks_median_us"] == 4.0
@@ -107,6 +115,7 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     assert fused["ratio"] == pytest.approx(4.0 / 10.0)  # unfused max over ranks: 10, 9, 12
     extra = json.loads(fused["extra"])
     assert extra["rank_median_us"] == [3.0, 3.5] and extra["compile_s"] == 2.0
+    assert extra["phases_s"] == acct["phases_s"]  # the case's, on its fused row
     assert extra["replays"] == 3  # the replays timed, not the suite's (min_replays may cut them)
     assert extra["collective_speed"] is True
     assert extra["bytes"] == 8 * 5120 * 2 and extra["algbw_GBps"] == pytest.approx(81920 / 4e3)

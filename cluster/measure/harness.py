@@ -23,9 +23,11 @@ Per implementation, on every rank together:
    inside an NVTX range.
 
 Returns ``{"rank", "impls": {name: {"times_us": [...], "compile_s": s,
-"extra": {...}, "calls": calls in its graph} | {"skipped": why} | {"failed": why}},
-"sets", "set_bytes", "calls" (without a floor),
-"bytes_moved", "bus_factor", "collective", "before", "after", "device"}``
+"check_s": s, "graph_s": s (capture, warm-up, barriers, replays), "extra":
+{...}, "calls": calls in its graph} | {"skipped": why} | {"failed": why}},
+"sets", "set_bytes", "calls" (without a floor), "bytes_moved", "bus_factor",
+"collective", "before", "after", "device", "inputs_s" (the workload's
+build: its rotation sets)}``
 (``before`` / ``after``: :func:`cluster.measure.clocks.gpu_state`). The
 fused op failing its check raises AssertionError on every rank (the row is
 ``fail``; the ranks where it passed raise :class:`PeerFailed`); a baseline
@@ -79,7 +81,9 @@ def time_case(ctx: RankContext, spec: Mapping, workload: str | None = None) -> d
     import torch
 
     s = Spec.of(spec)
-    work = builder(s.op, workload)(ctx, s)
+    t0 = time.perf_counter()
+    work = builder(s.op, workload)(ctx, s)  # the rotation sets made here
+    inputs_s = time.perf_counter() - t0
     calls = graph_calls(s.calls, work.sets)
     before = gpu_state()
     impls = {"fused": _timed(ctx, s, work, "fused", work.fused, calls, fused=True)}
@@ -94,7 +98,7 @@ def time_case(ctx: RankContext, spec: Mapping, workload: str | None = None) -> d
             "calls": calls,
             "bytes_moved": work.bytes_moved, "bus_factor": work.bus_factor,
             "collective": work.collective, "before": before, "after": gpu_state(),
-            "device": torch.cuda.get_device_name(ctx.device)}
+            "device": torch.cuda.get_device_name(ctx.device), "inputs_s": inputs_s}
 
 
 def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[[], Call],
@@ -124,11 +128,14 @@ def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[
             failure, raised = _attempt(name, first_call)
         compile_s = time.perf_counter() - t0
     others = ctx.failed_elsewhere(failure is not None) - (failure is not None)
+    check_s = 0.0
     if fused and failure is None and not others:
+        t0 = time.perf_counter()
         try:
             work.check()
         except AssertionError as err:
             failure, raised = {"failed": str(err)}, err
+        check_s = time.perf_counter() - t0
         others = ctx.failed_elsewhere(failure is not None) - (failure is not None)
     if fused and raised is not None:
         raise raised  # the fused op's own error or wrong answer: the case's outcome
@@ -139,6 +146,7 @@ def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[
         return failure
     if others:
         return {"skipped": f"{name} could not run on {others} other rank(s) of the group"}
+    t0 = time.perf_counter()
     ctx.barrier()
     if s.min_replay_ms > 0:
         calls = fit_calls(rotating(call.fn, work.sets), calls, work.sets, s.min_replay_ms * 1e3,
@@ -147,7 +155,8 @@ def _timed(ctx: RankContext, s: Spec, work: Workload, name: str, make: Callable[
     with nvtx_range(range_name(s.op, name, **names), s.tokens):
         times = time_graph(rotating(call.fn, work.sets), calls, replays,
                            before_replay=ctx.barrier)
-    return {"times_us": times, "compile_s": compile_s, "extra": call.extra, "calls": calls}
+    return {"times_us": times, "compile_s": compile_s, "extra": call.extra, "calls": calls,
+            "check_s": check_s, "graph_s": time.perf_counter() - t0}
 
 
 def measure_tp1(spec: Mapping) -> dict:

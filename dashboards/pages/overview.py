@@ -188,7 +188,8 @@ def _time_section(run) -> h.Markup | str:
                           "profile: each implementation's build and first call, slowest "
                           "rank), summed over groups that may run at once; host time in "
                           "cases: per call the slowest rank's inputs, load, call, readback "
-                          "and check (cluster.phases), summed over the job's calls.")
+                          "and check (the profile: inputs, build, check and graph, per "
+                          "implementation), summed over the job (cluster.phases).")
 
 
 def _status(run) -> h.Markup:
