@@ -5,6 +5,7 @@ import math
 import struct
 from fractions import Fraction
 
+import pytest
 import torch
 
 from kernels.reference import numerics as nm
@@ -120,3 +121,49 @@ def test_order_sensitive_partials_depend_on_order():
     p = nm.order_sensitive_partials(4, 1, 16)
     forward, backward = all_reduce_sum(p), all_reduce_sum(p, order=[3, 2, 1, 0])
     assert not torch.equal(forward, backward)
+
+
+def _comparison_everywhere(actual, expected):
+    """Comparison's figures computed over every element (no shortcut)."""
+    ulp = nm.bf16_ulp_distance(actual, expected)
+    diff = (actual.to(torch.float64) - expected.to(torch.float64)).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    same = (nm.bits(actual) == nm.bits(expected) if actual.dtype == expected.dtype
+            else ulp == 0)
+    first = tuple(int(i) for i in (~same).nonzero()[0]) if (~same).any() else None
+    return (actual.numel(), int((~same).sum()), float(ulp.max()) if ulp.numel() else 0.0,
+            float(diff.max()) if diff.numel() else 0.0, first)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16),
+                                    (torch.float32, torch.float32),
+                                    (torch.bfloat16, torch.float32)])
+def test_comparison_figures_are_those_over_every_element(dtypes):
+    """The shortcut (only elements whose bits differ, NaN and infinities get
+    distances) changes no figure: equal and unequal bits, NaN on either
+    side, equal and opposite infinities, +0.0 against -0.0, empty."""
+    g = torch.Generator().manual_seed(7)
+    specials = torch.tensor([math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0])
+    for trial in range(40):
+        expected = torch.randn(3, 37, generator=g).to(dtypes[1])
+        actual = expected.to(dtypes[0]).clone()
+        flat = actual.view(-1)
+        for _ in range(trial % 6):
+            i = int(torch.randint(flat.numel(), (1,), generator=g))
+            pick = int(torch.randint(3, (1,), generator=g))
+            if pick == 0:  # one step away
+                flat[i] = torch.nextafter(flat[i].float(), torch.tensor(math.inf)).to(flat.dtype)
+            else:
+                value = specials[int(torch.randint(len(specials), (1,), generator=g))]
+                (flat if pick == 1 else expected.view(-1))[i] = value.to(flat.dtype)
+        cmp = nm.Comparison(actual, expected)
+        assert (cmp.elements, cmp.mismatches, cmp.max_ulp, cmp.max_abs_err,
+                cmp.first_mismatch) == _comparison_everywhere(actual, expected), trial
+    same = torch.tensor([1.0, math.inf, math.nan, -0.0])  # equal bits, yet inf apart
+    cmp = nm.Comparison(same.to(dtypes[0]), same.to(dtypes[1]))
+    assert (cmp.mismatches, cmp.max_ulp, cmp.max_abs_err) == (0 if dtypes[0] == dtypes[1] else 1,
+                                                             math.inf, math.inf)
+    assert (cmp.elements, cmp.mismatches, cmp.max_ulp, cmp.max_abs_err, cmp.first_mismatch) \
+        == _comparison_everywhere(same.to(dtypes[0]), same.to(dtypes[1]))
+    empty = torch.empty(0, 4, dtype=dtypes[0])
+    assert nm.Comparison(empty, empty.to(dtypes[1])).max_ulp == 0.0
