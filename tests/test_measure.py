@@ -483,3 +483,15 @@ def test_flashinfer_modes_and_absence_are_skips_with_the_reason(monkeypatch):
     assert sorted(makers) == ["flashinfer_oneshot", "flashinfer_twoshot"]
     with pytest.raises(Unavailable, match="^flashinfer is not importable here"):
         makers["flashinfer_oneshot"]()
+
+
+def test_workload_inputs_on_the_cpu_are_the_generator_s_draws():
+    """cluster.measure.workloads.common.randn on a CPU device: the CPU
+    generator's own normal draws (scaled, shifted, rounded to BF16), so a
+    seed gives the same tensor every time; on a GPU they are drawn there
+    (tests/gpu/test_timing_gpu.py)."""
+    from cluster.measure.workloads.common import randn
+    g, again = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    got = randn((4, 9), g, "cpu", scale=0.1, offset=1.0)
+    assert got.dtype == torch.bfloat16 and got.device.type == "cpu"
+    assert torch.equal(got, (1.0 + 0.1 * torch.randn((4, 9), generator=again)).to(torch.bfloat16))

@@ -145,3 +145,19 @@ def test_a_replay_floor_makes_replays_last_that_long():
     assert calls > 8 and calls % 4 == 0
     per_call = float(np.median(time_graph(fn, calls, 5)))
     assert per_call * calls >= 0.5 * 500.0, (calls, per_call)  # a mechanism check, loose
+
+
+def test_workload_inputs_are_drawn_on_the_gpu_reproducibly():
+    """The rotation sets are drawn on the device (not made on the host and
+    copied), from a generator seeded by the CPU generator: the same seed
+    gives the same tensor (what ranks sharing a generator rely on)."""
+    import torch
+
+    from cluster.measure.workloads.common import randn
+    dev = torch.device("cuda", 0)
+    a = randn((64, 7168), torch.Generator().manual_seed(5), dev, scale=0.1, offset=1.0)
+    b = randn((64, 7168), torch.Generator().manual_seed(5), dev, scale=0.1, offset=1.0)
+    c = randn((64, 7168), torch.Generator().manual_seed(6), dev, scale=0.1, offset=1.0)
+    assert a.device == dev and a.dtype == torch.bfloat16
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert abs(a.float().mean().item() - 1.0) < 0.01 and abs(a.float().std().item() - 0.1) < 0.01
