@@ -14,10 +14,13 @@ over its calls (``TPGroup.phases_s``). Phases, in a call's order:
 ``check``     the outputs against the op's torch reference (CPU)
 
 and for a profile case (:mod:`cluster.measure.harness`; per implementation
-the slowest rank, summed over the implementations):
+the slowest rank, summed over the implementations) ``inputs`` (the
+workload's rotation sets), ``check`` and
 
-``build``     compile or load, set up, first call (the rows' ``compile_s``)
 ``graph``     capture, warm-up, the barriers and the timed replays
+
+(its build, compile or load and first call, is the rows' ``compile_s`` and
+the job's kernel preparation).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 
-PHASES = ("inputs", "load", "build", "call", "readback", "check", "graph")
+PHASES = ("inputs", "load", "call", "readback", "check", "graph")
 
 
 class PhaseClock:

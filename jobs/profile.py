@@ -169,8 +169,7 @@ def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank:
             ranks[name] = [stats(i["times_us"]) for i in impls]
             run.add_work(sum(slowest) * impls[0].get("calls", calls) / 1e6, TIMED_WORK)
             run.add_prepare(max(i["compile_s"] for i in impls))
-            add_phases(phases_s, {"build": max(i["compile_s"] for i in impls),
-                                  "check": max(i.get("check_s", 0.0) for i in impls),
+            add_phases(phases_s, {"check": max(i.get("check_s", 0.0) for i in impls),
                                   "graph": max(i.get("graph_s", 0.0) for i in impls)})
     run.add_phases(phases_s)
     base = next((b for b in case.param("baselines") if b in timing), None)

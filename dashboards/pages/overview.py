@@ -188,7 +188,7 @@ def _time_section(run) -> h.Markup | str:
                           "profile: each implementation's build and first call, slowest "
                           "rank), summed over groups that may run at once; host time in "
                           "cases: per call the slowest rank's inputs, load, call, readback "
-                          "and check (the profile: inputs, build, check and graph, per "
+                          "and check (the profile: inputs, check and graph, per "
                           "implementation), summed over the job (cluster.phases).")
 
 
