@@ -82,10 +82,13 @@ def test_case_time_sums_fault_kinds_and_correctness_cells():
             row("faults", 0.5, kind="late_beyond_budget", rebuilt=False),
             row("faults", 11.0, kind="stuck_rank", rebuilt=True),
             row("faults", 0.0, outcome="skipped", kind="dirty_mailbox"),
-            row("correctness", 0.25), row("correctness", 0.5), row("profile", 9.0)]
+            row("correctness", 0.25, phases_s={"inputs": 0.25, "check": 0.125}),
+            row("correctness", 0.5, phases_s={"inputs": 0.5}), row("profile", 9.0)]
     faults, (n, total) = module.fault_table(rows)
     assert faults == [["late_beyond_budget", 2, 3.5, 3.0, 0, 1], ["stuck_rank", 1, 11.0, 11.0, 1, 0]]
     assert (n, total) == (2, 3.5)  # the rebuilding kind left out, the skipped row too
-    assert module.correctness_table(rows) == [["all_reduce_norm", 2, "shared-gpu", 2, 0.75]]
+    # phases summed over the cell's rows, in cluster.phases.PHASES order, None where none recorded
+    assert module.correctness_table(rows) == [["all_reduce_norm", 2, "shared-gpu", 2, 0.75,
+                                               0.75, None, None, None, 0.125, None]]
     old = module.fault_table([{**r, "extra": "{}"} for r in rows])[0]  # rows before extra.rebuilt
     assert old[0][4:] == [None, None]

@@ -8,7 +8,9 @@ once, so case times overlap and add up to more than the wall).
   show ``-``); then the cases run, their time and the mean per case beyond
   the stuck-rank kind, whose cases rebuild their group;
 - correctness, per (op, tp, placement): cases and summed case time (a
-  virtual-rank group is one batch: its time is on its first row).
+  virtual-rank group is one batch: its time is on its first row), and the
+  cases' host time by phase (``extra.phases_s``, :mod:`cluster.phases`;
+  ``-`` for rows from before it was recorded).
 
     python3 scripts/gpu/case_time.py RESULTS [--run RUN_ID]
 """
@@ -50,14 +52,20 @@ def fault_table(rows: list[dict]) -> tuple[list[list], tuple[int, float]]:
 
 
 def correctness_table(rows: list[dict]) -> list[list]:
-    """Per (op, tp, placement): [op, tp, placement, cases, summed s]."""
-    out: dict[tuple, list] = defaultdict(lambda: [0, 0.0])
+    """Per (op, tp, placement): [op, tp, placement, cases, summed s, then per
+    phase of :data:`cluster.phases.PHASES` its summed s or None where no
+    row recorded it]."""
+    from cluster.phases import PHASES
+    out: dict[tuple, list] = defaultdict(lambda: [0, 0.0, {}])
     for r in rows:
         if r["job"] == "correctness" and r["outcome"] != "skipped":
             cell = out[(r["op"], r["tp"], r["placement"])]
             cell[0] += 1
             cell[1] += seconds(r)
-    return [[*key, n, s] for key, (n, s) in sorted(out.items(), key=lambda kv: str(kv[0]))]
+            for phase, s in (json.loads(r.get("extra") or "{}").get("phases_s") or {}).items():
+                cell[2][phase] = cell[2].get(phase, 0.0) + s
+    return [[*key, n, s, *(by.get(p) for p in PHASES)]
+            for key, (n, s, by) in sorted(out.items(), key=lambda kv: str(kv[0]))]
 
 
 def main(argv=None) -> int:
@@ -87,10 +95,13 @@ def main(argv=None) -> int:
             print(f"\nbeyond {', '.join(REBUILDING_KINDS)}: {n} cases, {total:.1f} s, "
                   f"{total / n:.2f} s a case\n")
     if correctness:
-        print("| op | tp | placement | cases | case time (s) |")
-        print("| --- | --- | --- | --- | --- |")
-        for op, tp, placement, cases, summed in correctness:
-            print(f"| {op} | {tp} | {placement} | {cases} | {summed:.1f} |")
+        from cluster.phases import PHASES
+        print("| op | tp | placement | cases | case time (s) | "
+              + " | ".join(f"{p} (s)" for p in PHASES) + " |")
+        print("| --- " * (5 + len(PHASES)) + "|")
+        for op, tp, placement, cases, summed, *by in correctness:
+            print(f"| {op} | {tp} | {placement} | {cases} | {summed:.1f} | "
+                  + " | ".join("-" if v is None else f"{v:.2f}" for v in by) + " |")
     return 0
 
 
