@@ -28,6 +28,10 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 EMULATED_GPU = "emulated_gpu"
 """Custom resource a simulated node declares for the emulated backend's units."""
 
+STOP_WAIT_S = 20.0
+"""How long an interrupted :meth:`Fanout.run` waits for its running tasks
+(each ends after the case in hand; a GPU case takes well under a second)."""
+
 
 @dataclasses.dataclass
 class Task:
@@ -106,12 +110,21 @@ class Fanout:
                 del self.capacity[node]
                 del self.free[node]
 
-    def run(self, tasks: Sequence[Task]) -> None:
+    def run(self, tasks: Sequence[Task], *, on_interrupt: Callable[[], None] | None = None,
+            stop_wait_s: float = STOP_WAIT_S) -> None:
+        """Run every task (each on a thread of its own, at most
+        ``max_parallel`` at once); the first task's exception is raised once
+        all have ended. An exception in the caller's thread (SIGTERM's
+        SystemExit, Ctrl-C) starts nothing more: ``on_interrupt()`` (the jobs
+        tell their groups to stop after the case in hand:
+        ``jobs.harness.Run.stop``), then at most ``stop_wait_s`` for the
+        running tasks to end, and the exception goes on (a task still running
+        is left to end on its own)."""
         pending = list(tasks)
         running: dict = {}
         failures: list[BaseException] = []
-        with ThreadPoolExecutor(max_workers=self.max_parallel,
-                                thread_name_prefix="tp-group") as pool:
+        pool = ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="tp-group")
+        try:
             while pending or running:
                 i = 0
                 while i < len(pending) and len(running) < self.max_parallel:
@@ -143,6 +156,14 @@ class Fanout:
                     if fut.exception() is not None:
                         failures.append(fut.exception())
                 self._forget_dead()
+        except BaseException:
+            if on_interrupt is not None:
+                on_interrupt()
+            if running:
+                wait(running, timeout=stop_wait_s)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
         if failures:
             raise failures[0]
 

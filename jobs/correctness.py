@@ -63,7 +63,7 @@ def fan_out(run: Run, suite: Suite, groups, body, case_fields=lambda case: {}) -
     fan = Fanout.for_backend(run.backend)
     fan.run([Task(label=f"{m[0].op} tp={m[0].tp} hidden={m[0].hidden} {m[0].placement}",
                   units=group_units(m[0]), run=lambda node, m=m: body(m, node),
-                  unplaceable=unplaceable(m)) for m in groups])
+                  unplaceable=unplaceable(m)) for m in groups], on_interrupt=run.stop)
     run.note_fanout(fan)
 
 
@@ -107,6 +107,8 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
             print(f"   group start: {group.start_diagnosis.summary()}")
         try:
             for case in members:
+                if run.stopping.is_set():
+                    break
                 run_case(run, suite, group, case, where)
         finally:
             run.add_group(group, work_kind(run.backend))

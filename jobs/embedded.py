@@ -113,9 +113,12 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _terminate_raises() -> Iterator[None]:
+def terminate_raises() -> Iterator[None]:
     """SIGTERM ends the driver through SystemExit (so every ``finally``
-    runs) while the cluster is up."""
+    runs: a job section's closing line and accounting, the cluster's
+    cleanup). Enter it again once ``ray.init`` has returned: the core worker
+    installs its own SIGTERM handler there (a C++ stack dump, then death,
+    no ``finally``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -203,16 +206,17 @@ def embedded_cluster(num_cpus: int) -> Iterator[str]:
     preexisting = set(procs.descendants(os.getpid()))
     watchdog = Watchdog()
     preexisting.add(watchdog.process.pid)
-    with _environment(cluster_env(token)), _terminate_raises():
+    with _environment(cluster_env(token)), terminate_raises():
         try:
             # address="local": a fresh cluster even where another one runs on
             # this machine (plain ray.init() would join the latest `ray start`).
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                      log_to_driver=False, configure_logging=False,
                      _node_ip_address="127.0.0.1")
-            yield (f"started an embedded local Ray cluster (num_cpus={num_cpus}, no dashboard, "
-                   f"listening on 127.0.0.1 only, token auth with {token})"
-                   + (f"; swept {len(swept)} segment(s) of drivers gone" if swept else ""))
+            with terminate_raises():
+                yield (f"started an embedded local Ray cluster (num_cpus={num_cpus}, no "
+                       f"dashboard, listening on 127.0.0.1 only, token auth with {token})"
+                       + (f"; swept {len(swept)} segment(s) of drivers gone" if swept else ""))
         finally:
             started = {p: s for p, s in procs.descendants(os.getpid()).items()
                        if p not in preexisting}

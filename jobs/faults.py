@@ -80,6 +80,8 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
     with group, run.tagged(**group_tags(group)):
         try:
             for case in members:
+                if run.stopping.is_set():
+                    break
                 reason = op_reason(case) or tp_reason(case) or backend_reason(case, run.backend)
                 if reason:
                     run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,

@@ -92,6 +92,7 @@ def ray_session(address: str | None) -> Iterator[str]:
     if ray.is_initialized():
         yield "the Ray session already open in this process"
         return
+    _no_auto_connect()
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         try:
@@ -104,10 +105,21 @@ def ray_session(address: str | None) -> Iterator[str]:
         with embedded_cluster(max(2, os.cpu_count() or 2)) as how:
             yield how
         return
+    from jobs.embedded import terminate_raises
     try:
-        yield how
+        with terminate_raises():
+            yield how
     finally:
         ray.shutdown()
+
+
+def _no_auto_connect() -> None:
+    """A Ray call after ``ray.shutdown`` (a TP group's thread still ending
+    when a job is interrupted) raises instead of ``ray.init()``-ing a new
+    cluster in the background (Ray's auto-connect; a job only ever joins the
+    cluster it was given)."""
+    from ray._private import auto_init_hook
+    auto_init_hook.enable_auto_connect = False
 
 
 def cluster_gpus() -> tuple[int, int]:
@@ -333,6 +345,8 @@ def closing_line(entry: dict) -> str:
     """``12.3 s, 40 cases, overhead 3.1x wall / summed case compute time
     (0.40 s), peak 3 groups at once`` from a :attr:`Run.accounting` entry."""
     parts = [f"{entry['wall_s']:.1f} s", f"{entry['cases']} case(s)"]
+    if entry.get("interrupted"):
+        parts[1] += " before it was interrupted"
     if entry.get("overhead") is not None:
         parts.append(f"service overhead {entry['overhead']:.1f}x = wall / {entry['work']} "
                      f"({entry['work_s']:.2f} s)")
@@ -406,6 +420,10 @@ class Run:
         (``accounting``)."""
         self._skips: dict[str, list] = {}
         """A section's skip reasons: reason -> [footnote mark, cases]."""
+        self.stopping = threading.Event()
+        """Set when a job section ends by an exception (SIGTERM's SystemExit,
+        Ctrl-C): the cases its TP-group threads still finish are not
+        recorded (cut short, they are run again by ``--resume``)."""
 
     def writer(self, suite: str):
         from jobs.results import ResultsWriter
@@ -434,8 +452,13 @@ class Run:
                          disable=not sys.stderr.isatty() or total < 2, dynamic_ncols=True)
         self._table = Table(COLUMNS, out=None if self._bar.disable else _BarOut(self._bar))
         self._skips = {}
+        interrupted = False
         try:
             yield
+        except BaseException:
+            interrupted = True
+            self.stop()
+            raise
         finally:
             self._bar.close()
             self._bar = None
@@ -449,6 +472,8 @@ class Run:
                      "work_s": round(sec["work_s"], 6), "work": sec["work_kind"],
                      "overhead": round(wall / sec["work_s"], 2) if sec["work_s"] > 0 else None,
                      "peak_groups": sec["peak_groups"]}
+            if interrupted:
+                entry["interrupted"] = True
             if sec["rebuilt_cases"]:
                 entry.update(rebuilt_cases=sec["rebuilt_cases"],
                              rebuilt_s=round(sec["rebuilt_s"], 3))
@@ -462,6 +487,12 @@ class Run:
                 from jobs.results import runs
                 runs.add_accounting(self.results, self.run_id, entry)
             print(f"   ({closing_line(entry)})", flush=True)
+
+    def stop(self) -> None:
+        """Record no further row (:attr:`stopping`); a row being written now
+        completes, and counts."""
+        with self._lock:
+            self.stopping.set()
 
     def add_work(self, seconds: float, kind: str) -> None:
         """Add timed work to the current job's overhead figure; ``kind``
@@ -539,10 +570,13 @@ class Run:
 
     def record(self, case: Case | None, suite: Suite, **kwargs: Any) -> dict:
         """Append one row (as the case ends), print its table line; returns
-        the row. Safe to call from the threads of concurrent groups.
+        the row ({} and nothing written once :attr:`stopping` is set). Safe
+        to call from the threads of concurrent groups.
         ``progress=False``: a further row of a case already counted (the
         profile writes one row per implementation of one case)."""
         with self._lock:
+            if self.stopping.is_set():
+                return {}  # a case the run's stop cut short: not a result
             return self._record(case, suite, **kwargs)
 
     def _record(self, case: Case | None, suite: Suite, *, outcome: str, started_at: dt.datetime,

@@ -171,7 +171,8 @@ def test_overview_shows_where_the_latest_run_s_time_went(site):
     doc = parse(site / "index.html")
     rows = [[td.text.strip() for td in tr.find_all("td")]
             for tr in doc.find("table", id="time").find("tbody").find_all("tr")]
-    assert [r[0] for r in rows] == ["correctness", "faults", "correctness (2)", "profile"]
+    assert [r[0] for r in rows] == ["correctness", "faults", "correctness (2)",
+                                    "profile, interrupted"]
     assert rows[0][1:6] == ["576", "168.0", "12.55", "summed kernel call time", "13.4×"]
     assert rows[1][8] == "18 (204.6 s)" and rows[0][8] == "—"
     assert rows[1][6] == "41.5" and rows[0][6] == "—"  # kernel preparation

@@ -64,7 +64,7 @@ for p in $( [ "$part" = all ] && echo 1 2 3 4 || echo "$part" ); do
   before=$(find "$LAMPORT_COMPILE_CACHE" -name meta.json 2>/dev/null | wc -l)
   start=$(date +%s)
   # shellcheck disable=SC2046
-  timeout "$limit" python3 -m jobs nightly --suite nightly --backend gpu $(args_of "$p") --run-id "$run_id" ${RESUME:+--resume} \
+  timeout -k 30 "$limit" python3 -m jobs nightly --suite nightly --backend gpu $(args_of "$p") --run-id "$run_id" ${RESUME:+--resume} \
     --results "/tmp/results-$pass" --site "/tmp/site-$pass" > "$out/nightly_${pass}_$p.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && rc_all=$rc
