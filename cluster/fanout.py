@@ -28,7 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 EMULATED_GPU = "emulated_gpu"
 """Custom resource a simulated node declares for the emulated backend's units."""
 
-STOP_WAIT_S = 20.0
+STOP_WAIT_S = 5.0
 """How long an interrupted :meth:`Fanout.run` waits for its running tasks
 (each ends after the case in hand; a GPU case takes well under a second)."""
 
