@@ -269,15 +269,25 @@ class Tally:
 
 
 def virtual_spec(members: Sequence[Case]) -> dict:
-    """The :func:`cluster.gpu.virtual.run_group` spec of one group's cases."""
+    """The :func:`cluster.gpu.virtual.run_group` spec of one group's cases:
+    the group's op fields, and each case's kernel-only ones (``Field.
+    kernel_only``: cases differing in them share the group) with the case."""
+    from cluster import ops
     from cluster.cases import DEFAULTS
     first = members[0]
+    declared = ops.get(first.op).fields
+
+    def own(case: Case) -> dict:
+        return {k: v for k, v in case.op_fields().items() if declared[k].kernel_only}
+
     watchdog_ns = int(first.param("budget_ms") * 1e6) if first.variant == "watchdog" else 0
-    return {"op": first.op, "fields": first.op_fields(), "tp": first.tp, "hidden": first.hidden,
+    shared = {k: v for k, v in first.op_fields().items() if k not in own(first)}
+    return {"op": first.op, "fields": shared, "tp": first.tp, "hidden": first.hidden,
             "capacity": max(c.tokens for c in members), "eps": DEFAULTS["eps"],
             "watchdog_ns": watchdog_ns,
             "cases": [{"tokens": c.tokens, "inputs": c.inputs,
-                       "seeds": [case_seed(c, r) for r in range(c.repeats)]} for c in members]}
+                       "seeds": [case_seed(c, r) for r in range(c.repeats)],
+                       **({"fields": own(c)} if own(c) else {})} for c in members]}
 
 
 def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,

@@ -1,6 +1,7 @@
 """Suite configs, filters and bad command lines: clear messages, exit 2,
 nothing written (no Ray is started for any of these)."""
 
+import dataclasses
 import shlex
 import subprocess
 import sys
@@ -227,3 +228,23 @@ def test_placements_follow_the_topology():
     assert "correctness job only" in one.offered(dataclasses.replace(virtual, job="faults"))
     assert "needs the gpu backend" in emulated.offered(virtual)
     assert "no GPU" in _view(0).offered(virtual)
+
+
+def test_kernel_only_fields_do_not_split_groups():
+    """all_reduce_norm's mode picks the rank's kernel, not the group: the
+    nightly's one_shot and owner cases of one (placement, tp, hidden) run on
+    one group (one build, not two); a field that shapes the group still splits."""
+    from cluster import ops
+    assert ops.get("all_reduce_norm").fields["mode"].kernel_only
+    assert not ops.get("all_reduce_mhc").fields["hc"].kernel_only
+    cases = [c for c in load_suite(suite_path("nightly")).of("correctness")
+             if c.op == "all_reduce_norm"]
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault(c.group_key, set()).add(dict(c.op_args)["mode"])
+    assert set(map(frozenset, groups.values())) == {frozenset({"one_shot", "owner"})}
+    assert len(groups) == len({(c.placement, c.tp, c.hidden) for c in cases})
+    mhc = [c for c in load_suite(suite_path("nightly")).of("correctness")
+           if c.op == "all_reduce_mhc"]
+    split = dataclasses.replace(mhc[0], hc=(mhc[0].hc or 4) * 2)
+    assert split.group_key != mhc[0].group_key
