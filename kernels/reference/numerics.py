@@ -79,20 +79,30 @@ def _round_to_odd_f32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(inexact, fb | 1, fb).view(torch.float32)
 
 
-def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``a * b + c`` in FP32 with a single rounding (nearest-even), as
-    ``fma.rn.f32`` computes it; inputs are FP32 (or anything that converts to
-    FP32 exactly, e.g. BF16), broadcast together.
+#: The FP64 mantissa bits below an FP32 ULP at FP32-normal magnitudes (52 - 23
+#: = 29), and their value on an FP32 rounding midpoint: exactly half a ULP.
+_BELOW_F32_ULP = (1 << 29) - 1
+_HALF_F32_ULP = 1 << 28
+#: FP32 bits: the magnitude mask; 2^-126 (the smallest normal) is 1 << 23.
+_F32_MAGNITUDE = 0x7FFF_FFFF
+_F32_NORMAL_MIN_LOG2 = 23
 
-    Exact: the product of two FP32 values fits FP64; the FP64 sum's rounding
-    error is recovered with TwoSum and folded in by rounding to odd, so the
-    final rounding to FP32 is the only one that matters.
-    """
-    a64, b64, c64 = (t.to(torch.float32).to(torch.float64) for t in (a, b, c))
-    p = a64 * b64
-    s = p + c64
+
+def _exact_f64(t: torch.Tensor) -> torch.Tensor:
+    """``t`` rounded to FP32, as FP64 (exact): one conversion where the dtype
+    widens to FP32 exactly anyway."""
+    if t.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return t.to(torch.float64)
+    return t.to(torch.float32).to(torch.float64)
+
+
+def _round_to_odd_sum_f32(p: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """FP32 of the exact ``p + c`` (FP64 operands), one rounding: the FP64 sum's
+    rounding error (TwoSum) folded in by rounding to odd, then nearest-even to
+    FP32. Every element, any shapes that broadcast."""
+    s = p + c
     bb = s - p
-    err = (p - (s - bb)) + (c64 - bb)
+    err = (p - (s - bb)) + (c - bb)
     finite = torch.isfinite(s)
     err = torch.where(finite, err, torch.zeros_like(err))
     # Round s to odd in FP64 using err, then nearest-even to FP32.
@@ -101,6 +111,61 @@ def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
     s = torch.where(need, torch.nextafter(s, toward), s)
     return s.to(torch.float32)
+
+
+def _may_double_round(s: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+    """Boolean mask over the FP64 sums ``s = p + c`` of :func:`fma_f32` (``rounded``
+    = ``FP32(s)``), a superset of those an inexact FP64 sum can leave on an
+    FP32 tie (a midpoint between adjacent FP32 values, or the overflow
+    threshold 2^128 - 2^103).
+
+    At FP32-normal magnitudes the ties are exactly the values whose 29
+    mantissa bits below the FP32 ULP read 1000...0. Below 2^-126 the FP32 ULP
+    is the fixed 2^-149 and the midpoint bit moves up, so every ``s`` that
+    rounds to 0 < |FP32(s)| <= 2^-126 is taken. That leaves out the tie
+    +-2^-150 (rounds to 0), which an inexact sum never reaches: were ``s =
+    +-2^-150`` inexact, ``p`` and ``c`` would both be nonzero, so |c| >= 2^-149
+    (FP32), |p| > 2^-151 and ``p`` (48 significant bits) a multiple of 2^-198,
+    as is ``c``; ``p + c`` would then be a multiple of 2^-198 below 2^-149,
+    49 bits, exact in FP64."""
+    mask = torch.bitwise_and(bits(s), _BELOW_F32_ULP) == _HALF_F32_ULP
+    magnitude = torch.bitwise_and(bits(rounded), _F32_MAGNITUDE)
+    # 1 <= magnitude <= 2^23, i.e. 0 <= magnitude - 1 < 2^23.
+    magnitude.sub_(1).bitwise_right_shift_(_F32_NORMAL_MIN_LOG2)
+    return mask.logical_or_(magnitude == 0)
+
+
+def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a * b + c`` in FP32 with a single rounding (nearest-even), as
+    ``fma.rn.f32`` computes it, bit for bit (infinities, NaNs, signed zeros,
+    subnormals, overflow to infinity included; no flush-to-zero); inputs are
+    FP32 (or anything that converts to FP32 exactly, e.g. BF16), broadcast
+    together.
+
+    Exact: the product of two FP32 values fits FP64, so ``s = a*b + c`` in FP64
+    rounds once, and ``FP32(s)`` is then the correctly rounded result except
+    where ``s`` is inexact and lands exactly on an FP32 tie (a midpoint, or the
+    overflow threshold): only there does the second rounding see a tie the
+    exact sum did not have. The rare elements that may sit on a tie
+    (:func:`_may_double_round`) are recomputed with the FP64 sum's rounding
+    error (TwoSum) folded in by rounding to odd
+    (:func:`_round_to_odd_sum_f32`); elsewhere the round-to-odd step would
+    move ``s`` at most one FP64 ULP toward the exact sum, never across a tie,
+    so both give the same FP32 bits.
+    """
+    if not (a.dim() or b.dim() or c.dim()):  # 0-d: the tie path indexes a dimension
+        return fma_f32(a.reshape(1), b.reshape(1), c.reshape(1)).reshape(())
+    a64, b64, c64 = (_exact_f64(t) for t in (a, b, c))
+    p = a64 * b64
+    s = p + c64
+    out = s.to(torch.float32)
+    if not out.numel():
+        return out
+    tie = _may_double_round(s, out)
+    if tie.view(torch.uint8).max():  # bool.any() is several times slower
+        where = tie.nonzero(as_tuple=True)
+        out[where] = _round_to_odd_sum_f32(p.expand(s.shape)[where], c64.expand(s.shape)[where])
+    return out
 
 
 def _ordered(t: torch.Tensor) -> torch.Tensor:
