@@ -155,16 +155,15 @@ def moe_finalize(
     if routed_scaling_factor != 1.0:
         weights = weights * torch.tensor(routed_scaling_factor, dtype=torch.float32)
     weights = torch.where(held, weights, torch.zeros_like(weights))
-    if gemm2_permuted.shape[0]:
-        rows = gemm2_permuted[idx.clamp(min=0)].to(torch.float32)  # [M, top_k, hidden]
-    else:  # no expert on this rank: every route is -1
-        rows = torch.zeros(m, k_routes, hidden, device=gemm2_permuted.device)
 
     acc = torch.zeros(m, hidden, dtype=torch.float32, device=gemm2_permuted.device)
     for k in range(k_routes):
-        x, w = rows[:, k, :], weights[:, k : k + 1]
-        step = fma_f32(x, w, acc) if fma else x * w + acc
-        acc = torch.where(held[:, k : k + 1], step, acc)
+        here = held[:, k : k + 1]
+        if not bool(here.any()):  # no token's route k is here (always so without experts)
+            continue
+        x, w = gemm2_permuted[idx[:, k].clamp(min=0)], weights[:, k : k + 1]  # BF16 [M, hidden]
+        step = fma_f32(x, w, acc) if fma else x.to(torch.float32) * w + acc
+        acc = torch.where(here, step, acc)
     if shared_output is not None:
         acc = acc + shared_output.to(torch.float32)
     return sanitize_negative_zero(round_bf16(acc))
