@@ -150,8 +150,11 @@ def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     (:func:`_may_double_round`) are recomputed with the FP64 sum's rounding
     error (TwoSum) folded in by rounding to odd
     (:func:`_round_to_odd_sum_f32`); elsewhere the round-to-odd step would
-    move ``s`` at most one FP64 ULP toward the exact sum, never across a tie,
-    so both give the same FP32 bits.
+    move ``s`` at most one FP64 ULP toward the exact sum, never across a tie
+    (ties are FP64 values) nor onto one (it moves to an odd last bit; a tie
+    ends in 28 zero bits), so both give the same FP32 bits: NaN payloads and
+    signs of zeros included, since ``s`` is computed by the same operations.
+    tests/test_fma_f32.py holds the whole-tensor algorithm as the oracle.
     """
     if not (a.dim() or b.dim() or c.dim()):  # 0-d: the tie path indexes a dimension
         return fma_f32(a.reshape(1), b.reshape(1), c.reshape(1)).reshape(())
