@@ -32,7 +32,8 @@ submit --working-dir`` uploads no .git).
 
 Exit status: 0 when every case passed (or was skipped with its reason), 1 on
 any wrong element, hang, error or regression, 2 on bad usage (nothing is
-written then).
+written then), 143 when stopped by SIGTERM (within
+``jobs.embedded.TERM_GRACE_S``).
 """
 
 from __future__ import annotations
