@@ -20,7 +20,8 @@
 # those ops; PART_TIMEOUT_S (default 570) bounds each part (timeout's SIGTERM
 # reaches the driver and its Ray cluster at once: the driver writes its closing
 # line and accounting and exits 143 within jobs.embedded.TERM_GRACE_S, 20 s,
-# inside the 30 s before `-k 30`'s SIGKILL); CALL_BUDGET_S
+# inside the 30 s before `-k 30`'s SIGKILL: the part's exit is then timeout's
+# 124; 137 would mean the SIGKILL was needed); CALL_BUDGET_S
 # bounds the whole invocation (each part gets what is left, none starts with
 # less than 60 s), so that one device call runs `all` as far as it goes and
 # the next `RESUME=1 ... all` picks up there (a finished part's cases are
