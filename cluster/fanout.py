@@ -102,12 +102,14 @@ class Fanout:
         self._alive = alive
 
     @classmethod
-    def for_backend(cls, backend: str, *, max_parallel: int | None = None) -> "Fanout":
+    def for_backend(cls, backend: str, *, max_parallel: int | None = None,
+                    per_unit: int = 1) -> "Fanout":
         """Capacity from the cluster; ``max_parallel`` defaults to the total
-        units (unbounded capacity: 1, the sequential behaviour)."""
+        units times ``per_unit`` (how many groups may share a unit;
+        unbounded capacity: 1, the sequential behaviour)."""
         capacity = node_units(backend)
         if max_parallel is None:
-            max_parallel = max(1, int(sum(capacity.values()))) if capacity else 1
+            max_parallel = max(1, int(sum(capacity.values()) * per_unit)) if capacity else 1
         return cls(capacity, max_parallel=max_parallel)
 
     def _fit(self, units: float) -> tuple[str | None | bool, str | None]:

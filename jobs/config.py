@@ -139,9 +139,14 @@ class Case:
 
     @property
     def group_key(self) -> tuple:
-        """Cases with the same key run on one TP group, in suite order."""
+        """Cases with the same key run on one TP group, in suite order: the
+        op's fields that only pick a rank's kernel (``Field.kernel_only``,
+        e.g. all_reduce_norm's mode) do not split groups."""
+        fields = registry.get(self.op).fields
+        shared = tuple((k, v) for k, v in self.op_args
+                       if not (k in fields and fields[k].kernel_only))
         return (self.op, self.variant, self.transport, self.placement, self.tp, self.hidden,
-                self.top_k, self.hc, self.dtype, self.op_args)
+                self.top_k, self.hc, self.dtype, shared)
 
     def op_fields(self) -> dict[str, Any]:
         """The op's case fields this case sets (cluster.cases.make_case adds

@@ -109,3 +109,19 @@ def test_rows_from_a_result_with_a_pass_a_hang_and_a_wrong_answer(tmp_path):
     assert "repeat 0 (eager): fail; outputs outside the contract on ranks [2]" in wrong["reason"]
     assert "mailbox not all sentinel" in rows[2]["reason"]
     assert run.counts == {"pass": 1, "hang": 1, "fail": 2}
+
+
+def test_one_virtual_task_carries_both_modes_each_case_its_own():
+    """A mixed-mode group (mode is kernel-only) is one task: the spec's
+    fields leave the mode out, each case carries its own, and the task
+    validates each case's fields before any CUDA work."""
+    group = [dataclasses.replace(c, op_args=(("mode", mode),))
+             for c in GROUP for mode in ("one_shot", "owner")]
+    assert len({c.group_key for c in group}) == 1
+    spec = virtual_spec(group)
+    validate_spec(spec)
+    assert "mode" not in spec["fields"]
+    assert [c["fields"]["mode"] for c in spec["cases"]] == ["one_shot", "owner"] * len(GROUP)
+    spec["cases"][1]["fields"] = {"mode": "two_shot"}
+    with pytest.raises(ValueError, match="mode = 'two_shot' is not valid"):
+        validate_spec(spec)

@@ -58,11 +58,7 @@ def validate_spec(spec: Mapping) -> None:
     if not op.virtual_ranks:
         raise ValueError(f"op {op.name} has no virtual-ranks form (it is not a collective)")
     fields = dict(spec.get("fields", {}))
-    unknown = sorted(set(fields) - set(op.fields))
-    if unknown:
-        raise ValueError(f"virtual-ranks spec: op {op.name} has no fields {unknown}; "
-                         f"its fields: {sorted(op.fields)}")
-    op.case_fields(fields)
+    _check_fields(op, fields, "spec")
     if spec["tp"] not in (1, 2, 4, 8):
         raise ValueError(f"tp must be one of 1, 2, 4, 8, got {spec['tp']}")
     if spec["watchdog_ns"] < 0:
@@ -76,13 +72,25 @@ def validate_spec(spec: Mapping) -> None:
                              f"got {c['tokens']}")
         if not c["seeds"]:
             raise ValueError("a case needs at least one seed (one call)")
+        if c.get("fields"):
+            _check_fields(op, {**fields, **c["fields"]}, f"case {dict(c)}")
+
+
+def _check_fields(op, fields: Mapping, what: str) -> None:
+    unknown = sorted(set(fields) - set(op.fields))
+    if unknown:
+        raise ValueError(f"virtual-ranks {what}: op {op.name} has no fields {unknown}; "
+                         f"its fields: {sorted(op.fields)}")
+    op.case_fields(dict(fields))
 
 
 def run_group(spec: Mapping) -> dict:
     """See the module docstring. ``spec``: ``tp``, ``hidden``, ``capacity``,
     ``eps``, ``watchdog_ns`` (0: the plain consumer), ``op`` and ``fields``
     (optional), ``cases``: a list of ``{"tokens", "inputs", "seeds": [one
-    per call]}``."""
+    per call]}`` and optionally the case's own ``fields`` (the op's
+    kernel-only fields, e.g. all_reduce_norm's mode: one kernel, with its
+    own mailboxes, per distinct set, built on first use)."""
     import torch
 
     from cluster import ops
@@ -91,12 +99,17 @@ def run_group(spec: Mapping) -> dict:
     validate_spec(spec)
     tp, hidden, capacity = int(spec["tp"]), int(spec["hidden"]), int(spec["capacity"])
     op = ops.get(spec.get("op", "all_reduce_norm"))
-    fields = {"op": op.name, "eps": float(spec["eps"]), **dict(spec.get("fields", {}))}
-    kernel = op.module().VirtualKernel(tp=tp, hidden=hidden, capacity=capacity,
-                                       watchdog_ns=int(spec["watchdog_ns"]),
-                                       case=make_case(capacity=capacity, tokens=1, **fields))
+    group_fields = {"op": op.name, "eps": float(spec["eps"]), **dict(spec.get("fields", {}))}
+    kernels: dict[tuple, object] = {}  # one VirtualKernel (own mailboxes) per kernel-only fields
     results = []
     for c in spec["cases"]:
+        fields = {**group_fields, **dict(c.get("fields", {}))}
+        key = tuple(sorted(fields.items()))
+        if key not in kernels:
+            kernels[key] = op.module().VirtualKernel(
+                tp=tp, hidden=hidden, capacity=capacity, watchdog_ns=int(spec["watchdog_ns"]),
+                case=make_case(capacity=capacity, tokens=1, **fields))
+        kernel = kernels[key]
         calls = []
         cases = [make_case(capacity=capacity, tokens=int(c["tokens"]), inputs=c["inputs"],
                            seed=int(seed), **fields,

@@ -31,7 +31,8 @@ SPEC = OpSpec(
     inputs=("random", "order_sensitive", "sentinel_pattern"),
     fields={"residual": Field("random", ("random", "zeros"),
                               "zeros: residual_out is BF16(sum) bit for bit"),
-            "mode": Field("one_shot", MODES, "one_shot (all-reduce) or owner (reduce-scatter)")},
+            "mode": Field("one_shot", MODES, "one_shot (all-reduce) or owner (reduce-scatter)",
+                          kernel_only=True)},
     reference="kernels.reference.allreduce:all_reduce_norm",
     compile_variants=("publish", "consumer"),
     baselines=("unfused", "symm_mem", "flashinfer", "one_shot"),  # one_shot: owner mode's

@@ -57,6 +57,12 @@ class Field:
     check: tuple | Callable[[Any], bool]
     """A tuple of choices, or a predicate."""
     doc: str
+    kernel_only: bool = False
+    """True: the field picks the kernel a rank builds, nothing of the TP
+    group (same mailbox, same protocol; every call leaves the mailbox all
+    sentinel), so cases that differ only in it share one group
+    (``jobs.config.Case.group_key``): one group build instead of one per
+    value."""
 
     def validate(self, name: str, value: Any, op: str) -> Any:
         ok = value in self.check if isinstance(self.check, tuple) else self.check(value)
