@@ -21,9 +21,10 @@ re-raised after every other group has finished.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 EMULATED_GPU = "emulated_gpu"
 """Custom resource a simulated node declares for the emulated backend's units."""
@@ -49,6 +50,26 @@ class Span:
     node_id: str | None
     start: float
     end: float
+
+
+def _on_daemon_thread(fn: Callable, *args, name: str) -> Future:
+    """``fn(*args)`` on a daemon thread of its own; its Future. Daemon: a
+    task an interrupted run leaves behind (e.g. in a Ray call to a GCS that
+    got the driver's SIGTERM too) must not hold the process at exit, which
+    a ThreadPoolExecutor's workers do (they are joined at interpreter exit,
+    whatever ``shutdown(wait=False)`` says)."""
+    future: Future = Future()
+
+    def body() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            result = fn(*args)
+        except BaseException as err:
+            future.set_exception(err)
+        else:
+            future.set_result(result)
+    threading.Thread(target=body, name=name, daemon=True).start()
+    return future
 
 
 def node_units(backend: str) -> dict[str, float] | None:
@@ -81,12 +102,14 @@ class Fanout:
         self._alive = alive
 
     @classmethod
-    def for_backend(cls, backend: str, *, max_parallel: int | None = None) -> "Fanout":
+    def for_backend(cls, backend: str, *, max_parallel: int | None = None,
+                    per_unit: int = 1) -> "Fanout":
         """Capacity from the cluster; ``max_parallel`` defaults to the total
-        units (unbounded capacity: 1, the sequential behaviour)."""
+        units times ``per_unit`` (how many groups may share a unit;
+        unbounded capacity: 1, the sequential behaviour)."""
         capacity = node_units(backend)
         if max_parallel is None:
-            max_parallel = max(1, int(sum(capacity.values()))) if capacity else 1
+            max_parallel = max(1, int(sum(capacity.values()) * per_unit)) if capacity else 1
         return cls(capacity, max_parallel=max_parallel)
 
     def _fit(self, units: float) -> tuple[str | None | bool, str | None]:
@@ -119,11 +142,11 @@ class Fanout:
         tell their groups to stop after the case in hand:
         ``jobs.harness.Run.stop``), then at most ``stop_wait_s`` for the
         running tasks to end, and the exception goes on (a task still running
-        is left to end on its own)."""
+        is left to end on its own: a daemon thread, it does not hold the
+        process at exit)."""
         pending = list(tasks)
         running: dict = {}
         failures: list[BaseException] = []
-        pool = ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="tp-group")
         try:
             while pending or running:
                 i = 0
@@ -140,7 +163,7 @@ class Fanout:
                     if node is not None:
                         self.free[node] -= task.units
                     pending.pop(i)
-                    fut = pool.submit(task.run, node)
+                    fut = _on_daemon_thread(task.run, node, name=f"tp-group {task.label}")
                     running[fut] = (task, node, time.monotonic())
                     self.peak = max(self.peak, len(running))
                 if not running:  # nothing runs and nothing fits: capacity left with a node
@@ -161,9 +184,7 @@ class Fanout:
                 on_interrupt()
             if running:
                 wait(running, timeout=stop_wait_s)
-            pool.shutdown(wait=False, cancel_futures=True)
             raise
-        pool.shutdown(wait=True)
         if failures:
             raise failures[0]
 

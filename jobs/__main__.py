@@ -32,7 +32,8 @@ submit --working-dir`` uploads no .git).
 
 Exit status: 0 when every case passed (or was skipped with its reason), 1 on
 any wrong element, hang, error or regression, 2 on bad usage (nothing is
-written then).
+written then), 143 when stopped by SIGTERM (within
+``jobs.embedded.TERM_GRACE_S``).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ from pathlib import Path
 
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
 from jobs.head import DEFAULT_HEAD_DIR, HEAD_DIR_ENV
-from jobs.options import (DEFAULT_RESULTS, add_results_arguments, int_list, open_results,
-                          positive_number, positive_seconds, report, str_list)
+from jobs.options import (DEFAULT_RESULTS, add_results_arguments, groups_per_gpu, int_list,
+                          open_results, positive_number, positive_seconds, report, str_list)
 
 DEFAULT_SITE = Path("site")
 
@@ -86,6 +87,9 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
                    help="refuse a TP group whose estimated memory per node exceeds this "
                         "(default: LAMPORT_MEMORY_LIMIT_GB, else the suite's memory_limit_gb, "
                         "else half of this machine's RAM or /dev/shm; see jobs/sizing.py)")
+    p.add_argument("--groups-per-gpu", type=groups_per_gpu, default=1, metavar="N",
+                   help="one-GPU groups (shared-gpu, virtual-ranks) that may share a GPU at once, "
+                        "each holding 1/N of it; their kernels time-slice (default: %(default)s)")
     from cluster.faults import FAULT_KINDS
     from jobs.config import PLACEMENTS, TRANSPORTS, VARIANTS, input_kinds, op_field_names, op_names
     f = p.add_argument_group(
@@ -215,7 +219,7 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
         runners["correctness"] = functools.partial(trace.run, out=args.trace_out)
     with ray_session(args.address) as how:
         backend, why = resolve_backend(args.backend)
-        view = ClusterView(backend)
+        view = ClusterView(backend, groups_per_gpu=args.groups_per_gpu)
         environment = {**env_info(), **view.columns()}
         run = Run(results=None if args.no_results else args.results, trigger=args.trigger,
                   run_id=args.run_id, backend=backend, environment=environment)

@@ -35,19 +35,24 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
     with run.section(f"correctness: suite {suite.name} v{suite.version}, {len(cases)} case(s) "
                      f"on {len(groups)} group(s), backend {run.backend}", len(cases)):
         fan_out(run, suite, groups.values(),
-                lambda members, node: _run_group(run, suite, members, view, timeout_s, node))
+                lambda members, node: _run_group(run, suite, members, view, timeout_s, node),
+                view=view)
 
 
-def group_units(case: Case) -> float:
+def group_units(case: Case, view: ClusterView) -> float:
     """What a group of ``case`` holds on its node while it runs
-    (cluster.fanout): tp GPUs process per GPU (and tp emulated units), one
-    GPU for the one-GPU placements."""
-    return 1.0 if case.placement in ("shared-gpu", "virtual-ranks") else float(case.tp)
+    (cluster.fanout, ``Placement.units``): tp GPUs process per GPU (and tp
+    emulated units), ``1 / groups_per_gpu`` of a GPU for the one-GPU
+    placements; 1 where the case has no placement (its group records why)."""
+    where = view.resolve(case)
+    return where.units(case.tp) if isinstance(where, Placement) else 1.0
 
 
-def fan_out(run: Run, suite: Suite, groups, body, case_fields=lambda case: {}) -> None:
+def fan_out(run: Run, suite: Suite, groups, body, case_fields=lambda case: {}, *,
+            view: ClusterView) -> None:
     """Run ``body(members, node_id)`` for every group of cases, as many
-    groups at once as the cluster holds (cluster.fanout), each pinned to its
+    groups at once as the cluster holds (cluster.fanout; up to
+    ``view.groups_per_gpu`` one-GPU groups a GPU), each pinned to its
     node; a group no alive node can hold records its cases as errors with
     why. The fan-out's peak goes to the job's closing line (``run.note_fanout``)."""
     from cluster.fanout import Fanout, Task
@@ -60,9 +65,9 @@ def fan_out(run: Run, suite: Suite, groups, body, case_fields=lambda case: {}) -
                            **case_fields(case))
         return record
 
-    fan = Fanout.for_backend(run.backend)
+    fan = Fanout.for_backend(run.backend, per_unit=view.groups_per_gpu)
     fan.run([Task(label=f"{m[0].op} tp={m[0].tp} hidden={m[0].hidden} {m[0].placement}",
-                  units=group_units(m[0]), run=lambda node, m=m: body(m, node),
+                  units=group_units(m[0], view), run=lambda node, m=m: body(m, node),
                   unplaceable=unplaceable(m)) for m in groups], on_interrupt=run.stop)
     run.note_fanout(fan)
 
@@ -300,7 +305,7 @@ def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,
     spec = virtual_spec(members)
     calls = sum(len(c["seeds"]) for c in spec["cases"])
     deadline = timeout_s * calls + VIRTUAL_COMPILE_S
-    out, failed = gpu_task(virtual.run_group, spec, deadline)
+    out, failed = gpu_task(virtual.run_group, spec, deadline, gpus=where.gpus_per_rank)
     if failed:
         kind, why = failed
         for case in members:

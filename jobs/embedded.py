@@ -22,6 +22,8 @@ Cleanup, whichever way the driver ends:
   (the driver's descendants that appeared after the start) gets SIGTERM
   and, after ``GRACE_S``, SIGKILL (Ray's dashboard and runtime-env agents
   ignore SIGTERM); then the mailbox segments of this driver's groups go;
+- a SIGTERM driver whose cleanup has not ended ``TERM_GRACE_S`` after the
+  signal exits anyway (``terminate_raises``), and its watchdog does the rest;
 - on SIGKILL of the driver, a watchdog process (``python -m jobs.embedded
   --watch``, started before Ray, in its own session) sees its pipe from the
   driver close, and does the same;
@@ -48,6 +50,16 @@ from jobs.config import ConfigError
 
 GRACE_S = 3.0
 """How long the cluster's processes get between SIGTERM and SIGKILL."""
+TERM_GRACE_S = 20.0
+"""How long a driver stopped by SIGTERM gets for its cleanup (closing line,
+accounting, ``ray.shutdown``, the cluster's processes) before it exits with
+143 anyway (``terminate_raises``). GNU ``timeout`` signals the whole process
+group, so the embedded cluster's GCS and raylet get the SIGTERM with the
+driver, and a Ray call of the cleanup may then never return. Rows are
+written per case, atomically: none written is lost. Below the 30 s that
+``timeout -k 30`` (scripts/gpu/nightly_cache.sh) gives before SIGKILL."""
+FLUSH_WAIT_S = 1.0
+"""How long that late exit waits for stdout and stderr to be flushed."""
 WATCH_EVERY_S = 0.5
 TOKEN_ENV = "LAMPORT_RAY_TOKEN_FILE"
 """Where the embedded cluster's token file is (default: token_path())."""
@@ -112,25 +124,64 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+_term_timer: threading.Timer | None = None
+"""The late-exit timer the first SIGTERM armed (None: no SIGTERM yet)."""
+
+
+def _exit_late(grace_s: float, code: int) -> None:
+    """The cleanup after SIGTERM outlived ``grace_s``: flush what the driver
+    printed (at most ``FLUSH_WAIT_S``; a stuck writer holds its stream's
+    lock), say so on stderr, ``os._exit(code)``."""
+    def flush() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    flusher = threading.Thread(target=flush, name="sigterm-flush", daemon=True)
+    flusher.start()
+    flusher.join(FLUSH_WAIT_S)
+    with contextlib.suppress(OSError):
+        os.write(2, f"SIGTERM: cleanup did not finish within {grace_s:g} s; exiting {code} "
+                    f"(rows written so far are kept)\n".encode())
+    os._exit(code)
+
+
+def _already_terminating(signum, frame) -> None:
+    """SIGTERM again while the first one's cleanup runs: the cleanup goes
+    on, bounded by the timer the first one armed."""
+
+
 @contextlib.contextmanager
-def terminate_raises() -> Iterator[None]:
-    """SIGTERM ends the driver through SystemExit (so every ``finally``
+def terminate_raises(grace_s: float = TERM_GRACE_S) -> Iterator[None]:
+    """SIGTERM ends the driver through SystemExit(143) (so every ``finally``
     runs: a job section's closing line and accounting, the cluster's
-    cleanup). Enter it again once ``ray.init`` has returned: the core worker
-    installs its own SIGTERM handler there (a C++ stack dump, then death,
-    no ``finally``)."""
+    cleanup), and arms a daemon timer that ends a process still alive
+    ``grace_s`` later with a line on stderr and ``os._exit(143)`` (a cleanup
+    blocked on a Ray process that got the same signal; the embedded
+    cluster's watchdog then stops what is left). One timer per process: a later SIGTERM
+    neither raises (it would cut the cleanup short) nor rearms it, and once
+    a SIGTERM came, leaving the block keeps further ones ignored rather than
+    restoring the previous handler. Enter it again once ``ray.init`` has
+    returned: the core worker installs its own SIGTERM handler there (a C++
+    stack dump, then death, no ``finally``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_term(signum, frame):
+        global _term_timer
+        if _term_timer is not None:
+            return
+        _term_timer = threading.Timer(grace_s, _exit_late, (grace_s, 128 + signum))
+        _term_timer.name = "sigterm-grace"
+        _term_timer.daemon = True
+        _term_timer.start()
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous if _term_timer is None else _already_terminating)
 
 
 class Watchdog:

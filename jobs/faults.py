@@ -62,7 +62,7 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
                      f"on {len(groups)} group(s), backend {run.backend}", len(cases)):
         fan_out(run, suite, groups.values(),
                 lambda members, node: _run_group(run, suite, members, view, timeout_s, node),
-                lambda case: {"fault_kind": case.fault})
+                lambda case: {"fault_kind": case.fault}, view=view)
 
 
 def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.config import Case, ConfigError, Suite
+from jobs.options import check_groups_per_gpu
 from jobs.table import Col, Table
 
 UsageError = ConfigError
@@ -55,14 +56,15 @@ def error_text(err: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def gpu_task(fn, spec: dict, timeout_s: float) -> tuple[Any, tuple[str, str] | None]:
-    """Run ``fn(spec)`` as a Ray task holding one whole GPU and wait at most
+def gpu_task(fn, spec: dict, timeout_s: float, *, gpus: float = 1.0
+             ) -> tuple[Any, tuple[str, str] | None]:
+    """Run ``fn(spec)`` as a Ray task holding ``gpus`` of one GPU and wait at most
     ``timeout_s``. Returns ``(result, None)``, or ``(None, (outcome, reason))``:
     past the deadline the task is cancelled with force (its process ends, and
     a spinning kernel with it) and the outcome is ``hang``; an AssertionError
     raised in the task (a wrong answer) is ``fail``; anything else ``error``."""
     import ray
-    ref = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(fn).remote(spec)
+    ref = ray.remote(num_gpus=gpus, num_cpus=0, max_retries=0)(fn).remote(spec)
     try:
         return ray.get(ref, timeout=timeout_s), None
     except ray.exceptions.GetTimeoutError as err:
@@ -161,10 +163,18 @@ def resolve_backend(requested: str) -> tuple[str, str]:
 class Placement:
     name: str
     gpus_per_rank: float
+    """Of one GPU, per rank actor; virtual ranks: the one task's share."""
     collective_speed: bool
     """False where timings cannot be a collective's speed (DESIGN.md:
     virtual ranks and shared-GPU placements land every peer store in one
     GPU's L2; emulated ranks are numpy)."""
+
+    def units(self, tp: int) -> float:
+        """What a group of ``tp`` ranks here holds on its node while it runs
+        (cluster.fanout): its GPUs (emulated: tp units of ``EMULATED_GPU``)."""
+        if self.name == "emulated":
+            return float(tp)
+        return self.gpus_per_rank * (1 if self.name == "virtual-ranks" else tp)
 
 
 _TOPOLOGY_NAMES = {"process-per-gpu": "process_per_gpu", "shared-gpu": "shared_gpu",
@@ -174,10 +184,18 @@ _TOPOLOGY_NAMES = {"process-per-gpu": "process_per_gpu", "shared-gpu": "shared_g
 class ClusterView:
     """What the jobs need to know about the cluster: the backend, the
     topology (``cluster.topology.discover_cluster()`` when that module
-    exists; else Ray's GPU counts) and so where a case's ranks can go."""
+    exists; else Ray's GPU counts) and so where a case's ranks can go.
 
-    def __init__(self, backend: str) -> None:
+    ``groups_per_gpu``: how many one-GPU groups (shared GPU, virtual ranks)
+    may share one GPU at once; each then holds ``1 / groups_per_gpu`` of it
+    (Ray's fractional GPUs; their kernels time-slice, so correctness only:
+    no such placement's timing is a collective's speed anyway). Process per
+    GPU always holds whole GPUs."""
+
+    def __init__(self, backend: str, *, groups_per_gpu: int = 1) -> None:
+        check_groups_per_gpu(groups_per_gpu)
         self.backend = backend
+        self.groups_per_gpu = groups_per_gpu
         self.topology = None
         self.topology_error = None
         _, self.gpus_per_node = cluster_gpus()
@@ -233,7 +251,7 @@ class ClusterView:
                         f"kernels VirtualRanks); {case.job} needs rank actors")
             if not self.gpus_per_node:
                 return "no GPU to place the virtual ranks on"
-            return [Placement("virtual-ranks", 1.0, False)]
+            return [Placement("virtual-ranks", 1.0 / self.groups_per_gpu, False)]
         wanted = (["process-per-gpu", "shared-gpu"] if case.placement == "auto"
                   else [case.placement])
         found, reasons = [], []
@@ -242,8 +260,9 @@ class ClusterView:
                 continue
             why = self._fits(name, case.tp)
             if why is None:
-                found.append(Placement(name, 1.0 if name == "process-per-gpu" else 1.0 / case.tp,
-                                       name == "process-per-gpu"))
+                found.append(Placement(
+                    name, 1.0 if name == "process-per-gpu" else
+                    1.0 / (case.tp * self.groups_per_gpu), name == "process-per-gpu"))
             else:
                 reasons.append(why)
         return found or "; ".join(reasons) or f"no placement for tp={case.tp}"

@@ -64,6 +64,28 @@ def positive_number(text: str, what: str = "") -> float:
     return value
 
 
+MAX_GROUPS_PER_GPU = 8
+"""Most one-GPU groups ``--groups-per-gpu`` lets share one GPU."""
+
+
+def check_groups_per_gpu(value) -> int:
+    """``value`` if it is an int in 1..MAX_GROUPS_PER_GPU, else ValueError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) \
+            or not 1 <= value <= MAX_GROUPS_PER_GPU:
+        raise ValueError(f"groups_per_gpu must be an integer in 1..{MAX_GROUPS_PER_GPU}, "
+                         f"got {value!r}")
+    return value
+
+
+def groups_per_gpu(text: str) -> int:
+    """``--groups-per-gpu``: an integer in 1..MAX_GROUPS_PER_GPU."""
+    try:
+        return check_groups_per_gpu(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer in 1..{MAX_GROUPS_PER_GPU}, got {text!r}") from None
+
+
 def add_results_arguments(p: argparse.ArgumentParser, *, suite: str) -> None:
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
                    help="results dataset directory (hive-partitioned Parquet; default: %(default)s)")

@@ -7,8 +7,12 @@ its own groups' cases."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +67,37 @@ def test_unbounded_fanout_is_sequential_by_default():
     fan = Fanout(None, max_parallel=1, alive=set)
     fan.run([_task("x", 4, log), _task("y", 4, log)])
     assert [x[0] for x in log] == ["start", "end", "start", "end"] and fan.peak == 1
+
+
+LEFT_BEHIND = """
+import signal, sys, threading
+from cluster.fanout import Fanout, Task
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+
+def run(node):
+    print("running", flush=True)
+    threading.Event().wait()  # a group stuck in a Ray call to a GCS that is gone
+
+Fanout(None, max_parallel=2).run([Task("stuck", 1, run, print)], stop_wait_s=0.5,
+                                 on_interrupt=lambda: print("interrupted", flush=True))
+"""
+
+
+def test_a_group_an_interrupted_run_leaves_behind_does_not_hold_the_process():
+    repo = Path(__file__).resolve().parents[1]
+    job = subprocess.Popen([sys.executable, "-c", LEFT_BEHIND], cwd=repo, text=True,
+                           env={**os.environ, "PYTHONPATH": str(repo)},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert job.stdout.readline() == "running\n"
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=30)  # a pool worker still running is joined at exit: forever
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    out = job.stdout.read()
+    assert job.returncode == 143 and out == "interrupted\n", out
 
 
 def test_peak_overlap():

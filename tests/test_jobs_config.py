@@ -175,7 +175,7 @@ def test_the_command_line_itself_exits_2_with_a_message(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def _view(gpus: int, backend: str = "gpu"):
+def _view(gpus: int, backend: str = "gpu", groups_per_gpu: int = 1):
     """A ClusterView over a fake one-node topology of ``gpus`` NVLinked GPUs."""
     from cluster.topology import GpuInfo, NodeInfo, Topology
     from jobs.harness import ClusterView
@@ -186,7 +186,7 @@ def _view(gpus: int, backend: str = "gpu"):
                   for i in range(gpus)))
     view = ClusterView.__new__(ClusterView)
     view.backend, view.topology, view.topology_error = backend, Topology((node,)), None
-    view.gpus_per_node = gpus
+    view.gpus_per_node, view.groups_per_gpu = gpus, groups_per_gpu
     return view
 
 
@@ -248,3 +248,59 @@ def test_kernel_only_fields_do_not_split_groups():
            if c.op == "all_reduce_mhc"]
     split = dataclasses.replace(mhc[0], hc=(mhc[0].hc or 4) * 2)
     assert split.group_key != mhc[0].group_key
+
+
+def test_one_gpu_groups_share_a_gpu_when_asked(monkeypatch):
+    """--groups-per-gpu N: a shared-GPU or virtual-ranks group holds 1/N of
+    its GPU (Ray's fractional GPUs, the fan-out's units), N such groups run
+    on one GPU at once; process per GPU keeps whole GPUs."""
+    import dataclasses
+
+    from cluster.fanout import Fanout, Task
+    from jobs.correctness import group_units
+    from jobs.harness import ClusterView
+    from jobs.options import check_groups_per_gpu
+    suite = load_suite(suite_path("nightly"))
+    tp = {c.tp: c for c in suite.of("correctness")
+          if c.op == "all_reduce_norm" and c.placement == "auto"}
+    two = _view(2, groups_per_gpu=2)
+    shared = dataclasses.replace(tp[4], placement="shared-gpu")
+    virtual = dataclasses.replace(tp[4], placement="virtual-ranks")
+    ppg = dataclasses.replace(tp[2], placement="process-per-gpu")
+    assert two.resolve(shared).gpus_per_rank == 0.125 and group_units(shared, two) == 0.5
+    assert two.resolve(virtual).gpus_per_rank == 0.5 and group_units(virtual, two) == 0.5
+    assert two.resolve(ppg).gpus_per_rank == 1.0 and group_units(ppg, two) == 2.0
+    assert group_units(shared, _view(2)) == group_units(virtual, _view(2)) == 1.0
+    # Two GPUs, two groups a GPU: four one-GPU groups at once, never five.
+    import cluster.fanout
+    monkeypatch.setattr(cluster.fanout, "node_units", lambda backend: {"n0": 2.0})
+    fan = Fanout.for_backend("gpu", per_unit=2)
+    assert fan.max_parallel == 4 and Fanout.for_backend("gpu").max_parallel == 2
+    fan._alive = lambda: {"n0"}
+    import threading
+    import time
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def body(node):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+    fan.run([Task(f"g{i}", 0.5, body, lambda why: None) for i in range(8)])
+    assert fan.peak == peak[0] == 4
+    for bad in (0, 9, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="groups_per_gpu must be an integer in 1..8"):
+            check_groups_per_gpu(bad)
+    with pytest.raises(ValueError, match="got 0"):
+        ClusterView("gpu", groups_per_gpu=0)  # refused before Ray is asked anything
+
+
+def test_groups_per_gpu_is_checked_on_the_command_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "jobs", "correctness", "--suite", "smoke",
+                           "--groups-per-gpu", "9", "--results", str(tmp_path / "r")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--groups-per-gpu: expected an integer in 1..8, got '9'" in done.stderr
+    assert not (tmp_path / "r").exists()

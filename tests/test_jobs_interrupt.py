@@ -2,7 +2,10 @@
 nightly part on the GPU machine ends when its time is up): its groups stop
 after the case in hand, the section's closing line and accounting are
 written (marked interrupted), every row written is a whole case, and
-``--resume`` completes the run with each case once."""
+``--resume`` completes the run with each case once. The exit is bounded
+(``jobs.embedded.TERM_GRACE_S``), also when the signal went to the whole
+process group (GNU ``timeout``) and the Ray cluster's own processes died
+with the driver."""
 
 from __future__ import annotations
 
@@ -11,11 +14,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from jobs.embedded import TERM_GRACE_S
 from jobs.results import read_results, runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,3 +61,105 @@ def test_sigterm_ends_the_job_with_its_accounting_and_resume_completes_it(tmp_pa
     manifest = runs.read_manifest(results, "cut")
     assert manifest["status"] == "finished"
     assert sum(a["cases"] for a in manifest["accounting"]) == len(rows)
+
+
+BLOCKED_CLEANUP = """
+import sys, time
+from jobs.embedded import terminate_raises
+with terminate_raises(grace_s=float(sys.argv[1])):
+    try:
+        print("ready", flush=True)
+        time.sleep(600)
+    finally:
+        print("cleanup started", flush=True)
+        print("closing line, still in the buffer")
+        try:
+            time.sleep(600)  # a cleanup that never ends: a Ray call to a GCS that is gone
+        except BaseException as err:
+            print(f"cleanup cut by {err!r}", flush=True)
+            raise
+"""
+
+
+def test_a_cleanup_that_blocks_after_sigterm_ends_at_the_grace_with_143(tmp_path):
+    grace_s, second_after_s = 4.0, 2.0
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED_CLEANUP)
+    job = subprocess.Popen([sys.executable, str(script), str(grace_s)], cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline() == "ready\n"
+        job.send_signal(signal.SIGTERM)
+        first = time.monotonic()
+        assert job.stdout.readline() == "cleanup started\n"
+        time.sleep(max(0.0, first + second_after_s - time.monotonic()))
+        job.send_signal(signal.SIGTERM)  # neither cuts the cleanup nor rearms the timer
+        job.wait(timeout=grace_s + 30)
+        took = time.monotonic() - first
+        out, err = job.stdout.read(), job.stderr.read()  # (communicate skips what readline buffered)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 128 + signal.SIGTERM, (out, err)
+    assert grace_s <= took < grace_s + second_after_s, took  # rearmed: >= 6 s
+    assert "closing line, still in the buffer" in out  # flushed before os._exit
+    assert "cleanup cut" not in out
+    assert f"SIGTERM: cleanup did not finish within {grace_s:g} s; exiting 143" in err
+
+
+def _session(sid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getsid(int(name)) == sid:
+                    found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_ends_the_driver_within_the_grace(tmp_path):
+    """GNU timeout's SIGTERM reaches the driver and its embedded cluster's
+    GCS, raylet and workers at once: the driver still writes its closing
+    line, exits 143 within TERM_GRACE_S, and leaves no process behind."""
+    argv = [sys.executable, "-m", "jobs", "correctness", "--suite", "smoke", "--backend",
+            "emulated", "--ops", "all_reduce_norm", "--results", str(tmp_path / "results")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    job = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen = []
+        for line in job.stdout:  # the case rows as they end: stop after the third
+            seen.append(line)
+            if sum(s.startswith("correctness ") for s in seen) == 3:
+                break
+        os.killpg(job.pid, signal.SIGTERM)
+        killed = time.monotonic()
+        rest = []
+        reader = threading.Thread(target=lambda: rest.append(job.stdout.read()), daemon=True)
+        reader.start()
+        job.wait(timeout=TERM_GRACE_S + 15)
+        took = time.monotonic() - killed
+        reader.join(timeout=15)
+        out = "".join(seen + rest)
+        deadline = time.monotonic() + 10
+        while _session(job.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _session(job.pid)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    backstop = "SIGTERM: cleanup did not finish" in out
+    print(f"\nfigure: killpg(SIGTERM) of the driver's process group: exit "
+          f"{job.returncode} after {took:.1f} s ({'the grace timer' if backstop else 'its cleanup'} "
+          f"ended it; TERM_GRACE_S {TERM_GRACE_S:g} s)")
+    assert job.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert took < TERM_GRACE_S + 10, out[-3000:]
+    assert "case(s) before it was interrupted" in out, out[-3000:]
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left]

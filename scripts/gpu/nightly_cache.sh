@@ -17,7 +17,14 @@
 # (compiled vs served from the cache) and how many kernels the cache holds;
 # each part's full log goes to $OUT/nightly_<pass>_<part>.log, and the rows
 # and pages so far to $OUT/results-<pass>.tgz. OPS=a,b narrows a part to
-# those ops; PART_TIMEOUT_S (default 570) bounds each part; CALL_BUDGET_S
+# those ops; GROUPS_PER_GPU=N lets N one-GPU groups share a GPU in the
+# correctness parts (1, 2; `--groups-per-gpu`, default 1; the fault campaign
+# keeps whole GPUs: its hangs would slow a neighbour's calls);
+# PART_TIMEOUT_S (default 570) bounds each part (timeout's SIGTERM reaches the
+# driver and its Ray cluster at once: the driver writes its closing line and
+# accounting and exits 143 within jobs.embedded.TERM_GRACE_S, 20 s, inside the
+# 30 s before `-k 30`'s SIGKILL: the part's exit is then timeout's 124; 137
+# would mean the SIGKILL was needed); CALL_BUDGET_S
 # bounds the whole invocation (each part gets what is left, none starts with
 # less than 60 s), so that one device call runs `all` as far as it goes and
 # the next `RESUME=1 ... all` picks up there (a finished part's cases are
@@ -42,8 +49,8 @@ if { [ "$part" = 1 ] || [ "$part" = all ]; } && [ -z "${RESUME:-}" ]; then
 fi
 args_of() {
   case "$1" in
-    1) echo "--jobs selfcheck,compile-check,correctness --ops ${OPS:-all_reduce_norm}" ;;
-    2) echo "--jobs correctness --ops ${OPS:-finalize_publish,embed_norm,all_reduce_mhc,indexer}" ;;
+    1) echo "--jobs selfcheck,compile-check,correctness --ops ${OPS:-all_reduce_norm} --groups-per-gpu ${GROUPS_PER_GPU:-1}" ;;
+    2) echo "--jobs correctness --ops ${OPS:-finalize_publish,embed_norm,all_reduce_mhc,indexer} --groups-per-gpu ${GROUPS_PER_GPU:-1}" ;;
     3) echo "--jobs faults ${OPS:+--ops $OPS}" ;;
     4) echo "--jobs profile ${OPS:+--ops $OPS}" ;;
   esac
