@@ -132,7 +132,7 @@ def _may_double_round(s: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
     magnitude = torch.bitwise_and(bits(rounded), _F32_MAGNITUDE)
     # 1 <= magnitude <= 2^23, i.e. 0 <= magnitude - 1 < 2^23.
     magnitude.sub_(1).bitwise_right_shift_(_F32_NORMAL_MIN_LOG2)
-    return mask.logical_or_(magnitude == 0)
+    return mask.logical_or_(torch.logical_not(magnitude))  # == 0, at half the cost
 
 
 def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
