@@ -161,12 +161,11 @@ def test_normal_midpoints_with_rounding_error():
     assert_exact(a, b, c, got, range(0, len(c), 41))
 
 
-def test_midpoints_from_a_dominant_product():
-    """``a * b`` (up to 48 bits) sits within 2^-30 (relative) of an FP32
-    midpoint; a tiny ``c`` one of its own ULPs off the exact difference makes
-    the sum inexact on the midpoint."""
-    g = torch.Generator().manual_seed(4)
-    n = 400_000
+def product_dominant_cases(g, n):
+    """``a * b`` (up to 48 bits) within 2^-30 (relative) of an FP32 midpoint,
+    ``d`` the exact distance to it and ``c`` one of its own ULPs off ``d``
+    (alternately up and down): ``a * b + c`` is inexact on the midpoint.
+    Returns ``(a, b, c, d)``; about 1.5 % of the ``n`` drawn pairs qualify."""
     a = f32_from_parts(torch.ones(n, dtype=torch.int64), torch.randint(-30, 40, (n,), generator=g),
                        torch.randint(0, 1 << 23, (n,), generator=g))
     b = f32_from_parts(torch.where(torch.rand(n, generator=g) < 0.5, -1, 1),
@@ -178,29 +177,35 @@ def test_midpoints_from_a_dominant_product():
     d = midpoint - p  # exact: p and midpoint share their top bits
     same_binade = torch.floor(torch.log2(midpoint.abs())) == e  # else it is an FP32 value
     keep = same_binade & (d != 0) & (d.abs() < torch.exp2(e - 30))
-    a, b, p, e, d, midpoint = a[keep], b[keep], p[keep], e[keep], d[keep], midpoint[keep]
+    a, b, p, d, midpoint = a[keep], b[keep], p[keep], d[keep], midpoint[keep]
     assert torch.equal(d.float().double(), d)
     nudge = torch.exp2(torch.floor(torch.log2(d.abs())) - 23)
     side = torch.where(torch.arange(len(d)) % 2 == 0, 1.0, -1.0).double()
     c = (d + side * nudge).float()
     assert torch.equal(c.double(), d + side * nudge)
-    s = p + c.double()
-    assert torch.equal(s, midpoint) and bool((rounding_error(a, b, c) != 0).all())
+    assert torch.equal(p + c.double(), midpoint) and bool((rounding_error(a, b, c) != 0).all())
+    return a, b, c, d.float()
+
+
+def test_midpoints_from_a_dominant_product():
+    """A tiny ``c`` puts a product that nearly sits on an FP32 midpoint exactly
+    on it in FP64, with a rounding error (:func:`product_dominant_cases`)."""
+    a, b, c, d = product_dominant_cases(torch.Generator().manual_seed(4), 400_000)
     got = assert_same_bits(a, b, c)
     bites = int((naive(a, b, c) != got).sum())
     assert bites > 1_000, bites
     assert_exact(a, b, c, got, range(0, len(c), max(1, len(c) // 500)))
     # Exactly on the midpoint (c = d): no rounding error, nearest-even is right.
-    got = assert_same_bits(a, b, d.float())
-    assert torch.equal(got, naive(a, b, d.float()))
+    got = assert_same_bits(a, b, d)
+    assert torch.equal(got, naive(a, b, d))
 
 
-def test_subnormal_midpoints_with_rounding_error():
+def subnormal_midpoint_cases(g, n):
     """Below 2^-126 the FP32 ULP is 2^-149 and the midpoints are the odd
     multiples of 2^-150; an inexact FP64 sum can land on one from 2^-143 up
-    (a * b = 2^-150 (1 - u^2 2^-46) needs u^2 2^-196 under half an FP64 ULP)."""
-    g = torch.Generator().manual_seed(5)
-    n = 20_000
+    (``a * b = 2^-150 (1 - u^2 2^-46)`` needs ``u^2 2^-196`` under half an FP64
+    ULP). ``c = k 2^-149``, the exact sum strictly between ``c`` and a
+    midpoint; the first is the largest subnormal (odd) heading for 2^-126."""
     k = torch.randint(1 << 7, 1 << 23, (n,), generator=g)  # c = k 2^-149
     k[:4] = torch.tensor([(1 << 23) - 1, (1 << 23) - 2, (1 << 22) + 1, 1 << 7])
     sign = torch.where(torch.rand(n, generator=g) < 0.5, -1, 1)
@@ -214,7 +219,11 @@ def test_subnormal_midpoints_with_rounding_error():
     c, sign, toward, u_max = c[keep].float(), sign[keep], toward[keep], u_max[keep]
     u = (torch.rand(len(c), generator=g) * u_max).long() + 1
     a, b = half_ulp_products(u, torch.full_like(u, -150))
-    a = a * (sign * toward).float()
+    return a * (sign * toward).float(), b, c
+
+
+def test_subnormal_midpoints_with_rounding_error():
+    a, b, c = subnormal_midpoint_cases(torch.Generator().manual_seed(5), 20_000)
     got = assert_same_bits(a, b, c)
     assert torch.equal(got, c)
     assert bool((rounding_error(a, b, c) != 0).all())
