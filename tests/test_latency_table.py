@@ -92,3 +92,25 @@ def test_case_time_sums_fault_kinds_and_correctness_cells():
                                                0.75, None, None, None, 0.125, None]]
     old = module.fault_table([{**r, "extra": "{}"} for r in rows])[0]  # rows before extra.rebuilt
     assert old[0][4:] == [None, None]
+
+
+def test_case_time_spans_one_line_per_group_from_the_first_case():
+    import datetime as dt
+    spec = importlib.util.spec_from_file_location("case_time", SCRIPT.with_name("case_time.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    t0 = dt.datetime(2026, 12, 1, 3, 0, tzinfo=dt.timezone.utc)
+
+    def row(start, end, group, mode, placement="shared-gpu"):
+        return {"job": "correctness", "op": "all_reduce_norm", "tp": 2, "hidden": 1024,
+                "placement": placement, "outcome": "pass",
+                "started_at": t0 + dt.timedelta(seconds=start),
+                "finished_at": t0 + dt.timedelta(seconds=end),
+                "extra": json.dumps({"group_id": group, "mode": mode} if group else {"mode": mode})}
+    rows = [row(10.0, 12.0, "b", "owner"), row(2.0, 3.0, "a", "one_shot"),
+            row(3.0, 4.5, "a", "owner"), row(12.0, 16.0, None, "one_shot", "virtual-ranks"),
+            {"job": "profile", "outcome": "pass"}]
+    assert module.group_spans(rows) == [
+        [0.0, 2.5, "shared-gpu", 2, 1024, 2, "one_shot,owner"],
+        [8.0, 10.0, "shared-gpu", 2, 1024, 1, "owner"],
+        [10.0, 14.0, "virtual-ranks", 2, 1024, 1, "one_shot"]]

@@ -10,9 +10,14 @@ once, so case times overlap and add up to more than the wall).
 - correctness, per (op, tp, placement): cases and summed case time (a
   virtual-rank group is one batch: its time is on its first row), and the
   cases' host time by phase (``extra.phases_s``, :mod:`cluster.phases`;
-  ``-`` for rows from before it was recorded).
+  ``-`` for rows from before it was recorded);
+- ``--spans``: each correctness group's span, seconds from the job's first
+  case: first case start, last case end, its placement, tp, hidden, cases
+  and modes (a group: ``extra.group_id``; a virtual-rank task has none, so
+  its first row, which carries the task's start, and the rest of its rows
+  show as two spans), in start order; where the wall went between groups.
 
-    python3 scripts/gpu/case_time.py RESULTS [--run RUN_ID]
+    python3 scripts/gpu/case_time.py RESULTS [--run RUN_ID] [--spans]
 """
 
 from __future__ import annotations
@@ -68,10 +73,34 @@ def correctness_table(rows: list[dict]) -> list[list]:
             for key, (n, s, by) in sorted(out.items(), key=lambda kv: str(kv[0]))]
 
 
+def group_spans(rows: list[dict]) -> list[list]:
+    """Correctness groups as [start s, end s, placement, tp, hidden, cases,
+    modes], seconds from the earliest case start, in start order."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["job"] == "correctness" and r["outcome"] != "skipped":
+            x = json.loads(r.get("extra") or "{}")
+            key = x.get("group_id") or (r["placement"], r["tp"], r["hidden"],
+                                        round(seconds(r), 1) if seconds(r) > 1 else None)
+            groups[key].append(r)
+    if not groups:
+        return []
+    t0 = min(r["started_at"] for rs in groups.values() for r in rs)
+    out = []
+    for rs in groups.values():
+        modes = sorted({str(json.loads(r.get("extra") or "{}").get("mode")) for r in rs})
+        out.append([(min(r["started_at"] for r in rs) - t0).total_seconds(),
+                    (max(r["finished_at"] for r in rs) - t0).total_seconds(),
+                    rs[0]["placement"], rs[0]["tp"], rs[0]["hidden"], len(rs), ",".join(modes)])
+    return sorted(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="scripts/gpu/case_time.py")
     p.add_argument("results")
     p.add_argument("--run", default=None, help="run id (default: every run)")
+    p.add_argument("--spans", action="store_true",
+                   help="also each correctness group's span (start, end, what it ran)")
     args = p.parse_args(argv)
     from jobs.results import read_results
     rows = [r for r in read_results(args.results).to_pylist()
@@ -102,6 +131,12 @@ def main(argv=None) -> int:
         for op, tp, placement, cases, summed, *by in correctness:
             print(f"| {op} | {tp} | {placement} | {cases} | {summed:.1f} | "
                   + " | ".join("-" if v is None else f"{v:.2f}" for v in by) + " |")
+    if args.spans and correctness:
+        print("\n| start (s) | end (s) | placement | tp | hidden | cases | modes |")
+        print("| --- " * 7 + "|")
+        for start, end, placement, tp, hidden, cases, modes in group_spans(rows):
+            print(f"| {start:.1f} | {end:.1f} | {placement} | {tp} | {hidden} | {cases} "
+                  f"| {modes} |")
     return 0
 
 
