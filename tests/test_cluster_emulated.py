@@ -1,6 +1,7 @@
 """The emulated backend in one process (threads stand in for rank processes;
 the mailboxes are real shared-memory segments), and the backend seam."""
 
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,7 +12,7 @@ import torch
 from cluster.backend import make_backend, require_backend
 from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs, make_case
 from cluster.emulated import EmulatedRank
-from cluster.emulated.lamport import consume, publish
+from cluster.emulated.lamport import consume, launch, publish
 from cluster.emulated.segment import HostMailbox, segment_name, unlink_segment
 from cluster.group import TPGroup
 from kernels.lamport.protocol import ACTIVE_STAGE, NEXT_STAGE, slot_index
@@ -163,6 +164,42 @@ def test_watchdog_records_missing_source_and_writes_nan(ranks):
     assert r0["consume_ns"] < 1_000_000_000
     assert r0["headers"] == [[1, 2], None]
     assert torch.isnan(bf16_from_bits(r0["outputs"]["sum"]).float()).all()
+
+
+@pytest.mark.parametrize("ranks", [2], indirect=True)
+def test_host_start_skew_beyond_the_budget_is_not_a_timeout(ranks):
+    """The launch rendezvous: rank 1's call starts 1.5 budgets after rank
+    0's (a loaded host's dispatch skew), and the call still passes (without
+    it rank 0's watchdog would have fired a half budget before rank 1
+    published)."""
+    budget_ns = 400_000_000
+    case = {**make_case(capacity=CAPACITY, tokens=2, budget_ns=budget_ns), "seq": 1}
+
+    def late(r):
+        if r == 1:
+            time.sleep(1.5 * budget_ns / 1e9)
+        return ranks[r].run_case({**case, "fault": None})
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(late, range(2)))
+    assert all(res["missing_sources"] == [] and not res["header_mismatch"] for res in results)
+
+
+def test_launch_waits_for_every_peer_and_is_bounded():
+    group = uuid.uuid4().hex[:12]
+    boxes = [HostMailbox.open_own(segment_name(group, r), tp=2, capacity=1, hidden=8)[0]
+             for r in range(2)]
+    try:
+        assert [int(b.launched[0]) for b in boxes] == [-1, -1]
+        started = time.monotonic()
+        assert not launch(boxes, rank=0, seq=1, wait_ns=50_000_000)  # rank 1 never came
+        assert 0.05 <= time.monotonic() - started < 1.0
+        assert launch(boxes, rank=1, seq=1, wait_ns=50_000_000)
+        boxes[0].scrub()  # recovery leaves the launch word alone
+        assert int(boxes[0].launched[0]) == 1
+    finally:
+        for b in boxes:
+            b.close()
+            b.unlink()
 
 
 @pytest.mark.parametrize("ranks", [2], indirect=True)

@@ -3,6 +3,15 @@
 The protocol is the one written down in :mod:`kernels.lamport.protocol`;
 this is its host emulation, step for step:
 
+Launch (rank r, call seq): the emulated ranks are processes that the host
+starts one by one, and on a loaded host the last can start a budget after
+the first; a GPU group's kernels start within microseconds of each other.
+So before the timed part each rank records ``seq`` in its segment's
+``launched`` word and waits until every peer has, for at most one watchdog
+budget (an absent peer is then left to the watchdog, so a call still ends
+within two budgets plus its injected delay). The budget measures the
+protocol, not the host's dispatch skew.
+
 Publish (rank r, M tokens): read NEXT_STAGE; if it is not < 3, store
 nothing, write the bad value to ACTIVE_STAGE (the local consumer then fails
 fast) and report it. Otherwise sanitize (-0.0 -> +0.0, so no payload lane
@@ -118,6 +127,19 @@ def publish(mailboxes: Sequence[HostMailbox], *, rank: int, seq: int, payload: n
             box.slots[stage, rank, :m] = bits
     own.stage_state[ACTIVE_STAGE] = stage
     return Published(stage=stage, bad_stage=None)
+
+
+def launch(mailboxes: Sequence[HostMailbox], *, rank: int, seq: int, wait_ns: int) -> bool:
+    """Record that rank ``rank`` launched call ``seq`` and wait, at most
+    ``wait_ns``, for every peer to launch it too (module docstring). Returns
+    whether all did."""
+    mailboxes[rank].launched[0] = seq
+    deadline = time.monotonic_ns() + wait_ns
+    while any(int(box.launched[0]) < seq for box in mailboxes):
+        if time.monotonic_ns() >= deadline:
+            return False
+        time.sleep(SPIN_SLEEP_S)
+    return True
 
 
 def consume(own: HostMailbox, *, seq: int, tokens: int, budget_ns: int,

@@ -8,7 +8,7 @@ import time
 
 from cluster import ops
 from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs, check_outputs
-from cluster.emulated.lamport import consume, publish
+from cluster.emulated.lamport import consume, launch, publish
 from cluster.emulated.segment import HostMailbox, segment_name
 from cluster.injection import validate_injection
 from cluster.phases import PhaseClock
@@ -116,6 +116,7 @@ class EmulatedRank:
         expected_stage = self._calls % LAMPORT_GENERATIONS
         self._calls += 1
 
+        launch(self._mailboxes, rank=self._rank, seq=seq, wait_ns=int(case["budget_ns"]))
         started = time.monotonic_ns()
         bypass = ()
         if kind == "hang":

@@ -9,6 +9,9 @@ offset   field                                  meaning
                                                 is written last, so a peer that
                                                 sees it sees an initialised segment
 32       stage_state int32[2]                   [ACTIVE_STAGE, NEXT_STAGE]
+40       launched int64[1]                      seq of the last call this rank
+                                                launched (-1: none); the launch
+                                                rendezvous, not protocol state
 64       headers int64[3, tp, 2]                per (stage, source): (call seq, M)
                                                 the source published; HEADER_EMPTY
                                                 (-1, -1) when free
@@ -54,7 +57,7 @@ from kernels.lamport.protocol import (ACTIVE_STAGE, LAMPORT_GENERATIONS, NEXT_ST
 
 MAGIC = 0x4C414D504F525431  # "LAMPORT1"
 HEADER_EMPTY = -1
-_META, _STAGE, _HEADERS = 0, 32, 64
+_META, _STAGE, _LAUNCHED, _HEADERS = 0, 32, 40, 64
 _POLL_S = 0.01
 
 
@@ -130,6 +133,7 @@ class HostMailbox:
         buf = shm.buf
         self.meta = np.ndarray((4,), np.int64, buf, _META)
         self.stage_state = np.ndarray((2,), np.int32, buf, _STAGE)
+        self.launched = np.ndarray((1,), np.int64, buf, _LAUNCHED)
         self.headers = np.ndarray((LAMPORT_GENERATIONS, tp, 2), np.int64, buf, _HEADERS)
         self.slots = np.ndarray(mailbox_shape(tp, capacity, hidden), np.uint16, buf, slots_at)
 
@@ -152,6 +156,7 @@ class HostMailbox:
         box = cls(shm, tp=tp, capacity=capacity, hidden=hidden)
         if created or box.meta[0] != MAGIC:
             box.scrub()
+            box.launched[0] = -1
             box.meta[1:] = (tp, capacity, hidden)
             box.meta[0] = MAGIC
             created = True
@@ -208,7 +213,7 @@ class HostMailbox:
         """Drop the views and unmap (the segment stays); idempotent."""
         if self._shm is None:
             return
-        self.meta = self.stage_state = self.headers = self.slots = None
+        self.meta = self.stage_state = self.launched = self.headers = self.slots = None
         self._shm.close()
         self._shm = None
 
