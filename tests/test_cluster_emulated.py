@@ -135,22 +135,27 @@ def test_publish_sanitizes_and_keeps_negative_subnormals():
         box.unlink()
 
 
-def test_out_of_range_stage_stores_nothing():
+@pytest.fixture
+def two_boxes():
+    """The two fresh mailboxes (tp=2, capacity 2, hidden 8) of a group, no ranks."""
     group = uuid.uuid4().hex[:12]
     boxes = [HostMailbox.open_own(segment_name(group, r), tp=2, capacity=2, hidden=8)[0]
              for r in range(2)]
-    try:
-        boxes[1].stage_state[NEXT_STAGE] = 7
-        out = publish(boxes, rank=1, seq=1, payload=np.ones((2, 8), dtype=np.uint16))
-        assert out.stage is None and out.bad_stage == 7
-        assert boxes[1].stage_state[ACTIVE_STAGE] == 7
-        assert all(b.check(r).non_sentinel == 0 for r, b in enumerate(boxes))
-        got = consume(boxes[1], seq=1, tokens=2, budget_ns=10**9)
-        assert got.bad_stage == 7 and torch.isnan(bf16_from_bits(got.sum_bits).float()).all()
-    finally:
-        for b in boxes:
-            b.close()
-            b.unlink()
+    yield boxes
+    for b in boxes:
+        b.close()
+        b.unlink()
+
+
+def test_out_of_range_stage_stores_nothing(two_boxes):
+    boxes = two_boxes
+    boxes[1].stage_state[NEXT_STAGE] = 7
+    out = publish(boxes, rank=1, seq=1, payload=np.ones((2, 8), dtype=np.uint16))
+    assert out.stage is None and out.bad_stage == 7
+    assert boxes[1].stage_state[ACTIVE_STAGE] == 7
+    assert all(b.check(r).non_sentinel == 0 for r, b in enumerate(boxes))
+    got = consume(boxes[1], seq=1, tokens=2, budget_ns=10**9)
+    assert got.bad_stage == 7 and torch.isnan(bf16_from_bits(got.sum_bits).float()).all()
 
 
 @pytest.mark.parametrize("ranks", [2], indirect=True)
@@ -184,22 +189,15 @@ def test_host_start_skew_beyond_the_budget_is_not_a_timeout(ranks):
     assert all(res["missing_sources"] == [] and not res["header_mismatch"] for res in results)
 
 
-def test_launch_waits_for_every_peer_and_is_bounded():
-    group = uuid.uuid4().hex[:12]
-    boxes = [HostMailbox.open_own(segment_name(group, r), tp=2, capacity=1, hidden=8)[0]
-             for r in range(2)]
-    try:
-        assert [int(b.launched[0]) for b in boxes] == [-1, -1]
-        started = time.monotonic()
-        assert not launch(boxes, rank=0, seq=1, wait_ns=50_000_000)  # rank 1 never came
-        assert 0.05 <= time.monotonic() - started < 1.0
-        assert launch(boxes, rank=1, seq=1, wait_ns=50_000_000)
-        boxes[0].scrub()  # recovery leaves the launch word alone
-        assert int(boxes[0].launched[0]) == 1
-    finally:
-        for b in boxes:
-            b.close()
-            b.unlink()
+def test_launch_waits_for_every_peer_and_is_bounded(two_boxes):
+    boxes = two_boxes
+    assert [int(b.launched[0]) for b in boxes] == [-1, -1]
+    started = time.monotonic()
+    assert not launch(boxes, rank=0, seq=1, wait_ns=50_000_000)  # rank 1 never came
+    assert 0.05 <= time.monotonic() - started < 1.0
+    assert launch(boxes, rank=1, seq=1, wait_ns=50_000_000)
+    boxes[0].scrub()  # recovery leaves the launch word alone
+    assert int(boxes[0].launched[0]) == 1
 
 
 @pytest.mark.parametrize("ranks", [2], indirect=True)
