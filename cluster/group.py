@@ -166,6 +166,10 @@ class TPGroup:
         self.work_s = 0.0
         """Summed over calls, the slowest rank's publish + consume time (the
         work a call timed on its ranks; the service overhead's denominator)."""
+        self.build_s = 0.0
+        """Summed wall time of placing the group and of every build (fresh
+        rank actors started and set up: process, imports, device, mailbox
+        rendezvous), rebuilds included."""
         self.prepare_s = 0.0
         """Summed wall time of :meth:`prepare` (every rank building the kernels
         a case needs: compiled, or loaded from the compile cache), which the
@@ -186,6 +190,7 @@ class TPGroup:
         self.node_id = node_id
         pin = {} if node_id is None else {
             "bundle_label_selector": [{NODE_ID_LABEL_KEY: node_id}] * len(self._bundles)}
+        placing = time.monotonic()
         self._pg = placement_group(self._bundles, strategy="STRICT_PACK",
                                    name=f"tp{tp}-{self.group_id}", **pin)
         try:
@@ -197,6 +202,7 @@ class TPGroup:
                     f"placement group for tp={tp} (bundles {self._bundles}, STRICT_PACK"
                     f"{'' if node_id is None else ', node ' + node_id}) not ready "
                     f"after {setup_timeout_s} s: {self._resources()}") from None
+            self.build_s += time.monotonic() - placing
             self._build()
         except BaseException:
             self.close()
@@ -232,6 +238,13 @@ class TPGroup:
 
     def _build(self) -> None:
         """Start tp fresh actors in the bundles and set them up concurrently."""
+        started = time.monotonic()
+        try:
+            self._start_actors()
+        finally:
+            self.build_s += time.monotonic() - started
+
+    def _start_actors(self) -> None:
         env = actor_env(self.backend, placement=self.placement, tp=self.tp)
         extra = {"runtime_env": {"env_vars": env}} if env else {}
         self._actors = [

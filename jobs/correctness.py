@@ -20,6 +20,7 @@ runs on each rank actor's GPU on its own; its rows say ``collective=false``.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -121,9 +122,12 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
 
 def group_tags(group) -> dict:
     """Row extras naming where a group ran: the group, the node it was
-    pinned to (cluster.fanout; None: unpinned) and its ranks' nodes."""
+    pinned to (cluster.fanout; None: unpinned), its ranks' nodes, and the
+    wall time of its build so far (``TPGroup.build_s``: placing it and
+    starting and setting up its rank actors)."""
     return {"group_id": group.group_id, "node_id": group.node_id,
-            "rank_nodes": sorted({m["node_id"] for m in group.metadata})}
+            "rank_nodes": sorted({m["node_id"] for m in group.metadata}),
+            "group_build_s": round(group.build_s, 3)}
 
 
 def work_kind(backend: str) -> str:
@@ -302,6 +306,7 @@ def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,
     reported is a hang."""
     from cluster.gpu import virtual
     started = now()
+    submitted_unix = time.time()
     spec = virtual_spec(members)
     calls = sum(len(c["seeds"]) for c in spec["cases"])
     deadline = timeout_s * calls + VIRTUAL_COMPILE_S
@@ -313,15 +318,25 @@ def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,
                        reason=f"virtual-ranks group ({calls} calls, deadline {deadline:.0f} s): "
                               f"{why}")
         return
-    record_virtual(run, suite, members, where, spec, out, started)
+    record_virtual(run, suite, members, where, spec, out, started, submitted_unix)
 
 
 def record_virtual(run: Run, suite: Suite, members: Sequence[Case], where: Placement,
-                   spec: dict, out: dict, started) -> None:
+                   spec: dict, out: dict, started, submitted_unix: float | None = None) -> None:
     """One row per case from :func:`cluster.gpu.virtual.run_group`'s result:
     a call with a watchdog diagnosis is a hang, outputs outside the contract
-    or a mailbox not all sentinel a fail; the first bad call decides."""
+    or a mailbox not all sentinel a fail; the first bad call decides. The
+    task's set-up goes to the job's accounting and the first row's extras:
+    its start (``task_start_s``: submitted, at ``submitted_unix`` on the
+    driver's clock, to running; the nodes' clocks are assumed to agree) and
+    its imports are the group's build, its kernels' build the preparation."""
     from cluster.phases import add, rounded, slowest
+    setup = dict(out.get("setup_s") or {})
+    first_extra = {f"{k}_s": round(v, 3) for k, v in setup.items()}
+    if submitted_unix is not None and "entered_unix" in out:
+        first_extra["task_start_s"] = round(max(out["entered_unix"] - submitted_unix, 0.0), 3)
+    run.add_build(first_extra.get("task_start_s", 0.0) + setup.get("imports", 0.0))
+    run.add_prepare(setup.get("prepare", 0.0))
     for case, result in zip(members, out["cases"]):
         tally, outcome, reason, fields = Tally(case), "pass", None, {}
         phases_s: dict[str, float] = {}
@@ -351,9 +366,9 @@ def record_virtual(run: Run, suite: Suite, members: Sequence[Case], where: Place
                           "phases_s": rounded(phases_s) or None,
                           "watchdog_ns": spec["watchdog_ns"], "collective_speed": False,
                           **row_extra(case),
-                          "device": out["device"]})
+                          "device": out["device"], **first_extra})
         run.add_phases(phases_s)
-        started = now()
+        started, first_extra = now(), {}
 
 
 VIRTUAL_COMPILE_S = 120.0

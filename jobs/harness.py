@@ -373,6 +373,8 @@ def closing_line(entry: dict) -> str:
         parts.append("service overhead n/a (no timed work)")
     if entry.get("peak_groups"):
         parts.append(f"peak {entry['peak_groups']} group(s) at once")
+    if entry.get("build_s"):
+        parts.append(f"group builds {entry['build_s']:.1f} s")
     if entry.get("prepare_s"):
         parts.append(f"kernel preparation {entry['prepare_s']:.1f} s")
     if entry.get("rebuilt_cases"):
@@ -431,7 +433,8 @@ class Run:
         self.accounting: list[dict] = []
         """Per job section: wall_s, work_s (timed GPU work, or on the emulated
         backend the summed case compute time), overhead (wall / work), cases,
-        peak_groups, prepare_s (kernel preparation: :meth:`add_prepare`,
+        peak_groups, build_s (group builds: :meth:`add_build`, summed over
+        groups), prepare_s (kernel preparation: :meth:`add_prepare`,
         summed over groups), and where cases rebuilt their group (a rank killed:
         ``extra.rebuilt``) rebuilt_cases and their summed time rebuilt_s;
         phases_s: the cases' host time by phase (:meth:`add_phases`);
@@ -465,8 +468,8 @@ class Run:
         job = title.split(":", 1)[0]
         self._section = {"job": job, "t0": t0, "total": total, "done": 0, "work_s": 0.0,
                          "work_kind": None, "peak_groups": None, "next_line": 0.1,
-                         "rebuilt_cases": 0, "rebuilt_s": 0.0, "prepare_s": 0.0,
-                         "phases_s": {}}
+                         "rebuilt_cases": 0, "rebuilt_s": 0.0, "build_s": 0.0,
+                         "prepare_s": 0.0, "phases_s": {}}
         self._bar = tqdm(total=total, file=sys.stderr, leave=False, unit="case",
                          disable=not sys.stderr.isatty() or total < 2, dynamic_ncols=True)
         self._table = Table(COLUMNS, out=None if self._bar.disable else _BarOut(self._bar))
@@ -496,8 +499,9 @@ class Run:
             if sec["rebuilt_cases"]:
                 entry.update(rebuilt_cases=sec["rebuilt_cases"],
                              rebuilt_s=round(sec["rebuilt_s"], 3))
-            if sec["prepare_s"] > 0:
-                entry["prepare_s"] = round(sec["prepare_s"], 3)
+            for key in ("build_s", "prepare_s"):
+                if sec[key] > 0:
+                    entry[key] = round(sec[key], 3)
             if sec["phases_s"]:
                 from cluster.phases import rounded
                 entry["phases_s"] = rounded(sec["phases_s"], 3)
@@ -524,11 +528,13 @@ class Run:
 
     def add_group(self, group, kind: str) -> None:
         """A TP group's share of the current job's accounting as it closes:
-        its timed work (:meth:`add_work`), its kernel preparation time
+        its timed work (:meth:`add_work`), its builds (``TPGroup.build_s``),
+        its kernel preparation time
         (``TPGroup.prepare_s``: compiling, or loading from the compile cache,
         what its cases needed) and its cases' host time by phase
         (``TPGroup.phases_s``)."""
         self.add_work(group.work_s, kind)
+        self.add_build(group.build_s)
         self.add_prepare(group.prepare_s)
         self.add_phases(group.phases_s)
 
@@ -540,12 +546,21 @@ class Run:
             if self._section is not None:
                 add(self._section["phases_s"], phases_s)
 
+    def add_build(self, seconds: float) -> None:
+        """Add a group's build (placing it, starting its processes, their
+        imports and device set-up, the mailbox rendezvous) to the current
+        job's accounting."""
+        self._add("build_s", seconds)
+
     def add_prepare(self, seconds: float) -> None:
         """Add kernel preparation (compile or load from the compile cache,
         and what a first call sets up) to the current job's accounting."""
+        self._add("prepare_s", seconds)
+
+    def _add(self, key: str, seconds: float) -> None:
         with self._lock:
             if self._section is not None and seconds > 0:
-                self._section["prepare_s"] += seconds
+                self._section[key] += seconds
 
     def note_fanout(self, fan) -> None:
         """Record the peak number of TP groups the current job ran at once."""

@@ -135,6 +135,7 @@ def _measure_group(run: Run, suite: Suite, members: list[Case], where: Placement
                                placement=where.name, reason=error_text(err, limit=300))
                     break
                 record_impls(run, suite, case, where, per_rank, started)
+        run.add_build(group.build_s)
 
 
 def _gpu_columns(first: dict) -> dict:

@@ -174,10 +174,11 @@ def test_overview_shows_where_the_latest_run_s_time_went(site):
     assert [r[0] for r in rows] == ["correctness", "faults", "correctness (2)",
                                     "profile, interrupted"]
     assert rows[0][1:6] == ["576", "168.0", "12.55", "summed kernel call time", "13.4×"]
-    assert rows[1][8] == "18 (204.6 s)" and rows[0][8] == "—"
-    assert rows[1][6] == "41.5" and rows[0][6] == "—"  # kernel preparation
-    assert rows[0][9] == ("inputs 21.4 s, load 3.0 s, call 14.1 s, readback 6.0 s, "
-                          "check 40.2 s") and rows[1][9] == "—"
+    assert rows[1][9] == "18 (204.6 s)" and rows[0][9] == "—"
+    assert rows[1][6] == "96.3" and rows[0][6] == "—"  # group builds
+    assert rows[1][7] == "41.5" and rows[0][7] == "—"  # kernel preparation
+    assert rows[0][10] == ("inputs 21.4 s, load 3.0 s, call 14.1 s, readback 6.0 s, "
+                           "check 40.2 s") and rows[1][10] == "—"
     spec = chart_specs(doc)["overview-time"]
     work, rest = spec["data"]
     assert work["x"] == [e["work_s"] for e in sample.ACCOUNTING]

@@ -183,7 +183,8 @@ def test_the_fault_campaign_meets_every_expected_outcome(smoke):
     # the cases that rebuilt their group say so, and the job's closing line counts them
     assert {k for k, r in faults.items() if r["x"]["rebuilt"]} == {"dirty_mailbox", "stuck_rank"}
     rebuilt = sum(r["x"]["rebuilt"] for r in every)
-    assert re.search(rf"\(.*, kernel preparation \d+\.\d s, {rebuilt} case\(s\) "
+    assert re.search(rf"\(.*, group builds \d+\.\d s, kernel preparation \d+\.\d s, "
+                     rf"{rebuilt} case\(s\) "
                      rf"rebuilt their group \(\d+\.\d s of case time\), host time in cases, "
                      rf"slowest rank: inputs \d+\.\d s, call .*check \d+\.\d s\)", smoke[0].out), \
         smoke[0].out[-3000:]
@@ -193,6 +194,8 @@ def test_the_fault_campaign_meets_every_expected_outcome(smoke):
         first.setdefault(r["x"]["group_id"], r)
     assert all(r["x"].get("prepare_s", 0) > 0 for r in first.values()), \
         [(r["fault_kind"], r["x"].get("prepare_s")) for r in first.values()]
+    # and every row names its group's build time (starting rank processes is not free)
+    assert all(r["x"]["group_build_s"] > 0 for r in every)
 
 
 def test_report_prints_the_run_and_compares(smoke, capsys):

@@ -153,6 +153,8 @@ def test_tp_groups_share_a_group_and_a_case_that_hangs_gets_a_fresh_one(tmp_path
     opened, specs = [], []
 
     class FakeGroup:
+        build_s = 2.5
+
         def __init__(self, members):
             opened.append([c.tokens for c in members])
 
@@ -175,6 +177,7 @@ def test_tp_groups_share_a_group_and_a_case_that_hangs_gets_a_fresh_one(tmp_path
     run = Run(results=tmp_path, trigger="ci", backend="gpu")
     profile.run(run, suite, cases, view=FakeView())
     assert opened == [[1, 8, 16, 64], [16, 64]]
+    assert run.accounting[-1]["build_s"] == 2 * 2.5  # both builds, the one after the hang too
     assert [s["tokens"] for s in specs] == [1, 8, 16, 64]
     assert specs[0]["op"] == "all_reduce_mhc" and specs[0]["hc"] == 4
     assert specs[0]["watchdog_ns"] == 1_000_000_000 and specs[0]["baselines"] == ["unfused", "symm_mem"]
@@ -201,6 +204,8 @@ def test_tp1_cases_share_a_group_of_one_rank(tmp_path, monkeypatch):
     opened, timed = [], []
 
     class FakeGroup:
+        build_s = 0.5
+
         def __init__(self, members):
             opened.append((members[0].op, members[0].hidden, [c.tokens for c in members]))
 

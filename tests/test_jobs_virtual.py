@@ -125,3 +125,23 @@ def test_one_virtual_task_carries_both_modes_each_case_its_own():
     spec["cases"][1]["fields"] = {"mode": "two_shot"}
     with pytest.raises(ValueError, match="mode = 'two_shot' is not valid"):
         validate_spec(spec)
+
+
+def test_the_task_s_set_up_is_the_group_s_build_and_preparation(tmp_path, capsys):
+    """The task's start (submit to entry), imports and kernel builds go to
+    the job's accounting and to its first row, not to the cases' phases."""
+    run = Run(results=tmp_path, trigger="ci", backend="gpu")
+    spec = virtual_spec(GROUP)
+    out = {"device": "NVIDIA H200", "entered_unix": 1000.0 + 2.5,
+           "setup_s": {"imports": 1.5, "prepare": 4.0},
+           "cases": [{"tokens": c["tokens"], "calls": [_call(False)]} for c in spec["cases"]]}
+    with run.section("correctness: test", len(GROUP)):
+        record_virtual(run, SUITE, GROUP, Placement("virtual-ranks", 1.0, False), spec, out,
+                       now(), submitted_unix=1000.0)
+    entry = run.accounting[-1]
+    assert entry["build_s"] == pytest.approx(2.5 + 1.5) and entry["prepare_s"] == 4.0
+    assert "group builds 4.0 s, kernel preparation 4.0 s" in capsys.readouterr().out
+    extras = {r["tokens"]: json.loads(r["extra"]) for r in read_results(tmp_path).to_pylist()}
+    first = extras.pop(GROUP[0].tokens)
+    assert (first["task_start_s"], first["imports_s"], first["prepare_s"]) == (2.5, 1.5, 4.0)
+    assert not any("task_start_s" in x or "prepare_s" in x for x in extras.values())

@@ -29,17 +29,24 @@ and the case stops there; the next case starts clean.
 
 Result (plain data, it crosses Ray)::
 
-    {"device": name, "cases": [{"tokens": M, "calls": [
+    {"device": name, "entered_unix": s, "setup_s": {"imports": s, "prepare": s},
+     "cases": [{"tokens": M, "calls": [
         {"graph": bool, "checks": [check_outputs dict per rank],
          "mailbox_clean": bool, "diagnosis": str | None,
          "missing_ranks": [...], "host_ns": {phase: ns}}]}]}
 
 (``host_ns``: the call's host time by phase, :mod:`cluster.phases`; the
-tp ranks' work is one process's, so no slowest rank is taken.)
+tp ranks' work is one process's, so no slowest rank is taken.
+``entered_unix``: the task's wall clock (``time.time()``) as it began,
+so the driver can tell the task's start (scheduling, a worker process)
+from its work; ``setup_s``: seconds importing torch and the ops, and
+building the group's kernels (the CUDA context, compiling or loading from
+the compile cache, the mailboxes).)
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 SPEC_FIELDS = ("tp", "hidden", "capacity", "eps", "watchdog_ns", "cases")
@@ -91,11 +98,14 @@ def run_group(spec: Mapping) -> dict:
     per call]}`` and optionally the case's own ``fields`` (the op's
     kernel-only fields, e.g. all_reduce_norm's mode: one kernel, with its
     own mailboxes, per distinct set, built on first use)."""
+    entered_unix, started = time.time(), time.monotonic()
+
     import torch
 
     from cluster import ops
     from cluster.cases import make_case
 
+    setup_s = {"imports": time.monotonic() - started, "prepare": 0.0}
     validate_spec(spec)
     tp, hidden, capacity = int(spec["tp"]), int(spec["hidden"]), int(spec["capacity"])
     op = ops.get(spec.get("op", "all_reduce_norm"))
@@ -106,9 +116,11 @@ def run_group(spec: Mapping) -> dict:
         fields = {**group_fields, **dict(c.get("fields", {}))}
         key = tuple(sorted(fields.items()))
         if key not in kernels:
+            building = time.monotonic()
             kernels[key] = op.module().VirtualKernel(
                 tp=tp, hidden=hidden, capacity=capacity, watchdog_ns=int(spec["watchdog_ns"]),
                 case=make_case(capacity=capacity, tokens=1, **fields))
+            setup_s["prepare"] += time.monotonic() - building
         kernel = kernels[key]
         calls = []
         cases = [make_case(capacity=capacity, tokens=int(c["tokens"]), inputs=c["inputs"],
@@ -123,7 +135,8 @@ def run_group(spec: Mapping) -> dict:
                 kernel.group.recover()  # the next case starts from clean mailboxes
                 break
         results.append({"tokens": int(c["tokens"]), "calls": calls})
-    return {"device": torch.cuda.get_device_name(), "cases": results}
+    return {"device": torch.cuda.get_device_name(), "entered_unix": entered_unix,
+            "setup_s": setup_s, "cases": results}
 
 
 def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int):

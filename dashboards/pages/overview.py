@@ -161,10 +161,11 @@ def _time_section(run) -> h.Markup | str:
         rest.append(round(max(wall - done, 0.0), 3))
         rebuilt = (f"{e['rebuilt_cases']} ({float(e.get('rebuilt_s') or 0):,.1f} s)"
                    if e.get("rebuilt_cases") else "—")
-        prepared = float(e.get("prepare_s") or 0.0)
+        built, prepared = (float(e.get(k) or 0.0) for k in ("build_s", "prepare_s"))
         rows.append([label, e.get("cases"), f"{wall:,.1f}", f"{done:,.2f}" if done else "—",
                      e.get("work") or "—",
                      f"{e['overhead']:.1f}×" if e.get("overhead") is not None else "—",
+                     f"{built:,.1f}" if built else "—",
                      f"{prepared:,.1f}" if prepared else "—",
                      e.get("peak_groups") or "—", rebuilt,
                      describe(e["phases_s"]) if e.get("phases_s") else "—"])
@@ -179,13 +180,17 @@ def _time_section(run) -> h.Markup | str:
               "legend": {"orientation": "h", "y": -0.3}}
     chart = h.chart("overview-time", data, layout, height=max(160, 60 + 34 * len(labels)))
     table = h.table(["job", "cases", "wall (s)", "timed work (s)", "what is timed",
-                     "overhead", "kernel preparation (s)", "peak groups at once",
+                     "overhead", "group builds (s)", "kernel preparation (s)",
+                     "peak groups at once",
                      "cases that rebuilt their group", "host time in cases, by phase"],
                     rows, numeric=range(1, 4), id="time")
     return h.section("Where the time went", chart, table,
                      note="Per job of the latest run, as each ended (a run in parts lists each "
                           "part's jobs): wall time, the timed work inside it and their "
-                          "ratio, the service overhead; kernel preparation: compiling, or "
+                          "ratio, the service overhead; group builds: placing each TP group and "
+                          "starting and setting up its rank processes (virtual ranks: the "
+                          "task's start and imports), rebuilds included; kernel "
+                          "preparation: compiling, or "
                           "loading from the compile cache, what the cases needed (the "
                           "profile: each implementation's build and first call, slowest "
                           "rank), summed over groups that may run at once; host time in "

@@ -12,10 +12,13 @@ once, so case times overlap and add up to more than the wall).
   cases' host time by phase (``extra.phases_s``, :mod:`cluster.phases`;
   ``-`` for rows from before it was recorded);
 - ``--spans``: each correctness group's span, seconds from the job's first
-  case: first case start, last case end, its placement, tp, hidden, cases
-  and modes (a group: ``extra.group_id``; a virtual-rank task has none, so
-  its first row, which carries the task's start, and the rest of its rows
-  show as two spans), in start order; where the wall went between groups.
+  case: first case start, last case end, its placement, tp, hidden, cases,
+  modes and its build's wall time (``extra.group_build_s``; a virtual-rank
+  task's start and imports, ``task_start_s + imports_s``; ``-`` for rows
+  from before these were recorded); a group is ``extra.group_id`` (a
+  virtual-rank task has none, so its first row, which carries the task's
+  start, and the rest of its rows show as two spans); in start order:
+  where the wall went between groups.
 
     python3 scripts/gpu/case_time.py RESULTS [--run RUN_ID] [--spans]
 """
@@ -75,7 +78,8 @@ def correctness_table(rows: list[dict]) -> list[list]:
 
 def group_spans(rows: list[dict]) -> list[list]:
     """Correctness groups as [start s, end s, placement, tp, hidden, cases,
-    modes], seconds from the earliest case start, in start order."""
+    modes, build s or None], seconds from the earliest case start, in start
+    order."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if r["job"] == "correctness" and r["outcome"] != "skipped":
@@ -88,10 +92,15 @@ def group_spans(rows: list[dict]) -> list[list]:
     t0 = min(r["started_at"] for rs in groups.values() for r in rs)
     out = []
     for rs in groups.values():
-        modes = sorted({str(json.loads(r.get("extra") or "{}").get("mode")) for r in rs})
+        extras = [json.loads(r.get("extra") or "{}") for r in rs]
+        modes = sorted({str(x.get("mode")) for x in extras})
+        builds = [x["group_build_s"] if "group_build_s" in x else
+                  x["task_start_s"] + x.get("imports_s", 0.0) for x in extras
+                  if "group_build_s" in x or "task_start_s" in x]
         out.append([(min(r["started_at"] for r in rs) - t0).total_seconds(),
                     (max(r["finished_at"] for r in rs) - t0).total_seconds(),
-                    rs[0]["placement"], rs[0]["tp"], rs[0]["hidden"], len(rs), ",".join(modes)])
+                    rs[0]["placement"], rs[0]["tp"], rs[0]["hidden"], len(rs), ",".join(modes),
+                    max(builds) if builds else None])
     return sorted(out)
 
 
@@ -132,11 +141,11 @@ def main(argv=None) -> int:
             print(f"| {op} | {tp} | {placement} | {cases} | {summed:.1f} | "
                   + " | ".join("-" if v is None else f"{v:.2f}" for v in by) + " |")
     if args.spans and correctness:
-        print("\n| start (s) | end (s) | placement | tp | hidden | cases | modes |")
-        print("| --- " * 7 + "|")
-        for start, end, placement, tp, hidden, cases, modes in group_spans(rows):
+        print("\n| start (s) | end (s) | placement | tp | hidden | cases | modes | build (s) |")
+        print("| --- " * 8 + "|")
+        for start, end, placement, tp, hidden, cases, modes, build in group_spans(rows):
             print(f"| {start:.1f} | {end:.1f} | {placement} | {tp} | {hidden} | {cases} "
-                  f"| {modes} |")
+                  f"| {modes} | {'-' if build is None else f'{build:.1f}'} |")
     return 0
 
 
