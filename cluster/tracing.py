@@ -5,9 +5,12 @@ A rank records its trace with :class:`RankTracer` (torch.profiler: CPU
 activities, plus CUDA where the rank has a GPU, so kernels show per rank;
 each collective call inside a ``lamport.call`` range, which
 torch.profiler records and, on a GPU, NVTX too). Right after the profiler
-starts, the rank notes the wall clock inside a ``lamport.trace.clock``
-range: that pair (the range's start in profiler time, the wall clock in
-us read just before it) is the rank's clock offset. :func:`merge` moves every rank onto rank 0's profiler
+starts, the rank opens ``CLOCK_SAMPLES`` empty ``lamport.trace.clock``
+ranges, reading the wall clock just before and just after each: the pair
+of the tightest bracket (that range's start in profiler time, the wall
+clock in us read just before it) is the rank's clock offset, wrong by at
+most that bracket (a process descheduled between the reading and the
+range widens its bracket, and that sample loses). :func:`merge` moves every rank onto rank 0's profiler
 time through those offsets (exact for ranks of one host; across hosts as
 good as their wall clocks agree), renumbers processes (rank r is pid r,
 named ``rank r (host, GPU g)``) and threads (per rank, in order of first
@@ -25,6 +28,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 CLOCK_EVENT = "lamport.trace.clock"
+CLOCK_SAMPLES = 5
+"""Clock marks a rank takes; one 200 ms deschedule between a single
+reading and its mark was seen on a loaded 2-core host."""
 CALL_EVENT = "lamport.call"
 KERNEL_CATEGORY = "kernel"
 """torch.profiler's (Kineto's) category of a GPU kernel event."""
@@ -39,25 +45,34 @@ _PROCESS_METADATA = ("process_name", "process_labels", "process_sort_index")
 class RankTracer:
     """torch.profiler around a rank's calls: ``start()``, ``call(seq)`` as
     a context manager per collective call, ``stop()`` -> the rank's trace
-    (Chrome JSON as a dict, with ``lamport_clock``: the wall clock in us at
-    its ``lamport.trace.clock`` event)."""
+    (Chrome JSON as a dict, with ``lamport_clock``: the wall clock in us as
+    its best ``lamport.trace.clock`` event opened, and
+    ``lamport_clock_mark``: which of those events, in time order, that is;
+    ``lamport_clock_bracket_us``: how far the reading can be off)."""
 
     def __init__(self, cuda: bool) -> None:
         from torch.profiler import ProfilerActivity, profile
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self.cuda = cuda
         self._profile = profile(activities=activities)
-        self._wall_us: float | None = None
+        self._clock: dict[str, float] = {}
 
     def start(self) -> None:
         from torch.profiler import record_function
         self._profile.start()
-        # The wall clock is read right before the mark's range opens and
+        # The wall clock is read right before each mark's range opens and
         # paired with its start: the range itself can last milliseconds on a
         # loaded host, so its middle would misalign ranks by that much.
-        self._wall_us = time.time_ns() / 1e3
-        with record_function(CLOCK_EVENT):
-            pass
+        readings = []  # (ns before the range opened, ns after it closed)
+        for _ in range(CLOCK_SAMPLES):
+            before = time.time_ns()
+            with record_function(CLOCK_EVENT):
+                pass
+            readings.append((before, time.time_ns()))
+        best = min(range(CLOCK_SAMPLES), key=lambda i: readings[i][1] - readings[i][0])
+        before, after = readings[best]
+        self._clock = {"lamport_clock": before / 1e3, "lamport_clock_mark": best,
+                       "lamport_clock_bracket_us": (after - before) / 1e3}
 
     def call(self, seq: int):
         """The range around one collective call (and an NVTX range on GPUs)."""
@@ -81,7 +96,7 @@ class RankTracer:
                 trace = json.load(f)
         finally:
             os.unlink(path)
-        trace["lamport_clock"] = self._wall_us
+        trace.update(self._clock)
         return trace
 
 
@@ -90,14 +105,17 @@ def _events(trace: Mapping) -> list[dict]:
 
 
 def clock_offset_us(trace: Mapping) -> float:
-    """Wall clock minus profiler time (us) of one rank's trace; ValueError
-    when it has no clock event or no ``lamport_clock``."""
+    """Wall clock minus profiler time (us) of one rank's trace, through its
+    clock mark number ``lamport_clock_mark`` (default 0) in time order;
+    ValueError when it has no such clock event or no ``lamport_clock``."""
     wall = trace.get("lamport_clock")
-    marks = [e for e in _events(trace) if e.get("name") == CLOCK_EVENT and "ts" in e]
-    if wall is None or not marks:
-        raise ValueError(f"a rank trace without its clock mark ({CLOCK_EVENT!r} event and "
-                         f"lamport_clock): cannot align it")
-    return float(wall) - float(marks[0]["ts"])  # the wall clock was read as it opened
+    marks = sorted(float(e["ts"]) for e in _events(trace)
+                   if e.get("name") == CLOCK_EVENT and "ts" in e)
+    index = int(trace.get("lamport_clock_mark", 0))
+    if wall is None or not 0 <= index < len(marks):
+        raise ValueError(f"a rank trace without its clock mark ({CLOCK_EVENT!r} event number "
+                         f"{index} of {len(marks)}, and lamport_clock): cannot align it")
+    return float(wall) - marks[index]  # the wall clock was read as it opened
 
 
 def merge(traces: Sequence[Mapping], labels: Sequence[str]) -> dict:
@@ -131,7 +149,9 @@ def merge(traces: Sequence[Mapping], labels: Sequence[str]) -> dict:
             out.append(e)
     return {"traceEvents": out, "displayTimeUnit": "ns",
             "otherData": {"lamport": {"ranks": list(labels),
-                                      "clock_shift_us": [o - offsets[0] for o in offsets]}}}
+                                      "clock_shift_us": [o - offsets[0] for o in offsets],
+                                      "clock_bracket_us": [t.get("lamport_clock_bracket_us")
+                                                           for t in traces]}}}
 
 
 def summary(trace: Mapping) -> dict[str, Any]:

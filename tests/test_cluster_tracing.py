@@ -69,6 +69,35 @@ def test_each_rank_is_one_labelled_track_on_rank_0s_clock():
     assert sort == {0: 0, 1: 1}
 
 
+def test_the_named_clock_mark_aligns_the_rank():
+    """A rank with several clock marks is aligned through the one its
+    tracer chose (``lamport_clock_mark``, in time order), not the first."""
+    trace = rank_trace(1, skew_us=-700.0, kernels=0)
+    first = next(e for e in trace["traceEvents"] if e.get("name") == CLOCK_EVENT)
+    # two earlier marks whose wall readings were not kept (a deschedule
+    # widened their brackets); listed out of time order on purpose
+    trace["traceEvents"] += [dict(first, ts=first["ts"] - 300.0),
+                             dict(first, ts=first["ts"] - 600.0)]
+    trace.update(lamport_clock_mark=2, lamport_clock_bracket_us=3.0)
+    merged = merge([rank_trace(0, skew_us=0.0, kernels=0), trace], ["rank 0", "rank 1"])
+    assert merged["otherData"]["lamport"]["clock_shift_us"] == [0.0, 700.0]
+    assert merged["otherData"]["lamport"]["clock_bracket_us"] == [None, 3.0]
+    trace["lamport_clock_mark"] = 3
+    with pytest.raises(ValueError, match="event number 3 of 3"):
+        merge([rank_trace(0, skew_us=0.0, kernels=0), trace], ["rank 0", "rank 1"])
+
+
+def test_the_tracer_keeps_its_tightest_clock_reading():
+    from cluster.tracing import CLOCK_SAMPLES, RankTracer, clock_offset_us
+    tracer = RankTracer(cuda=False)
+    tracer.start()
+    trace = tracer.stop()
+    marks = [e for e in trace["traceEvents"] if e.get("name") == CLOCK_EVENT]
+    assert len(marks) == CLOCK_SAMPLES and 0 <= trace["lamport_clock_mark"] < CLOCK_SAMPLES
+    assert 0 <= trace["lamport_clock_bracket_us"] < 1e6
+    clock_offset_us(trace)
+
+
 def test_a_rank_without_its_clock_mark_is_refused():
     bad = rank_trace(1, skew_us=0.0, kernels=0)
     bad["traceEvents"] = [e for e in bad["traceEvents"] if e.get("name") != CLOCK_EVENT]
