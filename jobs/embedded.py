@@ -107,12 +107,7 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
     saved_flag = constants.ENABLE_RAY_CLUSTER
     os.environ.update(env)
     constants.ENABLE_RAY_CLUSTER = False  # read at import; ray may be imported already
-    try:
-        from ray._raylet import AuthenticationTokenLoader, Config
-        Config.initialize("")  # the auth mode is cached: re-read it
-        AuthenticationTokenLoader.instance().reset_cache()
-    except (ImportError, AttributeError):
-        pass
+    _reread_auth()
     try:
         yield
     finally:
@@ -122,6 +117,18 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        _reread_auth()  # a later ray.init in this process (tests) must not keep token mode
+
+
+def _reread_auth() -> None:
+    """Make Ray re-read its auth mode and token from the environment (both
+    are cached in the process)."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):
+        pass
 
 
 _term_timer: threading.Timer | None = None

@@ -21,6 +21,32 @@ import pytest
 
 os.environ.pop("RAY_ADDRESS", None)
 
+pytest_plugins = ["tests.isolation"]  # a module's leftovers (process group, Ray, env) end with it
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true",
+                     help="also run the GPU tests marked slow (left out of a GPU run by "
+                          "default, so that it fits one device call)")
+    parser.addoption("--repeat", type=int, default=1, metavar="N",
+                     help="run every selected test N times in this process (flake hunts: "
+                          "the ids end in [..-i/N])")
+
+
+def pytest_generate_tests(metafunc):
+    n = metafunc.config.getoption("repeat")
+    if n < 1:
+        raise pytest.UsageError(f"--repeat must be >= 1, got {n}")
+    if n > 1:
+        metafunc.fixturenames.append("_repeat_index")
+        metafunc.parametrize("_repeat_index", range(n), ids=[f"{i + 1}/{n}" for i in range(n)],
+                             indirect=True)
+
+
+@pytest.fixture
+def _repeat_index(request):
+    return request.param
+
 
 def pytest_configure(config):
     """A compile cache of the test session's own (kernels.compile_cache), so
@@ -55,6 +81,13 @@ def pytest_collection_modifyitems(config, items):
     devices = _cuda_devices()
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is present")
     few_gpus = pytest.mark.skip(reason=f"needs 2+ CUDA GPUs; {devices} present")
+    if not config.getoption("slow"):
+        slow_gpu = [i for i in items if "slow" in i.keywords
+                    and ("gpu" in i.keywords or "multigpu" in i.keywords)]
+        if slow_gpu:
+            config.hook.pytest_deselected(items=slow_gpu)
+            gone = {id(i) for i in slow_gpu}
+            items[:] = [i for i in items if id(i) not in gone]
     for item in items:
         if "multigpu" in item.keywords and devices < 2:
             item.add_marker(few_gpus)

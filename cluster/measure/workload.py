@@ -196,13 +196,13 @@ class RankContext:
 
 
 def _lone_process_group() -> None:
-    import os
+    """A world-size-1 NCCL default group for this process, on a fresh
+    loopback port given in the init method (the environment is left alone:
+    a MASTER_PORT set here would reach every process started later)."""
     import socket
 
     import torch.distributed as dist
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
-    dist.init_process_group("nccl", rank=0, world_size=1)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)

@@ -1,0 +1,59 @@
+"""scripts/gpu/suite.py on the CPU (its GPU tests skip here): which files
+are parts, one part's counts from its JUnit XML, the summary and the row for
+docs/results/gpu_suite.md, a budget that leaves parts for --resume, and a
+part killed at its limit counted as an error."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "scripts/gpu/suite.py")
+suite = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(suite)
+
+PART = "tests/test_reference_moe.py"  # small, with gpu-marked tests (skipped here)
+
+
+def test_parts_are_the_files_with_gpu_tests():
+    files = suite.gpu_files()
+    assert PART in files and "tests/gpu/test_cluster_gpu.py" in files
+    assert "tests/test_pytest_plugins.py" not in files  # mentions the marks only in strings
+    assert "tests/test_golden.py" not in files
+
+
+def test_a_run_a_budget_and_resume(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setattr(suite, "gpus", lambda: [])
+    assert suite.main([PART]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "state/summary.json").read_text())
+    assert summary["failed"] == summary["errors"] == 0 and summary["skipped"] > 0
+    assert "suite green" in out and PART in out
+    row = (tmp_path / "state/row.md").read_text()
+    assert row.startswith(f"| {summary['commit'][:12]} |") and '-m "gpu"' in row
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"gpu-suite.tgz", "summary.txt"}
+
+    # no budget left: nothing started, the run is incomplete, --resume finishes it
+    assert suite.main([PART, "tests/test_reference_mhc.py", "--budget", "1"]) == 1
+    assert "INCOMPLETE" in capsys.readouterr().out
+    assert suite.main([PART, "tests/test_reference_mhc.py", "--resume"]) == 0
+    assert "suite green" in capsys.readouterr().out
+
+
+def test_a_part_past_its_limit_is_an_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(suite, "gpus", lambda: [])
+    assert suite.main([PART, "--part-timeout", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "killed at its 1 s limit" in out and "suite RED" in out
+
+
+def test_an_unknown_file_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        suite.main(["tests/nonesuch.py"])
+    assert exit_.value.code == 2 and "tests/nonesuch.py" in capsys.readouterr().err
