@@ -9,13 +9,17 @@ restarts ranks (cluster.group rebuilds the whole group).
 
 The constructor only records metadata (and, for a GPU backend, pins the
 device); joining the group is :meth:`setup_group`, so an actor that is
-(re)started never blocks in a rendezvous.
+(re)started never blocks in a rendezvous. :meth:`close` leaves the group and
+keeps the process (its imports, CUDA context and compiled kernels) for the
+next :meth:`setup_group`: a pooled worker (cluster.pool) serves group after
+group, or runs a whole task in-process (:meth:`run_function`: virtual ranks).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 
 import ray
 
@@ -34,6 +38,9 @@ class RankActor:
                           "node_ip": ray.util.get_node_ip_address(),
                           "hostname": socket.gethostname(), "pid": os.getpid(),
                           "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        self._started_unix = time.time()
+        self._served = 0
+        """Groups joined and tasks run by this process (cluster.pool: reuse)."""
 
     def metadata(self) -> dict:
         """Node id and IP, hostname, pid, Ray's GPU ids, backend name."""
@@ -60,7 +67,62 @@ class RankActor:
                             hidden=hidden, timeout_s=timeout_s, **kwargs)
         self._backend = backend
         self._shape = {"tp": tp, "hidden": hidden}
+        self._served += 1
         return {**out, "metadata": self.metadata()}
+
+    def warm(self) -> dict:
+        """Pay this process's one-time costs now (a pooled worker, while the
+        driver does other work): the backend's imports and, on a GPU, the
+        CUDA context on this rank's device and the kernel DSL's import.
+        Returns the seconds each took and the metadata."""
+        timings = {}
+        t0 = time.monotonic()
+        make_backend(self._backend_name)
+        timings["imports_s"] = time.monotonic() - t0
+        if self._metadata["gpu_ids"]:
+            t0 = time.monotonic()
+            import cutlass  # noqa: F401 (the DSL: seconds of import, once)
+            import torch
+
+            from cluster.gpu.rank import local_device_index
+            torch.cuda.set_device(local_device_index())
+            torch.cuda.synchronize()
+            timings["cuda_s"] = time.monotonic() - t0
+        return {**timings, "metadata": self.metadata()}
+
+    def run_function(self, fn, spec: dict):
+        """``fn(spec)`` in this process, outside any group (the virtual-rank
+        form of a group: tp ranks in one process); afterwards the process
+        must be as reusable as after :meth:`close` (``stats`` tells)."""
+        if self._backend is not None:
+            raise RuntimeError(f"actor pid {os.getpid()} is in a group; close() first")
+        self._served += 1
+        try:
+            return fn(spec)
+        finally:
+            if self._metadata["gpu_ids"]:
+                import gc
+
+                import torch
+                gc.collect()
+                torch.cuda.empty_cache()
+
+    def stats(self) -> dict:
+        """What a pooled worker holds: pid, age, groups served, open file
+        descriptors (all, and by kind: cluster.procs.open_files), resident
+        memory and, on
+        a GPU, its device memory (torch: allocated and reserved; NVML: the
+        process's whole use, context and modules included), in bytes."""
+        from cluster.procs import open_files, process_memory
+        out = {**self.metadata(), "age_s": time.time() - self._started_unix,
+               "served": self._served, "in_group": self._backend is not None,
+               **open_files(), "rss_bytes": process_memory(os.getpid())}
+        if self._metadata["gpu_ids"]:
+            import torch
+
+            from cluster.gpu.rank import device_memory
+            out.update(device_memory(torch.cuda.current_device()))
+        return out
 
     def prepare(self, case: dict) -> dict:
         return self._joined().prepare(case)
@@ -136,11 +198,18 @@ class RankActor:
     def state(self) -> dict:
         return self._joined().state()
 
-    def close(self) -> None:
-        """Leave the group and release the mailbox; idempotent."""
-        if self._backend is not None:
-            self._backend.close()
-            self._backend = None
+    def close(self) -> dict:
+        """Leave the group and release the mailbox; idempotent. Returns
+        ``{"reusable": bool, "why": str}`` (cluster.backend): whether this
+        process may serve another group."""
+        self._tracer = None
+        backend, self._backend = self._backend, None
+        if backend is None:
+            return {"reusable": True, "why": ""}
+        try:
+            return backend.close() or {"reusable": True, "why": ""}
+        except Exception as err:  # noqa: BLE001 - a close that raised leaves unknown state
+            return {"reusable": False, "why": f"close raised {type(err).__name__}: {err}"}
 
     def _joined(self):
         if self._backend is None:

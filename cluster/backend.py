@@ -96,8 +96,12 @@ class RankBackend(Protocol):
     def state(self) -> dict:
         """The own mailbox's check and the call count, for tests and reports."""
 
-    def close(self) -> None:
-        """Release the mailbox; idempotent."""
+    def close(self) -> dict:
+        """Leave the group: release the mailbox and what the group set up,
+        leaving the process ready for another :meth:`setup` (a pooled
+        worker, cluster.pool); idempotent. Returns ``{"reusable": bool,
+        "why": str}``: False when the process must not serve another group
+        (a device error that stays with it)."""
 
 
 def rank_clean(result: dict) -> bool:

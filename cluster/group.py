@@ -14,6 +14,14 @@ Hang handling in layers (DESIGN.md, "Hang detection"):
    placed in the same bundles join a new rendezvous, and the group-start check
    reports (and scrubs) any mailbox a killed process left dirty.
 
+Ranks come from a :class:`cluster.pool.WorkerPool` when one is given
+(``pool``): the group leases tp warm workers (no placement group, no process
+start), sets them up with a fresh rendezvous and mailbox, and on close hands
+them back, each leaving its group; in step 5 only the killed ranks' workers
+are replaced by fresh ones in their slots and the survivors set up again.
+Without a pool the group places and starts tp actors of its own and kills
+them on close.
+
 Timeouts: placement and setup ``setup_timeout_s`` (errors say what was
 requested and what the cluster has), each call ``call_timeout_s`` (must
 exceed the watchdog budget plus any injected delay), every other ``ray.get``
@@ -32,7 +40,8 @@ from collections.abc import Iterator, Mapping, Sequence
 import ray
 from ray.util.placement_group import (NODE_ID_LABEL_KEY, placement_group,
                                       remove_placement_group)
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                            PlacementGroupSchedulingStrategy)
 
 from cluster.actors import RankActor, release_rank
 from cluster.backend import actor_env, needs_rendezvous, require_backend
@@ -132,13 +141,15 @@ class TPGroup:
     rendezvous (gpu) also gets ``master_addr`` / ``master_port`` from rank 0's
     actor and the ``placement``, new for every (re)build. ``node_id``: pin
     every bundle to that Ray node (a ``ray.io/node-id`` label selector, as
-    cluster.fanout plans it), else Ray picks the node.
+    cluster.fanout plans it), else Ray picks the node. ``pool``: take the
+    ranks from that :class:`cluster.pool.WorkerPool` (same backend) instead
+    of starting actors of the group's own.
     """
 
     def __init__(self, *, tp: int, hidden: int, capacity: int, backend: str = "emulated",
                  gpus_per_rank: float = 0.0, setup_timeout_s: float = 60.0,
                  call_timeout_s: float = 10.0, backend_options: Mapping | None = None,
-                 node_id: str | None = None) -> None:
+                 node_id: str | None = None, pool=None) -> None:
         require_tp("tp", tp)
         require_multiple("hidden", hidden, VEC_BF16)
         require_int("capacity", capacity, low=1)
@@ -158,6 +169,9 @@ class TPGroup:
             raise ValueError(f"shared_gpu: tp * gpus_per_rank must be <= 1 (one GPU), got "
                              f"{tp} * {gpus_per_rank}")
         self.backend_options = dict(backend_options or {})
+        if pool is not None and pool.backend != self.backend:
+            raise ValueError(f"pool {pool.name} runs the {pool.backend} backend, the group "
+                             f"{self.backend}")
         self._rendezvous = needs_rendezvous(self.backend)
         self._prepared: set = set()
         self.setup_timeout_s, self.call_timeout_s = setup_timeout_s, call_timeout_s
@@ -179,6 +193,9 @@ class TPGroup:
         (:mod:`cluster.phases`: inputs, load, call, readback, check)."""
         self.start_diagnosis: GroupDiagnosis | None = None
         self.metadata: list[dict] = []
+        self.replaced_ranks: set[int] = set()
+        """Ranks whose worker was killed and replaced by a fresh one (a
+        rebuild); the cases after it ran on the replacement."""
         self._actors: list = []
         self._seq = 0
         self._closed = False
@@ -188,25 +205,50 @@ class TPGroup:
             self._bundles = [{"GPU": gpus_per_rank} if gpus_per_rank
                              else {"CPU": CPU_PER_RANK_BUNDLE} for _ in range(tp)]
         self.node_id = node_id
-        pin = {} if node_id is None else {
-            "bundle_label_selector": [{NODE_ID_LABEL_KEY: node_id}] * len(self._bundles)}
+        self._pool, self._lease, self._pg = pool, None, None
         placing = time.monotonic()
-        self._pg = placement_group(self._bundles, strategy="STRICT_PACK",
-                                   name=f"tp{tp}-{self.group_id}", **pin)
         try:
-            try:
-                ray.get(self._pg.ready(), timeout=setup_timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                self._require_node()
-                raise TimeoutError(
-                    f"placement group for tp={tp} (bundles {self._bundles}, STRICT_PACK"
-                    f"{'' if node_id is None else ', node ' + node_id}) not ready "
-                    f"after {setup_timeout_s} s: {self._resources()}") from None
+            if pool is None:
+                self._place(setup_timeout_s)
+            else:
+                from cluster.pool import Request
+                self._lease = pool.acquire(
+                    Request(tp=tp, placement=self.placement, node_id=node_id,
+                            share=round(tp * gpus_per_rank, 4) if self.placement == "shared_gpu"
+                            else 1.0), timeout_s=setup_timeout_s)
             self.build_s += time.monotonic() - placing
             self._build()
         except BaseException:
             self.close()
             raise
+
+    @property
+    def pooled(self) -> bool:
+        return self._lease is not None
+
+    @property
+    def cold_ranks(self) -> list[int]:
+        """Ranks whose worker process was started for this group (all of
+        them without a pool; with one, those the pool had no idle worker
+        for, and the replaced ones)."""
+        if self._lease is None:
+            return list(range(self.tp))
+        return [r for r, fresh in enumerate(self._lease.fresh) if fresh]
+
+    def _place(self, timeout_s: float) -> None:
+        """The group's own placement group (no pool), ready."""
+        pin = {} if self.node_id is None else {
+            "bundle_label_selector": [{NODE_ID_LABEL_KEY: self.node_id}] * len(self._bundles)}
+        self._pg = placement_group(self._bundles, strategy="STRICT_PACK",
+                                   name=f"tp{self.tp}-{self.group_id}", **pin)
+        try:
+            ray.get(self._pg.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self._require_node()
+            raise TimeoutError(
+                f"placement group for tp={self.tp} (bundles {self._bundles}, STRICT_PACK"
+                f"{'' if self.node_id is None else ', node ' + self.node_id}) not ready "
+                f"after {timeout_s} s: {self._resources()}") from None
 
     def __enter__(self) -> "TPGroup":
         return self
@@ -245,16 +287,19 @@ class TPGroup:
             self.build_s += time.monotonic() - started
 
     def _start_actors(self) -> None:
-        env = actor_env(self.backend, placement=self.placement, tp=self.tp)
-        extra = {"runtime_env": {"env_vars": env}} if env else {}
-        self._actors = [
-            RankActor.options(
-                num_gpus=self.gpus_per_rank,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=self._bundle_index(r)),
-                **extra,
-            ).remote(self.backend)
-            for r in range(self.tp)]
+        if self._lease is not None:
+            self._actors = self._lease.actors
+        else:
+            env = actor_env(self.backend, placement=self.placement, tp=self.tp)
+            extra = {"runtime_env": {"env_vars": env}} if env else {}
+            self._actors = [
+                RankActor.options(
+                    num_gpus=self.gpus_per_rank,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self._pg, placement_group_bundle_index=self._bundle_index(r)),
+                    **extra,
+                ).remote(self.backend)
+                for r in range(self.tp)]
         self._prepared = set()
         options = self._options()
         refs = [a.setup_group.remote(group_id=self.group_id, rank=r, tp=self.tp,
@@ -276,13 +321,24 @@ class TPGroup:
 
     def _rebuild(self, gone: set[int]) -> None:
         """Kill the ranks in ``gone`` and wait until their processes are over,
-        close the survivors, and build the group again."""
+        close the survivors, and build the group again (pooled: the killed
+        ranks' and any survivor that did not close cleanly replaced by
+        fresh workers, the others set up again)."""
         for r in sorted(gone):
             ray.kill(self._actors[r], no_restart=True)
         self._require_node()
         for r in sorted(gone):
             self._await_exit(r)
-        self._stop_actors(set(range(self.tp)) - gone)
+        survivors = set(range(self.tp)) - gone
+        if self._lease is None:
+            self._stop_actors(survivors)
+        else:
+            reusable = self._close_ranks(survivors)
+            bad = sorted(gone | {r for r in survivors if not reusable[r]})
+            for r in bad:
+                self._pool.replace(self._lease, r)
+                self.replaced_ranks.add(r)
+            self._release({r for r in bad if r not in gone})
         self._build()
 
     def node_alive(self) -> bool:
@@ -315,32 +371,46 @@ class TPGroup:
                                    f"{CONTROL_TIMEOUT_S} s after ray.kill")
             time.sleep(0.01)
 
+    def _close_ranks(self, ranks: set[int]) -> dict[int, bool]:
+        """Graceful close of ``ranks``, bounded by ``CLOSE_TIMEOUT_S``; per
+        rank whether it closed and may serve another group (the backend's
+        verdict; False when it did not answer in time or raised)."""
+        refs = {r: self._actors[r].close.remote() for r in ranks}
+        ready, _ = (ray.wait(list(refs.values()), num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
+                    if refs else ([], []))
+        reusable = {r: False for r in ranks}
+        for r, ref in refs.items():
+            if ref in ready:
+                try:
+                    verdict = ray.get(ref, timeout=CONTROL_TIMEOUT_S)
+                    reusable[r] = bool((verdict or {"reusable": True})["reusable"])
+                except ray.exceptions.RayError:
+                    pass
+        return reusable
+
     def _stop_actors(self, ranks: set[int]) -> None:
         """Graceful close of ``ranks`` (bounded), then ray.kill; a rank whose
         close did not complete gets its leftovers released on its node."""
         if not ranks:
             return
-        refs = {r: self._actors[r].close.remote() for r in ranks}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
-        closed = set()
-        for r, ref in refs.items():
-            if ref in ready:
-                try:
-                    ray.get(ref, timeout=CONTROL_TIMEOUT_S)
-                    closed.add(r)
-                except ray.exceptions.RayError:
-                    pass
+        closed = {r for r, ok in self._close_ranks(ranks).items() if ok}
         for r in ranks:
             ray.kill(self._actors[r], no_restart=True)
         self._release(set(ranks) - closed)
 
     def _release(self, ranks: set[int]) -> None:
+        """Free what the (killed) ``ranks`` left on their node (the backend's
+        ``release_rank``), run in their bundle or, pooled, on their node."""
         if not ranks or not self.node_alive():  # nothing to free on a node that is gone
             return
-        refs = [release_rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            self._pg, placement_group_bundle_index=self._bundle_index(r))
-        ).remote(self.backend, self.group_id, r)
-            for r in sorted(ranks)]
+
+        def where(r: int):
+            if self._pg is not None:
+                return PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=self._bundle_index(r))
+            return NodeAffinitySchedulingStrategy(self.metadata[r]["node_id"], soft=False)
+        refs = [release_rank.options(scheduling_strategy=where(r)).remote(
+            self.backend, self.group_id, r) for r in sorted(ranks) if r < len(self.metadata)]
         ray.get(refs, timeout=CONTROL_TIMEOUT_S)
 
     # -- calls
@@ -580,16 +650,25 @@ class TPGroup:
 
     def close(self) -> None:
         """Graceful close of every rank, then ray.kill, then the placement
-        group goes; idempotent."""
+        group goes; pooled: every rank that closed cleanly goes back to the
+        pool, the others are killed. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
-            if self._actors:
+            if self._lease is not None:
+                self._actors = self._actors or self._lease.actors
+                ranks = set(range(len(self._actors)))
+                reusable = self._close_ranks(ranks)
+                self._pool.release(self._lease, [reusable.get(r, False)
+                                                 for r in range(self.tp)])
+                self._release({r for r in ranks if not reusable[r]})
+            elif self._actors:
                 self._stop_actors(set(range(len(self._actors))))
         finally:
             self._actors = []
-            remove_placement_group(self._pg)
+            if self._pg is not None:
+                remove_placement_group(self._pg)
 
     def _require_open(self) -> None:
         if self._closed:

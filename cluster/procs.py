@@ -23,6 +23,34 @@ def _stat(pid: int) -> list[bytes] | None:
     return stat[stat.rindex(b")") + 2:].split()
 
 
+def process_memory(pid: int) -> int | None:
+    """Resident memory of ``pid`` in bytes (``/proc/<pid>/statm``), None
+    when there is no such process."""
+    try:
+        with open(f"/proc/{int(pid)}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def open_files(pid: int | str = "self") -> dict[str, int]:
+    """This (or ``pid``'s) open file descriptors: ``fds`` in all and by
+    kind, ``fds_socket``, ``fds_pipe``, ``fds_shm`` (under /dev/shm),
+    ``fds_other`` (files, devices, anonymous inodes)."""
+    out = {"fds": 0, "fds_socket": 0, "fds_pipe": 0, "fds_shm": 0, "fds_other": 0}
+    base = f"/proc/{pid}/fd"
+    for fd in os.listdir(base):
+        try:
+            target = os.readlink(f"{base}/{fd}")
+        except OSError:  # closed while listing (the listing's own fd, for one)
+            continue
+        out["fds"] += 1
+        kind = ("socket" if target.startswith("socket:") else "pipe" if target.startswith("pipe:")
+                else "shm" if target.startswith("/dev/shm/") else "other")
+        out[f"fds_{kind}"] += 1
+    return out
+
+
 def process_start(pid: int) -> int | None:
     """When ``pid`` started (clock ticks since boot), None when there is no
     such process (or only a zombie of it)."""

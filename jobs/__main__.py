@@ -19,6 +19,8 @@ Commands:
   submit         ``ray job submit --working-dir .`` of one of the above, with the
                  git commit passed along (the uploaded tree has no .git)
   head           start / stop a local Ray head to submit to
+  pool           start / show / stop a standing pool of warm rank workers on a
+                 running cluster (jobs given ``--pool NAME`` use it)
   schema         the results columns, as docs/results-schema.md lists them
 
 Cluster: no ``--address`` and no RAY_ADDRESS starts an embedded local Ray
@@ -51,7 +53,8 @@ from pathlib import Path
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
 from jobs.head import DEFAULT_HEAD_DIR, HEAD_DIR_ENV
 from jobs.options import (DEFAULT_RESULTS, add_results_arguments, groups_per_gpu, int_list,
-                          open_results, positive_number, positive_seconds, report, str_list)
+                          open_results, pool_choice, positive_number, positive_seconds, report,
+                          str_list)
 
 DEFAULT_SITE = Path("site")
 
@@ -87,6 +90,11 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
                    help="refuse a TP group whose estimated memory per node exceeds this "
                         "(default: LAMPORT_MEMORY_LIMIT_GB, else the suite's memory_limit_gb, "
                         "else half of this machine's RAM or /dev/shm; see jobs/sizing.py)")
+    p.add_argument("--pool", type=pool_choice, default="job", metavar="job|off|NAME",
+                   help="where TP groups take their rank processes from: 'job' (default) a pool "
+                        "of warm workers this run starts once and every group reuses; 'off' a "
+                        "fresh actor per rank per group; NAME the standing pool of that name on "
+                        "the cluster joined with --address (python -m jobs pool start)")
     p.add_argument("--groups-per-gpu", type=groups_per_gpu, default=1, metavar="N",
                    help="one-GPU groups (shared-gpu, virtual-ranks) that may share a GPU at once, "
                         "each holding 1/N of it; their kernels time-slice (default: %(default)s)")
@@ -197,6 +205,9 @@ def _plan(args, jobs: tuple[str, ...]):
         if runs.read_manifest(args.results, args.run_id) is None:
             raise ConfigError(f"--resume: no run {args.run_id!r} in --results {args.results}")
     check_backend_request(args.backend)
+    if args.pool not in ("job", "off") and not (args.address or os.environ.get("RAY_ADDRESS")):
+        raise ConfigError(f"--pool {args.pool}: a standing pool lives on a running cluster; give "
+                          f"--address (or RAY_ADDRESS), or --pool job for a pool of this run's own")
     if getattr(args, "cmd", None) == "trace":
         from jobs.trace import check_one_group
         if len(plan) != 1:
@@ -208,8 +219,7 @@ def _plan(args, jobs: tuple[str, ...]):
 # ----------------------------------------------------------------- sweeps
 def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     from jobs import correctness, faults, profile
-    from jobs.harness import ClusterView, Run, done_in_run, ray_session, resolve_backend
-    from jobs.results import env_info
+    from jobs.harness import ClusterView, ray_session, resolve_backend, worker_pool
 
     plan = _plan(args, jobs)
     rule = _rule(args) if nightly else None
@@ -220,47 +230,74 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     with ray_session(args.address) as how:
         backend, why = resolve_backend(args.backend)
         view = ClusterView(backend, groups_per_gpu=args.groups_per_gpu)
-        environment = {**env_info(), **view.columns()}
-        run = Run(results=None if args.no_results else args.results, trigger=args.trigger,
-                  run_id=args.run_id, backend=backend, environment=environment)
-        if run.results is not None and not run.results.is_absolute() and "joined" in how:
-            print(f"note: --results {run.results} is relative to this job's working directory "
-                  f"(under ray job submit, a temporary copy): give an absolute path to keep them")
-        print(f"ray: {how}\nbackend: {why}\ncluster: {view.describe()}"
-              f"\ncommit: {environment.get('git_commit') or 'unknown'}"
-              f"\nrun: {run.run_id} (trigger {run.trigger}); results: "
-              f"{'not written' if args.no_results else args.results}", flush=True)
-        keys, parts = done_in_run(args.results, run.run_id) if args.resume else (set(), set())
-        for suite, cases in plan:
-            print(f"\n#### suite {suite.name} v{suite.version} ({suite.path}): {suite.description}")
-            if "selfcheck" in jobs and suite.selfcheck and (suite.name, "selfcheck") not in parts:
-                _selfcheck_part(run, suite)
-            if "compile-check" in jobs and suite.compile_check and \
-                    (suite.name, "compile-check") not in parts:
-                _compile_part(run, suite, args)
-            # The nightly runs every placement the cluster offers a case
-            # ("every topology"); a single job runs the best one.
-            cases = view.concretize(cases, every=nightly, wanted=args.placement)
-            if args.resume:
-                todo = [c for c in cases if c.key() not in keys]
-                print(f"resume: run {run.run_id} holds {len(cases) - len(todo)} of these "
-                      f"{len(cases)} case(s) already; running the other {len(todo)}"
-                      + "".join(f"; its {j} rows are kept, not rerun" for j in
-                                ("selfcheck", "compile-check")
-                                if j in jobs and (suite.name, j) in parts), flush=True)
-                cases = todo
-            for job in ("correctness", "faults", "profile"):
-                mine = [c for c in cases if c.job == job]
-                if mine:
-                    runners[job](run, suite, mine, view=view, timeout_s=args.timeout)
-        regressed = 0
-        if nightly:
-            regressed = _regression_part(run, rule, args)
+        with worker_pool(args.pool, backend) as view.pool:
+            run = _run_jobs(args, jobs, plan, runners, view, f"ray: {how}\nbackend: {why}",
+                            nightly=nightly)
+            regressed = _regression_part(run, rule, args) if nightly else 0
     failing = run.summary()
     run.finish(compact=nightly)
     if nightly:
         failing += _dashboard_part(args)
     return 1 if failing or regressed else 0
+
+
+def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
+              nightly: bool):
+    """Every job of every suite of ``plan`` on the open cluster; the Run."""
+    from jobs.harness import Run, done_in_run
+    from jobs.results import env_info
+    environment = {**env_info(), **view.columns()}
+    run = Run(results=None if args.no_results else args.results, trigger=args.trigger,
+              run_id=args.run_id, backend=view.backend, environment=environment)
+    if run.results is not None and not run.results.is_absolute() and "joined" in heading:
+        print(f"note: --results {run.results} is relative to this job's working directory "
+              f"(under ray job submit, a temporary copy): give an absolute path to keep them")
+    print(f"{heading}\ncluster: {view.describe()}"
+          f"\npool: {view.pool.describe() if view.pool else 'off (a fresh actor per rank per group)'}"
+          f"\ncommit: {environment.get('git_commit') or 'unknown'}"
+          f"\nrun: {run.run_id} (trigger {run.trigger}); results: "
+          f"{'not written' if args.no_results else args.results}", flush=True)
+    if view.pool is not None:
+        # workers start (imports, CUDA contexts) while the self-check and compile check run
+        view.pool.prestart(prestart_count([c for _, cases in plan for c in cases], view))
+    keys, parts = done_in_run(args.results, run.run_id) if args.resume else (set(), set())
+    for suite, cases in plan:
+        print(f"\n#### suite {suite.name} v{suite.version} ({suite.path}): {suite.description}")
+        if "selfcheck" in jobs and suite.selfcheck and (suite.name, "selfcheck") not in parts:
+            _selfcheck_part(run, suite)
+        if "compile-check" in jobs and suite.compile_check and \
+                (suite.name, "compile-check") not in parts:
+            _compile_part(run, suite, args)
+        # The nightly runs every placement the cluster offers a case
+        # ("every topology"); a single job runs the best one.
+        cases = view.concretize(cases, every=nightly, wanted=args.placement)
+        if args.resume:
+            todo = [c for c in cases if c.key() not in keys]
+            print(f"resume: run {run.run_id} holds {len(cases) - len(todo)} of these "
+                  f"{len(cases)} case(s) already; running the other {len(todo)}"
+                  + "".join(f"; its {j} rows are kept, not rerun" for j in
+                            ("selfcheck", "compile-check")
+                            if j in jobs and (suite.name, j) in parts), flush=True)
+            cases = todo
+        for job in ("correctness", "faults", "profile"):
+            mine = [c for c in cases if c.job == job]
+            if mine:
+                runners[job](run, suite, mine, view=view, timeout_s=args.timeout)
+    if view.pool is not None:
+        print(f"\npool {view.pool.name}: {view.pool.usage()}", flush=True)
+    return run
+
+
+def prestart_count(cases, view) -> int:
+    """Workers a pool slot needs at the busiest moment of ``cases``: on
+    GPUs, ``groups_per_gpu`` shared-GPU groups of the largest tp at once on
+    one GPU; emulated, the largest group (groups are placed one node at a
+    time)."""
+    ranked = [c for c in cases if c.job in ("correctness", "faults", "profile")]
+    if not ranked:
+        return 0
+    tp = max(c.tp for c in ranked)
+    return min(tp * view.groups_per_gpu, 16) if view.backend == "gpu" else tp
 
 
 def _selfcheck_part(run, suite) -> None:
@@ -387,7 +424,7 @@ def _submit(args) -> int:
     if not command:
         raise ConfigError("give the job command after '--', e.g. "
                           "python -m jobs submit -- nightly --suite smoke")
-    if command[0] in ("submit", "head"):
+    if command[0] in ("submit", "head", "pool"):
         raise ConfigError(f"{command[0]!r} runs on this side, not as a Ray job")
     job = _parse_job(command)
     if job is None:
@@ -546,6 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=positive_seconds, default=180.0, metavar="S",
                    help="how long to wait for the job agent (default: %(default)s s)")
     p.set_defaults(func=_head)
+    from jobs import pool
+    pool.add_parser(sub)
     return parser
 
 

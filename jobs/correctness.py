@@ -101,9 +101,9 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
         return
     timeout = timeout_s or members[0].param("timeout_s")
     if where.name == "virtual-ranks":
-        _run_virtual(run, suite, members, where, timeout)
+        _run_virtual(run, suite, members, where, timeout, node_id=node_id, pool=view.pool)
         return
-    group = open_group(run, suite, members, where, timeout, node_id=node_id)
+    group = open_group(run, suite, members, where, timeout, node_id=node_id, pool=view.pool)
     if group is None:
         return
     from cluster.group import BatchedGroup
@@ -122,12 +122,15 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
 
 def group_tags(group) -> dict:
     """Row extras naming where a group ran: the group, the node it was
-    pinned to (cluster.fanout; None: unpinned), its ranks' nodes, and the
+    pinned to (cluster.fanout; None: unpinned), its ranks' nodes, the
     wall time of its build so far (``TPGroup.build_s``: placing it and
-    starting and setting up its rank actors)."""
+    starting and setting up its rank actors), whether its ranks came from
+    a worker pool (cluster.pool) and which of them were started for it
+    (``cold_ranks``: every rank without a pool)."""
     return {"group_id": group.group_id, "node_id": group.node_id,
             "rank_nodes": sorted({m["node_id"] for m in group.metadata}),
-            "group_build_s": round(group.build_s, 3)}
+            "group_build_s": round(group.build_s, 3),
+            "pooled": group.pooled, "cold_ranks": group.cold_ranks}
 
 
 def work_kind(backend: str) -> str:
@@ -156,10 +159,12 @@ def group_placement(run: Run, suite: Suite, members: Sequence[Case], view: Clust
 
 
 def open_group(run: Run, suite: Suite, members: Sequence[Case], where: Placement,
-               timeout_s: float, case_fields=lambda case: {}, node_id: str | None = None):
+               timeout_s: float, case_fields=lambda case: {}, node_id: str | None = None,
+               pool=None):
     """A TPGroup for the cases (capacity: their largest M; pinned to
-    ``node_id`` when given), or None once each is recorded as an error with
-    the setup failure's root cause."""
+    ``node_id`` when given; its ranks from ``pool``, a cluster.pool.WorkerPool,
+    when given), or None once each is recorded as an error with the setup
+    failure's root cause."""
     import ray
 
     from cluster.group import NodeLost, TPGroup
@@ -169,7 +174,7 @@ def open_group(run: Run, suite: Suite, members: Sequence[Case], where: Placement
         return TPGroup(tp=first.tp, hidden=first.hidden,
                        capacity=max(c.tokens for c in members), backend=run.backend,
                        gpus_per_rank=where.gpus_per_rank, call_timeout_s=timeout_s,
-                       setup_timeout_s=SETUP_TIMEOUT_S, node_id=node_id,
+                       setup_timeout_s=SETUP_TIMEOUT_S, node_id=node_id, pool=pool,
                        **group_options(run.backend, first))
     except (TimeoutError, ValueError, NodeLost, ray.exceptions.RayError) as err:
         for case in members:
@@ -244,6 +249,8 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
                **row_extra(case), "collective_speed": where.collective_speed,
                "recovered": bool(call and call.recovery is not None),
                "rebuilt": bool(call and call.rebuilt),
+               # ranks that ran on a fresh worker after a kill (pooled groups)
+               "replaced_ranks": sorted(group.replaced_ranks) or None,
                # host time by phase, slowest rank, summed over the repeats
                "phases_s": rounded(since(phases_before, group.phases_s)) or None,
                **(extra or {})})
@@ -300,8 +307,9 @@ def virtual_spec(members: Sequence[Case]) -> dict:
 
 
 def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,
-                 timeout_s: float) -> None:
-    """The group as one Ray task on one GPU; a task past ``timeout_s`` (the
+                 timeout_s: float, *, node_id: str | None = None, pool=None) -> None:
+    """The group as one Ray task on one GPU (with a pool: in one pooled
+    worker of a slot of ``node_id``); a task past ``timeout_s`` (the
     per-call deadline times the calls) is killed and every case not yet
     reported is a hang."""
     from cluster.gpu import virtual
@@ -310,7 +318,8 @@ def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,
     spec = virtual_spec(members)
     calls = sum(len(c["seeds"]) for c in spec["cases"])
     deadline = timeout_s * calls + VIRTUAL_COMPILE_S
-    out, failed = gpu_task(virtual.run_group, spec, deadline, gpus=where.gpus_per_rank)
+    out, failed = gpu_task(virtual.run_group, spec, deadline, gpus=where.gpus_per_rank,
+                           pool=pool, node_id=node_id)
     if failed:
         kind, why = failed
         for case in members:

@@ -74,7 +74,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
     if where is None:
         return
     group = open_group(run, suite, members, where, timeout_s or members[0].param("timeout_s"),
-                       fields, node_id=node_id)
+                       fields, node_id=node_id, pool=view.pool)
     if group is None:
         return
     with group, run.tagged(**group_tags(group)):
@@ -150,6 +150,8 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dic
         extra={"faulty_rank": case.rank, "call_outcome": v.outcome, "diagnosis_kind": d.kind,
                "budget_ns": budget_ns, "repeats": len(verdicts),
                "rebuilt": any(x.rebuilt for x in verdicts),
+               # ranks now on a fresh worker after a kill (pooled groups)
+               "replaced_ranks": sorted(group.replaced_ranks) or None,
                # the group's kernels this case was the first to need (compiled or loaded)
                "prepare_s": round(group.prepare_s - prepared_before, 3) or None,
                "phases_s": rounded(since(phases_before, group.phases_s)) or None,

@@ -56,14 +56,25 @@ def error_text(err: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def gpu_task(fn, spec: dict, timeout_s: float, *, gpus: float = 1.0
-             ) -> tuple[Any, tuple[str, str] | None]:
-    """Run ``fn(spec)`` as a Ray task holding ``gpus`` of one GPU and wait at most
-    ``timeout_s``. Returns ``(result, None)``, or ``(None, (outcome, reason))``:
-    past the deadline the task is cancelled with force (its process ends, and
-    a spinning kernel with it) and the outcome is ``hang``; an AssertionError
-    raised in the task (a wrong answer) is ``fail``; anything else ``error``."""
+def gpu_task(fn, spec: dict, timeout_s: float, *, gpus: float = 1.0, pool=None,
+             node_id: str | None = None) -> tuple[Any, tuple[str, str] | None]:
+    """Run ``fn(spec)`` as a Ray task holding ``gpus`` of one GPU (with a
+    cluster.pool.WorkerPool: in one of its workers, ``gpus`` of its slot, on
+    ``node_id`` when given) and wait at most ``timeout_s``. Returns
+    ``(result, None)``, or ``(None, (outcome, reason))``: past the deadline
+    the task is cancelled with force (its process ends, and a spinning kernel
+    with it; a pooled worker is killed and later replaced) and the outcome
+    is ``hang``; an AssertionError raised in the task (a wrong answer) is
+    ``fail``; anything else ``error``."""
     import ray
+    if pool is not None:
+        try:
+            return pool.call(fn, spec, share=gpus, node_id=node_id, timeout_s=timeout_s), None
+        except (ray.exceptions.GetTimeoutError, TimeoutError) as err:
+            return None, ("hang", error_text(err, limit=300))
+        except Exception as err:
+            kind = "fail" if isinstance(getattr(err, "cause", None), AssertionError) else "error"
+            return None, (kind, error_text(err, limit=300))
     ref = ray.remote(num_gpus=gpus, num_cpus=0, max_retries=0)(fn).remote(spec)
     try:
         return ray.get(ref, timeout=timeout_s), None
@@ -113,6 +124,34 @@ def ray_session(address: str | None) -> Iterator[str]:
             yield how
     finally:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def worker_pool(choice: str, backend: str) -> Iterator[Any]:
+    """The cluster.pool.WorkerPool the jobs take their ranks from, per
+    ``--pool``: ``job`` a pool of this run's own (its workers killed when
+    the block ends), ``off`` None (every group starts its own actors), else
+    the standing pool of that name (left running). UsageError when that
+    pool is not there or runs another backend."""
+    if choice == "off":
+        yield None
+        return
+    from cluster.pool import WorkerPool
+    if choice == "job":
+        pool = WorkerPool.for_job(backend)
+        try:
+            yield pool
+        finally:
+            pool.close()
+        return
+    try:
+        pool = WorkerPool.attach(choice)
+    except ValueError as err:
+        raise UsageError(f"--pool {choice}: {err}") from None
+    if pool.backend != backend:
+        raise UsageError(f"--pool {choice}: that pool runs the {pool.backend} backend, this "
+                         f"run the {backend} backend")
+    yield pool
 
 
 def _no_auto_connect() -> None:
@@ -196,6 +235,9 @@ class ClusterView:
         check_groups_per_gpu(groups_per_gpu)
         self.backend = backend
         self.groups_per_gpu = groups_per_gpu
+        self.pool = None
+        """The cluster.pool.WorkerPool the jobs take their ranks from (None:
+        every group starts actors of its own; set by the driver)."""
         self.topology = None
         self.topology_error = None
         _, self.gpus_per_node = cluster_gpus()

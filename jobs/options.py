@@ -46,6 +46,23 @@ def str_list(choices: Sequence[str] | None = None) -> Callable[[str], tuple[str,
     return parse
 
 
+POOL_MODES = ("job", "off")
+
+
+def pool_choice(text: str) -> str:
+    """``--pool``: ``job`` (a worker pool of this run's own), ``off`` (every
+    TP group starts rank actors of its own, today's path before pools) or
+    the name of a standing pool (letters, digits, ``_``, ``-``, ``.``)."""
+    from kernels.validation import require_name
+    if text in POOL_MODES:
+        return text
+    try:
+        require_name("--pool", text)
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(f"{err}; or one of {', '.join(POOL_MODES)}") from None
+    return text
+
+
 def positive_seconds(text: str) -> float:
     """A finite number of seconds > 0 (``inf`` and ``nan`` are refused: a
     deadline must end)."""

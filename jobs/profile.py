@@ -67,7 +67,8 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
         for members in groups.values():
             where = view.resolve(members[0])
             assert isinstance(where, Placement)
-            _measure_group(run, suite, members, where, timeout_s or members[0].param("timeout_s"))
+            _measure_group(run, suite, members, where, timeout_s or members[0].param("timeout_s"),
+                           pool=view.pool)
 
 
 def skip_reason(backend: str, case: Case, where: Placement | str) -> str | None:
@@ -111,7 +112,7 @@ def timing_spec(case: Case) -> dict:
 
 
 def _measure_group(run: Run, suite: Suite, members: list[Case], where: Placement,
-                   timeout_s: float) -> None:
+                   timeout_s: float, pool=None) -> None:
     """One rank actor per GPU: the cases on one TP group (capacity:
     their largest M), every rank timing each case's graphs at once; after a
     case that does not pass, a fresh group for the rest (a timed call cut
@@ -119,7 +120,7 @@ def _measure_group(run: Run, suite: Suite, members: list[Case], where: Placement
     from jobs.correctness import open_group
     pending = list(members)
     while pending:
-        group = open_group(run, suite, pending, where, timeout_s)
+        group = open_group(run, suite, pending, where, timeout_s, pool=pool)
         if group is None:
             return
         with group:

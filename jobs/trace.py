@@ -61,7 +61,8 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
                            reason="virtual ranks share one process: there are no rank "
                                   "processes to trace; trace a process-per-gpu group")
             return None
-        group = open_group(run, suite, cases, where, timeout_s or cases[0].param("timeout_s"))
+        group = open_group(run, suite, cases, where, timeout_s or cases[0].param("timeout_s"),
+                           pool=view.pool)
         if group is None:
             return None
         with group:

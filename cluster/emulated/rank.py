@@ -72,14 +72,16 @@ class EmulatedRank:
         self._calls = 0
         return {"rank": rank, "created": created, "start_check": dataclasses.asdict(found)}
 
-    def close(self) -> None:
-        if not self._mailboxes:
-            return
-        own = self._mailboxes[self._rank]
-        for box in self._mailboxes:
-            box.close()
-        own.unlink()
-        self._mailboxes = []
+    def close(self) -> dict:
+        """Detach every mailbox and unlink the own segment; idempotent. The
+        process stays reusable (cluster.backend's close contract)."""
+        if self._mailboxes:
+            own = self._mailboxes[self._rank]
+            for box in self._mailboxes:
+                box.close()
+            own.unlink()
+            self._mailboxes = []
+        return {"reusable": True, "why": ""}
 
     def prepare(self, case: dict) -> dict:
         """Nothing to compile; warm the op's reference up (its imports and a

@@ -152,16 +152,23 @@ class GpuRank:
         self._barrier()  # ... on every rank before anyone publishes
         return box
 
-    def close(self) -> None:
+    def close(self) -> dict:
         """Release kernels, mailboxes (peer mappings first) and the process
-        group; idempotent. No collective: a peer may be dead."""
+        group, and hand the caching allocator's free blocks back to the
+        driver, so that a pooled worker (cluster.pool) is back to its idle
+        GPU memory; idempotent. No collective: a peer may be dead. Returns
+        ``{"reusable": bool, "why": str}``: not reusable once the device
+        reported an error (a sticky CUDA error stays with the context)."""
+        import gc
+
         import torch
 
+        verdict = {"reusable": True, "why": ""}
         if self._device is not None and torch.cuda.is_available():
             try:
                 torch.cuda.synchronize(self._device)
-            except Exception:  # noqa: BLE001 (a faulted context must not block close)
-                pass
+            except Exception as err:  # noqa: BLE001 (a faulted context must not block close)
+                verdict = {"reusable": False, "why": f"{type(err).__name__}: {err}"}
         self._kernels = {}
         for obj in self._measure_cache.values():
             try:
@@ -179,6 +186,12 @@ class GpuRank:
             except Exception:  # noqa: BLE001
                 pass
             self._pg = False
+        self._rank = self._group_id = None
+        if verdict["reusable"] and self._device is not None:
+            gc.collect()  # mailbox handles and graphs in reference cycles
+            torch.cuda.ipc_collect()  # exported mailboxes whose importers are gone
+            torch.cuda.empty_cache()
+        return verdict
 
     # -- kernels
     def prepare(self, case: Mapping) -> dict:
@@ -392,6 +405,20 @@ CUDA_VISIBLE_DEVICES to the actor's, because torch symmetric memory's
 rendezvous tells peers apart by device index and opens their allocations
 by it (with each rank seeing only "its" cuda:0 it refuses: "allocations
 from overlapping devices from different ranks")."""
+
+
+def device_memory(device) -> dict[str, int]:
+    """Device memory in bytes as this process sees it: torch's caching
+    allocator (``gpu_allocated_bytes``: live tensors, ``gpu_reserved_bytes``:
+    held from the driver) and the device's used memory over every process
+    (``gpu_device_used_bytes``, cudaMemGetInfo: contexts, loaded modules,
+    symmetric-memory and NCCL allocations included)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    return {"gpu_allocated_bytes": int(torch.cuda.memory_allocated(device)),
+            "gpu_reserved_bytes": int(torch.cuda.memory_reserved(device)),
+            "gpu_device_used_bytes": int(total - free)}
 
 
 def local_device_index() -> int:

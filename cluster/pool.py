@@ -1,0 +1,589 @@
+"""WorkerPool: long-lived rank actors ("workers") that TP groups are formed from.
+
+Starting a rank actor costs seconds (a process, torch and the kernel DSL
+imported, a CUDA context, kernels loaded); a correctness case costs
+milliseconds. A pool starts each worker once and hands it to group after
+group: :class:`cluster.group.TPGroup` given a pool *acquires* tp idle workers
+(a lease), sets them up as a group (a fresh torch.distributed group and
+mailbox each time, :meth:`cluster.actors.RankActor.setup_group`), and on
+close *releases* them: each leaves its group (``close``: mailbox freed,
+process group destroyed, the caching allocator emptied) and goes back to
+idle, keeping its imports, context and compiled kernels. A virtual-ranks
+group is one worker running the whole group in-process
+(:meth:`WorkerPool.call`).
+
+Slots. On the gpu backend the pool reserves every GPU of every node it uses
+with a placement group of one ``{"GPU": 1}`` bundle per GPU (a *slot*), so
+Ray schedules nothing else onto them, and starts workers inside a slot with
+a sliver of it (:data:`WORKER_GPU_SHARE`): every worker of a slot runs on
+that slot's GPU and sees every GPU of its node (``cluster.gpu.rank.
+ALL_GPUS_VISIBLE``, as process-per-GPU ranks need), so one worker can be a
+process-per-GPU rank, a shared-GPU rank or a virtual-ranks group in turn.
+The pool counts what each slot holds, in the fan-out's units
+(cluster.fanout; ``Request.share``): a process-per-GPU group takes whole
+slots (one rank on each of tp slots of one node), a shared-GPU group tp
+workers of one slot and ``1 / groups_per_gpu`` of it, a virtual-ranks group
+one worker and that share. A request that does not fit waits for a release
+(bounded). On the emulated backend workers are CPU actors pinned to a node
+(``NodeAffinitySchedulingStrategy``; the driver's node when a group is not
+pinned) and nothing is counted.
+
+Faults keep their meaning: a rank that missed its deadline or died is
+replaced (:meth:`WorkerPool.replace`: only that worker is killed and a fresh
+one started in its slot), a worker whose ``close`` says it is not reusable
+(a sticky device error) or did not close in time is killed on release, and
+a worker never serves two groups at once.
+
+Two lifetimes. A job's own pool (:meth:`WorkerPool.for_job`) lives in the
+driver: its workers are the driver's actors (Ray ends them with it) and
+:meth:`WorkerPool.close` kills them. A standing pool (:meth:`WorkerPool.start`,
+``python -m jobs pool start``) lives on a long-running cluster: a named,
+detached keeper actor holds the registry, its workers and placement groups
+are detached too, and jobs given ``--pool NAME`` attach to it
+(:meth:`WorkerPool.attach`); a lease whose driver is gone is reclaimed (its
+workers killed and replaced) when capacity runs short.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+POOL_NAMESPACE = "lamport-pool"
+"""Ray namespace of standing pools' keepers and workers."""
+WORKER_GPU_SHARE = 1 / 128
+"""Ray GPU resource one worker holds inside its slot's bundle (of 1): at
+most 128 workers a GPU (a GPU's peak is groups_per_gpu x tp <= 8 x 8)."""
+MAX_WORKERS_PER_SLOT = 128
+
+
+def gpu_worker_env() -> dict[str, str]:
+    """A GPU worker sees every GPU of its node (cluster.gpu.rank.ALL_GPUS_VISIBLE:
+    it may be a process-per-GPU rank) and has enough hardware queues for the
+    streams of tp virtual ranks (set before its CUDA context exists)."""
+    from cluster.gpu.rank import ALL_GPUS_VISIBLE
+    return {ALL_GPUS_VISIBLE: "1", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+CONTROL_TIMEOUT_S = 30.0
+"""Bound on one call to a standing pool's keeper and on reserving slots."""
+WAIT_STEP_S = 0.05
+"""How often a request that does not fit looks again."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What one group asks of the pool. ``placement``: ``cpu`` (emulated
+    ranks), ``process_per_gpu``, ``shared_gpu`` or ``virtual_ranks``;
+    ``share``: of one GPU the group holds on each slot it uses (1 for
+    process per GPU); ``node_id``: the node it is pinned to (None: any)."""
+    tp: int
+    placement: str
+    share: float = 1.0
+    node_id: str | None = None
+
+    PLACEMENTS = ("cpu", "process_per_gpu", "shared_gpu", "virtual_ranks")
+
+    def __post_init__(self) -> None:
+        if self.placement not in self.PLACEMENTS:
+            raise ValueError(f"placement must be one of {self.PLACEMENTS}, got {self.placement!r}")
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"tp must be a positive integer, got {self.tp!r}")
+        if not 0 < self.share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {self.share!r}")
+
+    @property
+    def workers(self) -> int:
+        return 1 if self.placement == "virtual_ranks" else self.tp
+
+    @property
+    def slots(self) -> int:
+        """Distinct GPUs the group needs (gpu backend)."""
+        return self.tp if self.placement == "process_per_gpu" else 1
+
+
+@dataclasses.dataclass
+class Worker:
+    """One pooled process (plain data and an actor handle: crosses Ray)."""
+    key: str
+    actor: Any
+    node_id: str | None
+    slot: int | None
+    """Index of its GPU's bundle in the node's placement group (None: CPU)."""
+    started_unix: float
+    lease: str | None = None
+    served: int = 0
+    """Leases it has been handed out in."""
+
+
+@dataclasses.dataclass
+class Lease:
+    """tp workers (rank order) held by one group until released."""
+    id: str
+    request: Request
+    workers: list[Worker]
+    owner: str | None = None
+    """The Ray job that holds it (a standing pool reclaims a dead one's)."""
+    fresh: list[bool] = dataclasses.field(default_factory=list)
+    """Per rank, whether its worker was started for this lease (cold)."""
+
+    @property
+    def actors(self) -> list:
+        return [w.actor for w in self.workers]
+
+
+class Registry:
+    """The pool's state and its operations; not thread-safe (the
+    :class:`WorkerPool` in the driver serialises calls, a keeper actor
+    serialises them by being an actor)."""
+
+    def __init__(self, backend: str, *, name: str, detached: bool = False) -> None:
+        from cluster.backend import require_backend
+        self.backend = require_backend(backend)
+        self.name, self.detached = name, detached
+        self.workers: dict[str, Worker] = {}
+        self.leases: dict[str, Lease] = {}
+        self.load: dict[tuple[str, int], float] = {}
+        """(node, slot) -> share held by leases."""
+        self.groups: dict[str, Any] = {}
+        """node -> its placement group (one GPU bundle a slot)."""
+        self._ids = itertools.count()
+        self.created = time.time()
+
+    # -- slots
+    def _reserve(self, node_id: str, timeout_s: float) -> None:
+        """Every GPU of ``node_id`` as one bundle of a placement group."""
+        import ray
+        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
+        if node_id in self.groups:
+            return
+        gpus = next((int(n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes()
+                     if n.get("Alive") and n["NodeID"] == node_id), 0)
+        if gpus < 1:
+            raise ValueError(f"pool {self.name}: node {node_id} has no GPU to reserve")
+        pg = placement_group([{"GPU": 1}] * gpus, strategy="STRICT_PACK",
+                             name=f"{self.name}-{node_id[:8]}",
+                             bundle_label_selector=[{NODE_ID_LABEL_KEY: node_id}] * gpus,
+                             lifetime="detached" if self.detached else None)
+        try:
+            ray.get(pg.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(pg)
+            raise TimeoutError(
+                f"pool {self.name}: {gpus} GPU(s) of node {node_id} not free after {timeout_s} s "
+                f"(another job or pool holds them): available {ray.available_resources()}") from None
+        self.groups[node_id] = pg
+        for slot in range(gpus):
+            self.load.setdefault((node_id, slot), 0.0)
+
+    def _gpu_nodes(self, node_id: str | None) -> list[str]:
+        import ray
+        if node_id is not None:
+            return [node_id]
+        return [n["NodeID"] for n in ray.nodes()
+                if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) >= 1]
+
+    # -- workers
+    def _start(self, node_id: str | None, slot: int | None) -> Worker:
+        import ray
+
+        from cluster.actors import RankActor
+        key = f"w{next(self._ids)}.{(node_id or 'any')[:8]}" + ("" if slot is None else f".g{slot}")
+        options: dict = {"num_cpus": 0}
+        if self.backend == "gpu":
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options.update(num_gpus=WORKER_GPU_SHARE, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.groups[node_id], placement_group_bundle_index=slot),
+                runtime_env={"env_vars": gpu_worker_env()})
+        elif node_id is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        if self.detached:
+            options.update(name=f"{self.name}.{key}", namespace=POOL_NAMESPACE, lifetime="detached")
+        actor = RankActor.options(**options).remote(self.backend)
+        actor.warm.remote()  # imports and CUDA context now; a group's setup queues behind it
+        worker = Worker(key=key, actor=actor, node_id=node_id, slot=slot, started_unix=time.time())
+        self.workers[key] = worker
+        return worker
+
+    def _kill(self, worker: Worker) -> None:
+        import ray
+        self.workers.pop(worker.key, None)
+        try:
+            ray.kill(worker.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def _idle(self, node_id: str | None, slot: int | None) -> list[Worker]:
+        """Idle workers of that place, the most used first (their kernels are warm)."""
+        return sorted((w for w in self.workers.values()
+                       if w.lease is None and w.node_id == node_id and w.slot == slot),
+                      key=lambda w: -w.served)
+
+    def _take(self, node_id: str | None, slot: int | None, n: int) -> tuple[list[Worker], list[bool]]:
+        got = self._idle(node_id, slot)[:n]
+        fresh = [False] * len(got)
+        while len(got) < n:
+            got.append(self._start(node_id, slot))
+            fresh.append(True)
+        return got, fresh
+
+    # -- leases
+    def try_acquire(self, request: Request, owner: str | None = None,
+                    local_node: str | None = None) -> Lease | None:
+        """A lease for ``request`` now, or None when it does not fit yet."""
+        if self.backend == "gpu":
+            places = self._fit_gpu(request)
+            if places is None:
+                return None
+        else:
+            node = request.node_id or local_node
+            places = [(node, None, request.tp)]
+        workers, fresh = [], []
+        for node, slot, n in places:
+            got, cold = self._take(node, slot, n)
+            workers += got
+            fresh += cold
+            if slot is not None:
+                self.load[node, slot] += request.share
+        lease = Lease(id=uuid.uuid4().hex[:12], request=request, workers=workers, owner=owner,
+                      fresh=fresh)
+        for w in workers:
+            w.lease, w.served = lease.id, w.served + 1
+        self.leases[lease.id] = lease
+        return lease
+
+    def _fit_gpu(self, request: Request) -> list[tuple[str, int, int]] | None:
+        """[(node, slot, workers there)] for ``request``, or None."""
+        for node in self._gpu_nodes(request.node_id):
+            self._reserve(node, CONTROL_TIMEOUT_S)
+            slots = sorted(s for (n, s) in self.load if n == node)
+            free = [s for s in slots if self.load[node, s] + request.share <= 1 + 1e-6
+                    and len([w for w in self.workers.values() if w.node_id == node and w.slot == s])
+                    + (request.workers // request.slots) <= MAX_WORKERS_PER_SLOT]
+            if len(free) < request.slots:
+                continue
+            per_slot = request.workers // request.slots
+            # prefer slots whose idle workers cover the request, then the least loaded
+            free.sort(key=lambda s: (len(self._idle(node, s)) < per_slot, self.load[node, s]))
+            return [(node, s, per_slot) for s in sorted(free[:request.slots])]
+        return None
+
+    def release(self, lease_id: str, reusable: Sequence[bool]) -> None:
+        """End a lease: each worker back to idle, or killed where
+        ``reusable[rank]`` is False."""
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return
+        for worker, ok in zip(lease.workers, reusable):
+            worker.lease = None
+            if not ok:
+                self._kill(worker)
+        if self.backend == "gpu":
+            for node, slot in {(w.node_id, w.slot) for w in lease.workers}:
+                self.load[node, slot] = max(0.0, self.load[node, slot] - lease.request.share)
+
+    def prestart(self, per_slot: int, local_node: str | None = None) -> list[Worker]:
+        """Start idle workers up to ``per_slot`` in every slot of every GPU
+        node (emulated: on ``local_node``), so the first groups find them
+        warm; the workers started."""
+        import ray
+        started = []
+        if self.backend == "gpu":
+            for node in self._gpu_nodes(None):
+                self._reserve(node, CONTROL_TIMEOUT_S)
+            places = sorted(self.load)
+        else:
+            places = [(local_node or ray.get_runtime_context().get_node_id(), None)]
+        for node, slot in places:
+            have = sum(1 for w in self.workers.values() if w.node_id == node and w.slot == slot)
+            started += [self._start(node, slot) for _ in range(max(0, per_slot - have))]
+        return started
+
+    def replace(self, lease_id: str, rank: int) -> Worker:
+        """Kill rank's worker of the lease and put a fresh one in its place
+        (same node and slot); returns it."""
+        lease = self.leases[lease_id]
+        old = lease.workers[rank]
+        self._kill(old)
+        new = self._start(old.node_id, old.slot)
+        new.lease, new.served = lease_id, 1
+        lease.workers[rank] = new
+        lease.fresh[rank] = True
+        return new
+
+    def reclaim_dead(self, alive_owners: set[str]) -> list[str]:
+        """End the leases of owners no longer alive, killing their workers
+        (a dead driver may have left a kernel spinning); their ids."""
+        dead = [lid for lid, lease in self.leases.items()
+                if lease.owner is not None and lease.owner not in alive_owners]
+        for lid in dead:
+            self.release(lid, [False] * len(self.leases[lid].workers))
+        return dead
+
+    def owners(self) -> set[str]:
+        return {lease.owner for lease in self.leases.values() if lease.owner}
+
+    def describe_load(self) -> str:
+        busy = sum(1 for w in self.workers.values() if w.lease)
+        slots = ", ".join(f"{n[:8]}/g{s}: {v:g}" for (n, s), v in sorted(self.load.items()))
+        return (f"pool {self.name}: {len(self.workers)} worker(s), {busy} leased, "
+                f"{len(self.leases)} lease(s)" + (f"; slots held {slots}" if slots else ""))
+
+    def info(self) -> dict:
+        return {"name": self.name, "backend": self.backend, "detached": self.detached,
+                "created_unix": self.created}
+
+    def snapshot(self) -> list[Worker]:
+        return list(self.workers.values())
+
+    def stop(self) -> int:
+        """Kill every worker and give the slots back; the workers killed."""
+        import ray
+        n = len(self.workers)
+        for worker in list(self.workers.values()):
+            self._kill(worker)
+        self.leases.clear()
+        for pg in self.groups.values():
+            try:
+                ray.util.remove_placement_group(pg)
+            except Exception:  # noqa: BLE001 - gone with its node
+                pass
+        self.groups.clear()
+        self.load.clear()
+        return n
+
+
+class WorkerPool:
+    """The pool as TPGroup and the jobs use it: :meth:`acquire`,
+    :meth:`release`, :meth:`replace`, :meth:`call`, :meth:`status`; over a
+    :class:`Registry` in this process (a job's own pool) or in a standing
+    pool's keeper actor."""
+
+    def __init__(self, *, registry: Registry | None = None, keeper: Any = None,
+                 name: str, backend: str) -> None:
+        self._registry, self._keeper = registry, keeper
+        self.name, self.backend = name, backend
+        self._lock = threading.Condition()
+        self.standing = keeper is not None
+        self.acquired = self.fresh_workers = self.replaced = 0
+        """Leases taken, workers started for them (cold), workers replaced."""
+        self.wait_s = 0.0
+        """Summed time requests waited for room."""
+
+    # -- construction
+    @classmethod
+    def for_job(cls, backend: str) -> "WorkerPool":
+        """A pool of this driver's own (ended by :meth:`close`)."""
+        name = f"job-{uuid.uuid4().hex[:8]}"
+        return cls(registry=Registry(backend, name=name), name=name, backend=backend)
+
+    @classmethod
+    def start(cls, name: str, backend: str) -> "WorkerPool":
+        """A standing pool on the connected cluster: its keeper, named
+        ``name`` in :data:`POOL_NAMESPACE`, detached. ValueError when one of
+        that name exists."""
+        import ray
+        from kernels.validation import require_name
+        require_name("pool name", name)
+        try:
+            ray.get_actor(name, namespace=POOL_NAMESPACE)
+        except ValueError:
+            pass
+        else:
+            raise ValueError(f"a pool named {name!r} already runs on this cluster "
+                             f"(python -m jobs pool status --name {name})")
+        keeper = ray.remote(num_cpus=0, max_restarts=0)(Registry).options(
+            name=name, namespace=POOL_NAMESPACE, lifetime="detached").remote(
+            backend, name=name, detached=True)
+        ray.get(keeper.describe_load.remote(), timeout=CONTROL_TIMEOUT_S)
+        return cls(keeper=keeper, name=name, backend=backend)
+
+    @classmethod
+    def attach(cls, name: str) -> "WorkerPool":
+        """The standing pool ``name`` on the connected cluster; ValueError
+        naming the pools there when there is none."""
+        import ray
+        try:
+            keeper = ray.get_actor(name, namespace=POOL_NAMESPACE)
+        except ValueError:
+            raise ValueError(f"no pool named {name!r} on this cluster (standing pools: "
+                             f"{standing_pools() or 'none'}; start one with "
+                             f"python -m jobs pool start --name {name})") from None
+        info = ray.get(keeper.info.remote(), timeout=CONTROL_TIMEOUT_S)
+        return cls(keeper=keeper, name=name, backend=info["backend"])
+
+    def _call(self, method: str, *args, **kwargs):
+        if self._keeper is None:
+            with self._lock:
+                out = getattr(self._registry, method)(*args, **kwargs)
+                if method in ("release", "reclaim_dead"):
+                    self._lock.notify_all()
+                return out
+        import ray
+        return ray.get(getattr(self._keeper, method).remote(*args, **kwargs),
+                       timeout=CONTROL_TIMEOUT_S)
+
+    # -- leases
+    def acquire(self, request: Request, *, timeout_s: float) -> Lease:
+        """tp workers for ``request`` (rank order), waiting up to
+        ``timeout_s`` for room; TimeoutError says what the pool holds."""
+        import ray
+        ctx = ray.get_runtime_context()
+        owner, here = ctx.get_job_id(), ctx.get_node_id()
+        started = time.monotonic()
+        deadline = started + timeout_s
+        reclaimed = False
+        while True:
+            lease = self._call("try_acquire", request, owner, here)
+            if lease is not None:
+                break
+            if self.standing and not reclaimed:
+                reclaimed = True
+                alive = alive_jobs()
+                if alive is not None and self._call("reclaim_dead", alive):
+                    continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no room for {request} within {timeout_s} s: "
+                                   f"{self._call('describe_load')}")
+            if self._keeper is None:
+                with self._lock:
+                    self._lock.wait(WAIT_STEP_S)
+            else:
+                time.sleep(WAIT_STEP_S)
+        self.wait_s += time.monotonic() - started
+        self.acquired += 1
+        self.fresh_workers += sum(lease.fresh)
+        return lease
+
+    def release(self, lease: Lease, reusable: Sequence[bool]) -> None:
+        self._call("release", lease.id, list(reusable))
+
+    def replace(self, lease: Lease, rank: int) -> Any:
+        """A fresh worker for ``rank`` (the old one killed); its actor."""
+        worker = self._call("replace", lease.id, rank)
+        lease.workers[rank] = worker
+        lease.fresh[rank] = True
+        self.replaced += 1
+        return worker.actor
+
+    def call(self, fn, spec: Mapping, *, share: float, node_id: str | None, timeout_s: float):
+        """``fn(spec)`` in one worker of a slot (``share`` of its GPU): the
+        virtual-ranks form of a group. A call past ``timeout_s`` kills
+        its worker (a spinning kernel ends with its process; the slot gets a
+        fresh one later) and raises GetTimeoutError; a raised exception is
+        Ray's RayTaskError (``.cause`` the original), after which the
+        worker is kept only when its device still answers."""
+        import ray
+        lease = self.acquire(Request(tp=1, placement="virtual_ranks", share=share,
+                                     node_id=node_id), timeout_s=timeout_s)
+        actor = lease.actors[0]
+        reusable = False
+        try:
+            ref = actor.run_function.remote(fn, dict(spec))
+            result = ray.get(ref, timeout=timeout_s)
+            reusable = True
+            return result
+        except ray.exceptions.RayTaskError:
+            reusable = device_answers(actor)
+            raise
+        finally:
+            self.release(lease, [reusable])
+
+    # -- views
+    def counters(self) -> dict:
+        """This driver's use of the pool (the job's accounting)."""
+        return {"pool": self.name, "standing": self.standing, "leases": self.acquired,
+                "fresh_workers": self.fresh_workers, "replaced": self.replaced,
+                "wait_s": round(self.wait_s, 3)}
+
+    def prestart(self, per_slot: int, *, wait: bool = False,
+                 timeout_s: float = 300.0) -> int:
+        """Idle workers up to ``per_slot`` in every slot (Registry.prestart),
+        started now; with ``wait`` returns once each has warmed up (imports,
+        CUDA context). The number started."""
+        import ray
+        here = ray.get_runtime_context().get_node_id()
+        workers = self._call("prestart", per_slot, here)
+        if wait and workers:
+            ray.get([w.actor.warm.remote() for w in workers], timeout=timeout_s)
+        return len(workers)
+
+    def usage(self) -> str:
+        """:meth:`counters` in words."""
+        return (f"{self.acquired} lease(s), {self.fresh_workers} worker(s) started for them, "
+                f"{self.replaced} replaced after a kill, {self.wait_s:.1f} s waiting for room")
+
+    def status(self, timeout_s: float = CONTROL_TIMEOUT_S) -> list[dict]:
+        """One dict per worker: its key, node, slot, lease, leases served
+        and the actor's own :meth:`~cluster.actors.RankActor.stats` (pid,
+        GPU, age, memory, fds; ``error`` where it did not answer)."""
+        import ray
+        workers = self._call("snapshot")
+        refs = [w.actor.stats.remote() for w in workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        out = []
+        for w, ref in zip(workers, refs):
+            row = {"key": w.key, "node_id": w.node_id, "slot": w.slot,
+                   "state": "leased" if w.lease else "idle", "leases": w.served,
+                   "age_s": round(time.time() - w.started_unix, 1)}
+            if ref in ready:
+                try:
+                    row.update({k: v for k, v in ray.get(ref).items() if k != "age_s"})
+                except Exception as err:  # noqa: BLE001 - one dead worker is a row, not a crash
+                    row["error"] = f"{type(err).__name__}: {err}"[:200]
+            else:
+                row["error"] = f"no answer within {timeout_s} s"
+            out.append(row)
+        return out
+
+    def describe(self) -> str:
+        return self._call("describe_load")
+
+    def close(self) -> int:
+        """A job's own pool: kill its workers, free its slots (the workers
+        killed). A standing pool: nothing (it outlives the job; :meth:`stop`)."""
+        return 0 if self.standing else self._call("stop")
+
+    def stop(self) -> int:
+        """Stop a standing pool: its workers, slots and keeper."""
+        import ray
+        n = self._call("stop")
+        if self._keeper is not None:
+            ray.kill(self._keeper, no_restart=True)
+        return n
+
+
+def device_answers(actor) -> bool:
+    """Whether a worker's device still works (its stats come back within
+    a few seconds): a sticky CUDA error or a dead process says no."""
+    import ray
+    try:
+        ray.get(actor.stats.remote(), timeout=10.0)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def alive_jobs() -> set[str] | None:
+    """Hex ids of the cluster's jobs (drivers) that have not ended; None
+    when the job table cannot be read (then no lease is reclaimed)."""
+    try:
+        from ray._private import state
+        return {j["JobID"] for j in state.jobs() if not j.get("IsDead")}
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def standing_pools() -> list[str]:
+    """Names of the standing pools on the connected cluster."""
+    try:
+        from ray.util import list_named_actors
+        return sorted(a["name"] for a in list_named_actors(all_namespaces=True)
+                      if a.get("namespace") == POOL_NAMESPACE and "." not in a["name"])
+    except Exception:  # noqa: BLE001
+        return []

@@ -1,0 +1,72 @@
+"""Pooled rank workers (cluster.pool) on the GPUs of this machine: groups of
+every placement (process per GPU, shared GPU, virtual ranks) formed from the
+same warm workers, each leaving its group clean for the next (a fresh NCCL
+or gloo group and mailbox each time), a stuck rank's worker alone replaced,
+and a worker reused across 200 groups of mixed ops, tp and placements with
+faults in between holding no more device memory (within 1 MiB) or
+descriptors than when idle.
+
+    timeout -s KILL 600 python -m pytest -m gpu tests/gpu/test_pool_gpu.py -v -s [--slow]
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+ray = pytest.importorskip("ray")
+
+from cluster.pool import WorkerPool  # noqa: E402
+from tests import pool_scenarios as sc  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pool(cluster):
+    p = WorkerPool.for_job("gpu")
+    yield p
+    p.close()
+
+
+def test_every_placement_from_the_same_warm_workers(pool):
+    runs = []
+    for i, kind in enumerate(sc.kinds("gpu") + [sc.Kind(1, "process_per_gpu"),
+                                                 sc.Kind(2, "shared_gpu")]):
+        runs.append(sc.run_group(pool, "gpu", kind, seed=i))
+    for r in runs:
+        k = r["kind"]
+        how = (f"{r['wall_s']:.2f} s (in one worker)" if r["pids"] is None else
+               f"formed in {r['formed_s']:.3f} s, cold ranks {r['cold']}, pids {r['pids']}")
+        print(f"\n{k.placement} tp={k.tp} {dict(k.fields)['op']}: {how}")
+    assert runs[-2]["cold"] == [] and runs[-1]["cold"] == []  # the same kinds again: all warm
+    stats = pool.status()
+    assert all(r["state"] == "idle" and r["gpu_allocated_bytes"] == 0 for r in stats), stats
+    print(f"pool: {pool.usage()}; workers {len(stats)}")
+
+
+def test_a_stuck_rank_is_replaced_alone(pool):
+    out = sc.run_group(pool, "gpu", sc.Kind(2, "shared_gpu"), seed=50, fault="stuck_rank")
+    assert out["replaced"] == [1]
+    assert out["pids_after"][0] == out["pids"][0] and out["pids_after"][1] != out["pids"][1]
+    nxt = sc.run_group(pool, "gpu", sc.Kind(2, "shared_gpu"), seed=51)
+    assert nxt["cold"] == [] and sorted(nxt["pids"]) == sorted(out["pids_after"])
+
+
+@pytest.mark.slow
+def test_a_worker_reused_across_200_groups_holds_nothing_more(pool):
+    t0 = time.monotonic()
+    out = sc.hygiene(pool, "gpu", 200)
+    formed = sorted(out["formed_s"])
+    print(f"\n200 pooled groups (GPU, mixed ops and placements, faults) in "
+          f"{time.monotonic() - t0:.1f} s; {out['replaced']} worker(s) replaced; formation "
+          f"from idle workers p50 {formed[len(formed) // 2] * 1e3:.0f} ms, max "
+          f"{formed[-1] * 1e3:.0f} ms; {len(out['end'])} workers")
+    for key in sorted(out["idle"]):
+        if key in out["end"]:
+            a, b = out["idle"][key], out["end"][key]
+            print(f"  {key}: fds {a['fds']} -> {b['fds']}, reserved {a['gpu_reserved_bytes']} -> "
+                  f"{b['gpu_reserved_bytes']} B, device used {a['gpu_device_used_bytes'] / 2**20:.0f}"
+                  f" -> {b['gpu_device_used_bytes'] / 2**20:.0f} MiB, served {b['served']}")
+    assert out["replaced"] >= 4
+    assert sc.beyond_contract(out["grew"], out["replaced"]) == {}, out["grew"]

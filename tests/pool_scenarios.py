@@ -1,0 +1,159 @@
+"""Pooled-worker scenarios (cluster.pool) shared by the emulated test
+(tests/test_cluster_pool.py) and the GPU one (tests/gpu/test_pool_gpu.py):
+groups of mixed ops, tp and placements formed from one pool, faults in
+between, and what every worker holds afterwards."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from cluster.faults import run_fault
+from cluster.group import TPGroup
+
+HIDDEN, CAPACITY = 1024, 8
+BUDGET_NS = 1_000_000_000
+FAULT_BUDGET_NS = 600_000_000  # emulated ranks on a loaded 2-core box (tests/test_cluster_group.py)
+CALL_TIMEOUT_S = 3.0  # above late_beyond_budget's 2 x budget delay; a stuck rank costs this
+MiB = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One kind of group: ``tp`` ranks, ``placement`` (cpu, process_per_gpu,
+    shared_gpu, virtual_ranks), the op and its fields."""
+    tp: int
+    placement: str
+    fields: tuple = (("op", "all_reduce_norm"),)
+
+    @property
+    def gpus_per_rank(self) -> float:
+        return {"cpu": 0.0, "process_per_gpu": 1.0}.get(self.placement, 1.0 / self.tp)
+
+    def case(self, g, tokens: int, seed: int) -> dict:
+        return g.case(tokens=tokens, seed=seed, budget_ns=BUDGET_NS, **dict(self.fields))
+
+
+def kinds(backend: str) -> list[Kind]:
+    """A cycle of group kinds over the ops, tp and placements ``backend`` has."""
+    fin = (("op", "finalize_publish"), ("top_k", 8))
+    mhc = (("op", "all_reduce_mhc"), ("hc", 4))
+    emb = (("op", "embed_norm"),)
+    if backend == "emulated":
+        return [Kind(1, "cpu"), Kind(2, "cpu", fin), Kind(4, "cpu", mhc), Kind(2, "cpu", emb),
+                Kind(8, "cpu")]
+    return [Kind(1, "process_per_gpu"), Kind(2, "shared_gpu", fin), Kind(4, "shared_gpu", mhc),
+            Kind(2, "virtual_ranks"), Kind(2, "shared_gpu", emb), Kind(8, "shared_gpu")]
+
+
+def virtual_spec(kind: Kind, seed: int) -> dict:
+    fields = dict(kind.fields)
+    return {"op": fields.pop("op"), "fields": fields, "tp": kind.tp, "hidden": HIDDEN,
+            "capacity": CAPACITY, "eps": 1e-6, "watchdog_ns": BUDGET_NS,
+            "cases": [{"tokens": m, "inputs": "random", "seeds": [seed + m, seed + m + 1]}
+                      for m in (1, CAPACITY)]}
+
+
+def run_group(pool, backend: str, kind: Kind, seed: int, fault: str | None = None,
+              tokens: tuple[int, ...] = (1, CAPACITY)) -> dict:
+    """Form one group of ``kind`` from ``pool``, make a checked call per
+    entry of ``tokens`` (and inject ``fault`` on the last rank before the
+    last one); what happened: formation time, pids, cold and replaced ranks."""
+    if kind.placement == "virtual_ranks":
+        from cluster.gpu.virtual import run_group as virtual
+        t0 = time.monotonic()
+        out = pool.call(virtual, virtual_spec(kind, seed), share=0.5, node_id=None,
+                        timeout_s=300.0)
+        bad = [c for case in out["cases"] for c in case["calls"]
+               if c["diagnosis"] or not c["mailbox_clean"] or not all(x["ok"] for x in c["checks"])]
+        assert not bad, bad
+        return {"kind": kind, "wall_s": time.monotonic() - t0, "pids": None, "cold": None,
+                "replaced": []}
+    t0 = time.monotonic()
+    with TPGroup(tp=kind.tp, hidden=HIDDEN, capacity=CAPACITY, backend=backend,
+                 gpus_per_rank=kind.gpus_per_rank, call_timeout_s=CALL_TIMEOUT_S,
+                 setup_timeout_s=180, pool=pool) as g:
+        formed_s = time.monotonic() - t0
+        pids = [m["pid"] for m in g.metadata]
+        cold = g.cold_ranks
+        for i, m in enumerate(tokens):
+            if fault is not None and i == len(tokens) - 1:
+                verdict = run_fault(g, fault, rank=kind.tp - 1, budget_ns=FAULT_BUDGET_NS,
+                                    fields=dict(kind.fields))
+                assert verdict.met, (kind, fault, verdict.seen)
+            call = g.run(kind.case(g, m, seed + i))
+            assert call.outcome == "pass", (kind, call.diagnosis.summary(), call.errors)
+        return {"kind": kind, "formed_s": formed_s, "pids": pids, "cold": cold,
+                "replaced": sorted(g.replaced_ranks),
+                "pids_after": [m["pid"] for m in g.metadata]}
+
+
+def worker_figures(pool) -> dict[str, dict]:
+    """Per worker key, what it holds (RankActor.stats), every worker idle."""
+    rows = pool.status()
+    assert all(r["state"] == "idle" and "error" not in r for r in rows), rows
+    return {r["key"]: r for r in rows}
+
+
+HELD = ("fds_pipe", "fds_shm", "fds_other", "fds_socket", "gpu_allocated_bytes",
+        "gpu_reserved_bytes")
+
+
+def own_segments() -> int:
+    """/dev/shm entries of this driver's groups (cluster.group.new_group_id
+    puts the driver's pid in every group id, cluster.emulated.segment in
+    every segment name): other processes on the machine do not count."""
+    import os
+    return sum(f".p{os.getpid()}-" in name for name in os.listdir("/dev/shm"))
+
+
+def growth(idle: dict[str, dict], end: dict[str, dict]) -> dict[str, dict]:
+    """Per worker alive at both points, what it holds now beyond its idle
+    figure (only the figures that changed)."""
+    out = {}
+    for key in idle.keys() & end.keys():
+        grew = {k: end[key][k] - idle[key][k] for k in HELD
+                if idle[key].get(k) is not None and end[key][k] != idle[key][k]}
+        if grew:
+            out[key] = grew
+    return out
+
+
+def beyond_contract(grew: dict[str, dict], replaced: int) -> dict[str, dict]:
+    """Growth the hygiene contract does not allow: any pipe, /dev/shm or
+    other descriptor, more than 1 MiB of device memory, and more sockets
+    than workers were replaced (Ray's core worker opens a connection to a
+    new peer process and keeps it: bounded by the peers, where a socket
+    left per group, a gloo or store connection, would grow with the
+    groups)."""
+    def bad(k: str, v: int) -> bool:
+        if k.endswith("_bytes"):
+            return abs(v) > MiB
+        return v > replaced if k == "fds_socket" else v != 0
+    return {key: g for key, g in grew.items() if any(bad(k, v) for k, v in g.items())}
+
+
+def hygiene(pool, backend: str, groups: int, *, fault_every: int = 13) -> dict:
+    """``groups`` groups cycling through :func:`kinds`, a recoverable fault
+    (skip_publish) and a killing one (stuck_rank, on a group of more than
+    one rank) every ``fault_every`` groups (prime to the cycle's length, so
+    faults meet every kind); the workers' figures after the
+    first cycle (idle) and at the end."""
+    cycle = kinds(backend)
+    for i, kind in enumerate(cycle):  # every kind once: kernels loaded, every worker warm
+        run_group(pool, backend, kind, seed=i)
+    idle = worker_figures(pool)
+    segments = own_segments()
+    replaced, formed = 0, []
+    for i in range(len(cycle), groups):
+        kind = cycle[i % len(cycle)]
+        fault = None
+        if i % fault_every == 0 and kind.placement != "virtual_ranks":
+            fault = "stuck_rank" if kind.tp > 1 and (i // fault_every) % 2 else "skip_publish"
+        out = run_group(pool, backend, kind, seed=i, fault=fault, tokens=(CAPACITY,))
+        replaced += len(out["replaced"])
+        if out.get("formed_s") is not None and not out["cold"]:
+            formed.append(out["formed_s"])
+    end = worker_figures(pool)
+    return {"idle": idle, "end": end, "replaced": replaced, "formed_s": formed,
+            "grew": growth(idle, end), "segments": (segments, own_segments())}

@@ -1,0 +1,126 @@
+"""Pooled rank workers (cluster.pool) on the emulated backend: groups formed
+from warm workers reuse their processes, a killed rank's worker alone is
+replaced, a worker reused across 200 mixed groups with faults in between
+holds no more descriptors than when idle and no group leaves a /dev/shm
+segment behind, closing the
+pool leaves no worker process, and a standing pool (a detached keeper) is
+used by a job and stopped. (tests/gpu/test_pool_gpu.py: the same on a GPU.)"""
+
+import os
+import time
+
+import pytest
+import ray
+
+from cluster.group import TPGroup
+from cluster.pool import Request, WorkerPool
+from tests import pool_scenarios as sc
+
+pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture
+def pool(cluster):
+    p = WorkerPool.for_job("emulated")
+    yield p
+    p.close()
+
+
+def _gone(pids, within_s: float = 30.0) -> list[int]:
+    """The pids still alive after ``within_s``."""
+    from cluster.procs import process_start
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [p for p in pids if process_start(p) is not None]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def test_requests_are_checked():
+    with pytest.raises(ValueError, match="placement must be one of"):
+        Request(tp=2, placement="nonesuch")
+    with pytest.raises(ValueError, match="share must be in"):
+        Request(tp=2, placement="shared_gpu", share=0)
+    with pytest.raises(ValueError, match="tp must be a positive integer"):
+        Request(tp=0, placement="cpu")
+
+
+def test_groups_reuse_the_workers_of_earlier_groups(pool):
+    first = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=1)
+    assert first["cold"] == [0, 1]
+    again = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=2)
+    assert again["cold"] == [] and sorted(again["pids"]) == sorted(first["pids"])
+    wider = sc.run_group(pool, "emulated", sc.Kind(4, "cpu"), seed=3)
+    assert set(first["pids"]) < set(wider["pids"]) and len(wider["cold"]) == 2
+    assert pool.counters()["fresh_workers"] == 4 and pool.counters()["leases"] == 3
+
+
+def test_a_stuck_rank_is_replaced_alone(pool):
+    out = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=5, fault="stuck_rank")
+    assert out["replaced"] == [1]
+    assert out["pids_after"][0] == out["pids"][0] and out["pids_after"][1] != out["pids"][1]
+    assert _gone([out["pids"][1]]) == []
+    assert pool.counters()["replaced"] == 1
+    # the replacement serves the next group; the killed process is in no lease
+    nxt = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=6)
+    assert sorted(nxt["pids"]) == sorted(out["pids_after"]) and nxt["cold"] == []
+
+
+def test_a_worker_reused_across_200_groups_holds_nothing_more(pool, capsys):
+    t0 = time.monotonic()
+    out = sc.hygiene(pool, "emulated", 200)
+    took = time.monotonic() - t0
+    with capsys.disabled():
+        formed = sorted(out["formed_s"])
+        print(f"\n200 pooled groups (emulated, mixed ops, tp 1-8, faults) in {took:.1f} s; "
+              f"{out['replaced']} worker(s) replaced; formation from idle workers p50 "
+              f"{formed[len(formed) // 2] * 1e3:.0f} ms, max {formed[-1] * 1e3:.0f} ms; "
+              f"{len(out['end'])} workers")
+    assert out["replaced"] >= 4  # the stuck ranks
+    assert sc.beyond_contract(out["grew"], out["replaced"]) == {}, out["grew"]
+    assert out["segments"] == (0, 0)  # no /dev/shm segment of a group outlives it
+
+
+def test_closing_the_pool_leaves_no_worker_process(cluster):
+    pool = WorkerPool.for_job("emulated")
+    sc.run_group(pool, "emulated", sc.Kind(4, "cpu"), seed=7)
+    pids = [r["pid"] for r in pool.status()]
+    assert len(pids) == 4
+    assert pool.close() == 4
+    assert _gone(pids) == []
+
+
+def test_a_standing_pool_serves_groups_and_stops(cluster):
+    pool = WorkerPool.start("ci-standing", "emulated")
+    try:
+        with pytest.raises(ValueError, match="already runs"):
+            WorkerPool.start("ci-standing", "emulated")
+        assert pool.prestart(2, wait=True) == 2
+        user = WorkerPool.attach("ci-standing")
+        assert user.standing and user.backend == "emulated"
+        with TPGroup(tp=2, hidden=sc.HIDDEN, capacity=sc.CAPACITY, backend="emulated",
+                     call_timeout_s=sc.CALL_TIMEOUT_S, pool=user) as g:
+            assert g.cold_ranks == []
+            assert g.run(sc.Kind(2, "cpu").case(g, 3, 1)).outcome == "pass"
+        rows = user.status()
+        assert [r["state"] for r in rows] == ["idle", "idle"]
+        assert sorted(r["served"] for r in rows) == [1, 1]
+        assert user.close() == 0  # a job leaves a standing pool running
+        pids = [r["pid"] for r in rows]
+    finally:
+        stopped = WorkerPool.attach("ci-standing").stop()
+    assert stopped == 2 and _gone(pids) == []
+    with pytest.raises(ValueError, match="no pool named 'ci-standing'"):
+        WorkerPool.attach("ci-standing")
