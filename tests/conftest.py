@@ -30,7 +30,7 @@ def pytest_addoption(parser):
                           "default, so that it fits one device call)")
     parser.addoption("--repeat", type=int, default=1, metavar="N",
                      help="run every selected test N times in this process (flake hunts: "
-                          "the ids end in [..-i/N])")
+                          "the ids end in [..-repIofN])")
 
 
 def pytest_generate_tests(metafunc):
@@ -39,7 +39,7 @@ def pytest_generate_tests(metafunc):
         raise pytest.UsageError(f"--repeat must be >= 1, got {n}")
     if n > 1:
         metafunc.fixturenames.append("_repeat_index")
-        metafunc.parametrize("_repeat_index", range(n), ids=[f"{i + 1}/{n}" for i in range(n)],
+        metafunc.parametrize("_repeat_index", range(n), ids=[f"rep{i + 1}of{n}" for i in range(n)],
                              indirect=True)
 
 

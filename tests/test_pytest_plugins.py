@@ -63,7 +63,7 @@ def test_repeat_runs_a_test_n_times(pytester, n):
     pytester.makepyfile(test_once="def test_once():\n    pass\n")
     result = pytester.runpytest_inprocess("--repeat", str(n), "-v", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=n)
-    result.stdout.fnmatch_lines([f"*test_once?{n}/{n}?*PASSED*"])
+    result.stdout.fnmatch_lines([f"*test_once?rep{n}of{n}?*PASSED*"])
 
 
 def test_slow_gpu_tests_only_with_the_option(pytester):
