@@ -233,3 +233,29 @@ def test_gpu_backend_group_reaches_setup_with_a_rendezvous(fake_gpu_cluster):
                 setup_timeout_s=SETUP_TIMEOUT_S)
     assert "CUDA_VISIBLE_DEVICES=" in str(info.value)
     assert not os.environ.get("MASTER_PORT")  # nothing leaked into the driver
+
+
+def test_each_peer_gets_an_export_of_its_own():
+    """torch's CUDA IPC counts one reference per export: a shared-GPU rank
+    exports its mailbox once per peer (never for itself), and each rank
+    opens the exports meant for it."""
+    from cluster.gpu.ipc import exports_for_peers, handles_for
+    made = []
+
+    def export_of(rank):
+        def export():
+            made.append(rank)
+            return IpcHandle(rank=rank, pid=100 + rank, device_uuid="GPU-a", shape=(3, 4, 2, 8),
+                             dtype="torch.bfloat16", payload=(rank, len(made)))
+        return export
+    tp = 4
+    own = [IpcHandle(rank=r, pid=100 + r, device_uuid="GPU-a", shape=(3, 4, 2, 8),
+                     dtype="torch.bfloat16", payload=()) for r in range(tp)]
+    gathered = [exports_for_peers(export_of(r), own[r], tp, r) for r in range(tp)]
+    assert sorted(made) == [r for r in range(tp) for _ in range(tp - 1)]
+    for rank in range(tp):
+        mine = handles_for(gathered, rank)
+        assert [h.rank for h in mine] == list(range(tp)) and mine[rank].payload == ()
+        check_handles(mine, tp=tp, rank=rank, device_uuid="GPU-a", shape=(3, 4, 2, 8))
+    payloads = [h.payload for rank in range(tp) for h in handles_for(gathered, rank) if h.payload]
+    assert len(set(payloads)) == tp * (tp - 1)  # no export opened twice

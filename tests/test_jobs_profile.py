@@ -155,7 +155,9 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
 
 
 class FakeView:
-    """Every case resolves to one rank actor per GPU."""
+    """Every case resolves to one rank actor per GPU; no worker pool."""
+    pool = None
+
     def resolve(self, case):
         from jobs.harness import Placement
         return Placement("process-per-gpu", 1.0, True)
@@ -195,7 +197,7 @@ def test_tp_groups_share_a_group_and_a_case_that_hangs_gets_a_fresh_one(tmp_path
             return [{"rank": r, "impls": rank} for r in range(2)]
 
     monkeypatch.setattr(correctness, "open_group",
-                        lambda run, suite, members, where, timeout_s: FakeGroup(members))
+                        lambda run, suite, members, where, timeout_s, pool=None: FakeGroup(members))
     run = Run(results=tmp_path, trigger="ci", backend="gpu")
     profile.run(run, suite, cases, view=FakeView())
     assert opened == [[1, 8, 16, 64], [16, 64]]
@@ -242,7 +244,7 @@ def test_tp1_cases_share_a_group_of_one_rank(tmp_path, monkeypatch):
             return [{"rank": 0, "impls": {"fused": {"times_us": [2.0], "compile_s": 1.0}}}]
 
     monkeypatch.setattr(correctness, "open_group",
-                        lambda run, suite, members, where, timeout_s: FakeGroup(members))
+                        lambda run, suite, members, where, timeout_s, pool=None: FakeGroup(members))
     run = Run(results=tmp_path, trigger="ci", backend="gpu")
     profile.run(run, suite, cases, view=FakeView())
     assert opened == [("all_reduce_norm", 5120, [1, 8, 16, 64]),

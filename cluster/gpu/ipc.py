@@ -77,6 +77,30 @@ def peer_addresses(handles: Sequence[IpcHandle], *, rank: int, own_ptr: int,
     return ptrs, opened
 
 
+def exports_for_peers(export: Callable[[], IpcHandle], own: IpcHandle, tp: int,
+                      rank: int) -> list[IpcHandle]:
+    """What this rank sends its peers: one export per peer (``export()``
+    each time; the own entry is ``own``, never exported). torch's CUDA IPC
+    hands one reference to one importer per export and frees the block once
+    every reference came back; a handle shared by several importers is
+    released once but counted several times, so the block would outlive
+    its group (in a pooled worker, a mailbox per group)."""
+    return [own if peer == rank else export() for peer in range(tp)]
+
+
+def handles_for(gathered: Sequence[Sequence[IpcHandle]], rank: int) -> list[IpcHandle]:
+    """From every rank's :func:`exports_for_peers` (rank order), the handles
+    meant for ``rank``: its peers' exports for it and its own entry."""
+    return [sent[rank] for sent in gathered]
+
+
+def own_handle(buffer, *, rank: int, device_uuid: str) -> IpcHandle:
+    """This rank's entry among the handles (checked, never opened: no payload)."""
+    import os
+    return IpcHandle(rank=rank, pid=os.getpid(), device_uuid=device_uuid,
+                     shape=tuple(buffer.shape), dtype=str(buffer.dtype), payload=())
+
+
 def export_buffer(buffer, *, rank: int, device_uuid: str) -> IpcHandle:
     """An IpcHandle for ``buffer`` (a CUDA tensor this process allocated)."""
     import os

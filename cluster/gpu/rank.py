@@ -46,7 +46,8 @@ from collections.abc import Mapping
 from cluster import ops
 from cluster.cases import case_inputs, check_outputs
 from kernels.lamport.diagnosis import MailboxCheck
-from cluster.gpu.ipc import check_handles, export_buffer, open_buffer, peer_addresses
+from cluster.gpu.ipc import (check_handles, export_buffer, exports_for_peers, handles_for,
+                             open_buffer, own_handle, peer_addresses)
 from cluster.gpu.report import result_fields
 from cluster.injection import validate_injection
 from cluster.phases import PhaseClock
@@ -140,9 +141,12 @@ class GpuRank:
         shape = mailbox_shape(self._tp, self._capacity, self._hidden)
         buffer = torch.empty(shape, dtype=torch.bfloat16, device=self._device)
         uuid = _device_uuid(self._device)
-        mine = export_buffer(buffer, rank=self._rank, device_uuid=uuid)
-        handles: list = [None] * self._tp
-        dist.all_gather_object(handles, mine)
+        mine = exports_for_peers(lambda: export_buffer(buffer, rank=self._rank, device_uuid=uuid),
+                                 own_handle(buffer, rank=self._rank, device_uuid=uuid),
+                                 self._tp, self._rank)
+        gathered: list = [None] * self._tp
+        dist.all_gather_object(gathered, mine)
+        handles = handles_for(gathered, self._rank)
         check_handles(handles, tp=self._tp, rank=self._rank, device_uuid=uuid, shape=shape)
         ptrs, self._peers = peer_addresses(handles, rank=self._rank, own_ptr=buffer.data_ptr(),
                                            opener=open_buffer, address=lambda t: t.data_ptr())
