@@ -12,7 +12,9 @@ A backend module exports ``Backend``, ``release_rank(group_id, rank)``,
 optionally ``actor_env(placement=, tp=)`` (environment variables its rank
 actors need), optionally ``UNSUPPORTED_FAULTS`` (fault kind -> why its expected outcome
 cannot happen there; the fault campaign skips those with the reason) and optionally
-``NEEDS_RENDEZVOUS = True``: then the TP group asks rank 0's
+``SUSPECT_AFTER_A_KILL`` (placements whose ranks that survived a killed
+peer must not serve another group: :func:`suspect_after_a_kill`) and
+optionally ``NEEDS_RENDEZVOUS = True``: then the TP group asks rank 0's
 actor for an address and a free port (as Ray Train does) and passes
 ``master_addr`` / ``master_port`` with the placement in ``setup``'s
 ``options``.
@@ -102,6 +104,15 @@ class RankBackend(Protocol):
         worker, cluster.pool); idempotent. Returns ``{"reusable": bool,
         "why": str}``: False when the process must not serve another group
         (a device error that stays with it)."""
+
+
+def suspect_after_a_kill(name: str, placement: str) -> bool:
+    """Whether, on backend ``name``, the ranks of a ``placement`` group that
+    survived a killed peer hold something only their exit frees (the
+    backend module's optional ``SUSPECT_AFTER_A_KILL``: placements), so a
+    worker pool must not reuse them."""
+    module = importlib.import_module(BACKENDS[require_backend(name)])
+    return placement in getattr(module, "SUSPECT_AFTER_A_KILL", ())
 
 
 def rank_clean(result: dict) -> bool:

@@ -44,7 +44,7 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
 from cluster.actors import RankActor, release_rank
-from cluster.backend import actor_env, needs_rendezvous, require_backend
+from cluster.backend import actor_env, needs_rendezvous, require_backend, suspect_after_a_kill
 from cluster.barrier import call_barrier
 from cluster.cases import check_outputs, make_case
 from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
@@ -196,6 +196,9 @@ class TPGroup:
         self.replaced_ranks: set[int] = set()
         """Ranks whose worker was killed and replaced by a fresh one (a
         rebuild); the cases after it ran on the replacement."""
+        self._suspect: set[int] = set()
+        """Pooled ranks that survived a killed peer where the backend says
+        such a survivor must not serve another group: retired on close."""
         self._actors: list = []
         self._seq = 0
         self._closed = False
@@ -334,6 +337,8 @@ class TPGroup:
             self._stop_actors(survivors)
         else:
             reusable = self._close_ranks(survivors)
+            if suspect_after_a_kill(self.backend, self.placement):
+                self._suspect |= survivors
             bad = sorted(gone | {r for r in survivors if not reusable[r]})
             for r in bad:
                 self._pool.replace(self._lease, r)
@@ -660,7 +665,7 @@ class TPGroup:
                 self._actors = self._actors or self._lease.actors
                 ranks = set(range(len(self._actors)))
                 reusable = self._close_ranks(ranks)
-                self._pool.release(self._lease, [reusable.get(r, False)
+                self._pool.release(self._lease, [reusable.get(r, False) and r not in self._suspect
                                                  for r in range(self.tp)])
                 self._release({r for r in ranks if not reusable[r]})
             elif self._actors:

@@ -30,9 +30,11 @@ pinned) and nothing is counted.
 
 Faults keep their meaning: a rank that missed its deadline or died is
 replaced (:meth:`WorkerPool.replace`: only that worker is killed and a fresh
-one started in its slot), a worker whose ``close`` says it is not reusable
-(a sticky device error) or did not close in time is killed on release, and
-a worker never serves two groups at once.
+one started in its slot); a worker whose ``close`` says it is not reusable
+(a sticky device error), that did not close in time, or that survived a
+killed peer where its backend says such a survivor holds what only its exit
+frees (``cluster.backend.suspect_after_a_kill``: shared-GPU CUDA IPC
+exports) is retired on release; a worker never serves two groups at once.
 
 Two lifetimes. A job's own pool (:meth:`WorkerPool.for_job`) lives in the
 driver: its workers are the driver's actors (Ray ends them with it) and
@@ -370,8 +372,9 @@ class WorkerPool:
         self.name, self.backend = name, backend
         self._lock = threading.Condition()
         self.standing = keeper is not None
-        self.acquired = self.fresh_workers = self.replaced = 0
-        """Leases taken, workers started for them (cold), workers replaced."""
+        self.acquired = self.fresh_workers = self.replaced = self.retired = 0
+        """Leases taken, workers started for them (cold), workers replaced
+        after a kill, workers retired on release (not reusable)."""
         self.wait_s = 0.0
         """Summed time requests waited for room."""
 
@@ -461,6 +464,7 @@ class WorkerPool:
         return lease
 
     def release(self, lease: Lease, reusable: Sequence[bool]) -> None:
+        self.retired += sum(not ok for ok in reusable)
         self._call("release", lease.id, list(reusable))
 
     def replace(self, lease: Lease, rank: int) -> Any:
@@ -499,7 +503,7 @@ class WorkerPool:
         """This driver's use of the pool (the job's accounting)."""
         return {"pool": self.name, "standing": self.standing, "leases": self.acquired,
                 "fresh_workers": self.fresh_workers, "replaced": self.replaced,
-                "wait_s": round(self.wait_s, 3)}
+                "retired": self.retired, "wait_s": round(self.wait_s, 3)}
 
     def prestart(self, per_slot: int, *, wait: bool = False,
                  timeout_s: float = 300.0) -> int:
@@ -516,7 +520,8 @@ class WorkerPool:
     def usage(self) -> str:
         """:meth:`counters` in words."""
         return (f"{self.acquired} lease(s), {self.fresh_workers} worker(s) started for them, "
-                f"{self.replaced} replaced after a kill, {self.wait_s:.1f} s waiting for room")
+                f"{self.replaced} replaced after a kill, {self.retired} retired (not reusable), "
+                f"{self.wait_s:.1f} s waiting for room")
 
     def status(self, timeout_s: float = CONTROL_TIMEOUT_S) -> list[dict]:
         """One dict per worker: its key, node, slot, lease, leases served

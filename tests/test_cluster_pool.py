@@ -78,6 +78,18 @@ def test_a_stuck_rank_is_replaced_alone(pool):
     assert sorted(nxt["pids"]) == sorted(out["pids_after"]) and nxt["cold"] == []
 
 
+def test_survivors_a_backend_calls_suspect_are_retired(pool, monkeypatch):
+    """Where the backend says a survivor of a killed peer holds what only
+    its exit frees (the GPU's shared-GPU placement), the survivor finishes
+    the group and is then retired, not handed to the next group."""
+    import cluster.group
+    monkeypatch.setattr(cluster.group, "suspect_after_a_kill", lambda backend, placement: True)
+    out = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=8, fault="stuck_rank")
+    assert out["replaced"] == [1] and pool.counters()["retired"] == 1
+    assert _gone([out["pids_after"][0]]) == []  # the survivor, retired on release
+    assert [r["pid"] for r in pool.status()] == [out["pids_after"][1]]
+
+
 def test_a_worker_reused_across_200_groups_holds_nothing_more(pool, capsys):
     t0 = time.monotonic()
     out = sc.hygiene(pool, "emulated", 200)

@@ -5,6 +5,7 @@ part killed at its limit counted as an error."""
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ def test_parts_are_the_files_with_gpu_tests():
     assert PART in files and "tests/gpu/test_cluster_gpu.py" in files
     assert "tests/test_pytest_plugins.py" not in files  # mentions the marks only in strings
     assert "tests/test_golden.py" not in files
+    one_gpu = suite.gpu_files(marks=("gpu",))  # a file of multigpu tests only is no part there
+    assert "tests/gpu/test_trace_gpu.py" in files and "tests/gpu/test_trace_gpu.py" not in one_gpu
+    assert "tests/gpu/test_timing_gpu.py" in one_gpu
 
 
 def test_a_run_a_budget_and_resume(tmp_path, monkeypatch, capsys):
@@ -53,7 +57,42 @@ def test_a_part_past_its_limit_is_an_error(tmp_path, monkeypatch, capsys):
     assert "killed at its 1 s limit" in out and "suite RED" in out
 
 
+def test_a_part_cut_by_the_budget_is_left_for_resume(tmp_path, monkeypatch, capsys):
+    """Killed at the budget's remainder, not its own timeout: not an error,
+    not done; --resume runs it."""
+    monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(suite, "gpus", lambda: [])
+    monkeypatch.setattr(suite, "MIN_PART_S", 0.5)
+    assert suite.main([PART, "--budget", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "cut at the budget's last" in out and "INCOMPLETE" in out and "not started" in out
+    assert suite.main([PART, "--resume"]) == 0
+    assert "suite green" in capsys.readouterr().out
+
+
 def test_an_unknown_file_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
         suite.main(["tests/nonesuch.py"])
     assert exit_.value.code == 2 and "tests/nonesuch.py" in capsys.readouterr().err
+
+
+def test_lanes_run_parts_at_once_and_exclusive_ones_alone(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(suite, "gpus", lambda: [])
+    spans = {}
+
+    def fake(path, state, mark, slow, limit_s, *, cut_by_budget=False):
+        t0 = time.monotonic()
+        time.sleep(0.3)
+        spans[path] = (t0, time.monotonic())
+        return {"part": path, "exit": 0, "wall_s": 0.3, "passed": 1, "failed": 0, "skipped": 0,
+                "errors": 0, "slowest": []}
+    monkeypatch.setattr(suite, "run_part", fake)
+    parts = [PART, "tests/test_reference_mhc.py", "tests/gpu/test_timing_gpu.py"]
+    assert suite.main([*parts, "--lanes", "2"]) == 0
+    (a0, a1), (b0, b1), (x0, x1) = (spans[p] for p in parts)
+    assert a0 < b1 and b0 < a1  # the two shared parts overlapped
+    assert x0 >= max(a1, b1)  # the exclusive one ran after them, alone
+    assert "2 lane(s)" in capsys.readouterr().out

@@ -25,6 +25,16 @@ UNSUPPORTED_FAULTS = {
 each with why: the fault campaign records them as skipped with the reason."""
 
 
+SUSPECT_AFTER_A_KILL = ("shared_gpu",)
+"""Placements whose surviving ranks must not serve another group once a
+peer was killed: a shared-GPU rank exports its mailbox to each peer through
+torch's CUDA IPC, which frees the block once every importer has released
+it, and a killed importer never does, so the block stays with the survivor's
+process until it exits (seen on the H200: a tp=8 group's 384 KiB per
+survivor and kill). A pooled survivor finishes its group and is then
+retired (cluster.pool)."""
+
+
 def actor_env(*, placement: str, tp: int) -> dict[str, str]:
     """Process per GPU with peers: keep every GPU visible (see
     :data:`cluster.gpu.rank.ALL_GPUS_VISIBLE`)."""
@@ -36,4 +46,5 @@ def release_rank(group_id: str, rank: int) -> None:
     sockets go with it (the driver and the kernel reclaim them)."""
 
 
-__all__ = ["Backend", "GpuRank", "actor_env", "NEEDS_RENDEZVOUS", "UNSUPPORTED_FAULTS", "release_rank"]
+__all__ = ["Backend", "GpuRank", "actor_env", "NEEDS_RENDEZVOUS", "SUSPECT_AFTER_A_KILL",
+           "UNSUPPORTED_FAULTS", "release_rank"]

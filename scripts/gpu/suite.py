@@ -24,14 +24,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,12 +45,19 @@ PART_TIMEOUT_S = 420
 """One part's limit (its pytest is killed past it; its tests count as errors)."""
 MIN_PART_S = 45
 """Under this much of --budget left, no further part is started."""
+EXCLUSIVE = ("tests/gpu/test_cluster_gpu.py", "tests/gpu/test_cluster_ops_gpu.py",
+             "tests/gpu/test_pool_gpu.py", "tests/gpu/test_timing_gpu.py",
+             "tests/test_jobs_profile.py")
+"""Parts that time calls or race watchdog budgets and host deadlines across
+Ray processes: with ``--lanes`` > 1 they still run alone, after the others."""
 
 
-def gpu_files(root: Path = ROOT) -> list[str]:
-    """Every test file holding a gpu- or multigpu-marked test, repo-relative, sorted."""
+def gpu_files(root: Path = ROOT, marks: tuple[str, ...] = ("gpu", "multigpu")) -> list[str]:
+    """Every test file holding a test marked with one of ``marks``
+    (repo-relative, sorted): on one GPU a file of multigpu tests only is
+    not a part (its pytest would select nothing)."""
     return sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py")
-                  if MARKED.search(p.read_text()))
+                  if any(m.group(2) in marks for m in MARKED.finditer(p.read_text())))
 
 
 def gpus() -> list[str]:
@@ -87,13 +97,17 @@ def slowest(xml: Path, k: int = 3) -> list[tuple[str, float]]:
     return sorted(cases, key=lambda c: -c[1])[:k]
 
 
-def run_part(path: str, state: Path, mark: str, slow: bool, limit_s: float) -> dict:
+def run_part(path: str, state: Path, mark: str, slow: bool, limit_s: float, *,
+             cut_by_budget: bool = False) -> dict:
     """One file's pytest under ``timeout -s KILL``; its counts (a part that
-    left no JUnit XML is one error)."""
+    left no JUnit XML is one error). A part killed at a limit that was the
+    budget's remainder (``cut_by_budget``), not its own timeout, is not
+    done (``cut``): no state is kept for it, so ``--resume`` runs it again."""
     name = part_name(path)
     xml, log = state / f"{name}.xml", state / f"{name}.log"
     tmp = state / f"{name}.xml.partial"
-    cmd = ["timeout", "-s", "KILL", str(int(limit_s)), sys.executable, "-m", "pytest", "-m", mark,
+    limit_s = max(1, math.ceil(limit_s))  # timeout's 0 would mean no limit
+    cmd = ["timeout", "-s", "KILL", str(limit_s), sys.executable, "-m", "pytest", "-m", mark,
            "-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={tmp}", *(["--slow"] if slow else []),
            path]
     started = time.monotonic()
@@ -107,7 +121,12 @@ def run_part(path: str, state: Path, mark: str, slow: bool, limit_s: float) -> d
         counts = junit_counts(xml)
         top = slowest(xml)
     else:
-        why = f"killed at its {int(limit_s)} s limit" if rc in (124, 137, -9) else f"exit {rc}, no JUnit XML"
+        killed = rc in (124, 137, -9)
+        if killed and cut_by_budget:
+            return {"part": path, "exit": rc, "wall_s": wall, "cut": True, "passed": 0,
+                    "failed": 0, "skipped": 0, "errors": 0, "slowest": [],
+                    "why": f"cut at the budget's last {int(limit_s)} s: rerun with --resume"}
+        why = f"killed at its {int(limit_s)} s limit" if killed else f"exit {rc}, no JUnit XML"
         counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 1, "tests": 0, "time_s": wall,
                   "why": why}
         top = []
@@ -138,13 +157,19 @@ def main(argv: list[str] | None = None) -> int:
                          "start with less than %d s left are left for --resume" % MIN_PART_S)
     ap.add_argument("--part-timeout", type=float, default=PART_TIMEOUT_S,
                     help="seconds one part may run (default %(default)s)")
+    ap.add_argument("--lanes", type=int, default=1,
+                    help="parts run at once (default %(default)s); the EXCLUSIVE ones "
+                         "always alone (their kernels then time-slice the GPU with the "
+                         "other lanes' kernels: correctness only)")
     args = ap.parse_args(argv)
-    files = args.files or gpu_files()
-    missing = [f for f in files if not (ROOT / f).is_file()]
+    if not 1 <= args.lanes <= 16:
+        ap.error(f"--lanes must be in 1..16, got {args.lanes}")
+    missing = [f for f in args.files if not (ROOT / f).is_file()]
     if missing:
         ap.error(f"no such test file(s): {missing}")
     names = gpus()
     mark = "gpu or multigpu" if len(names) >= 2 else "gpu"
+    files = args.files or gpu_files(marks=tuple(mark.split(" or ")))
     sha = commit()
     state = Path(os.environ.get("SUITE_DIR") or f"/tmp/gpu-suite/{sha[:12]}")
     if not args.resume and state.exists():
@@ -155,39 +180,60 @@ def main(argv: list[str] | None = None) -> int:
           f"-m {mark!r}{' --slow' if args.slow else ''}, {len(files)} part(s), state {state}",
           flush=True)
     results, left = [], []
-    for path in files:
+    lock = threading.Lock()
+
+    def one(path: str) -> None:
         done = state / f"{part_name(path)}.json"
         if args.resume and done.exists():
             c = json.loads(done.read_text())
-            results.append(c)
-            print("(kept) " + line(c), flush=True)
-            continue
+            with lock:
+                results.append(c)
+                print("(kept) " + line(c), flush=True)
+            return
         limit = args.part_timeout
         if args.budget is not None:
             remaining = args.budget - (time.monotonic() - started)
             if remaining < MIN_PART_S:
-                left.append(path)
-                continue
+                with lock:
+                    left.append(path)
+                return
             limit = min(limit, remaining)
-        c = run_part(path, state, mark, args.slow, limit)
-        results.append(c)
-        print(line(c), flush=True)
+        c = run_part(path, state, mark, args.slow, limit, cut_by_budget=limit < args.part_timeout)
+        with lock:
+            print(line(c), flush=True)
+            (left if c.get("cut") else results).append(path if c.get("cut") else c)
+
+    shared = [f for f in files if f not in EXCLUSIVE or args.lanes == 1]
+    with ThreadPoolExecutor(max_workers=args.lanes) as lanes:
+        list(lanes.map(one, shared))
+    for path in files:
+        if path not in shared:
+            one(path)
+    elapsed = time.monotonic() - started
     total = {k: sum(c[k] for c in results) for k in ("passed", "failed", "skipped", "errors")}
     wall = round(sum(c["wall_s"] for c in results), 1)
+    # this invocation's elapsed time, added to what earlier (--resume) ones took
+    elapsed_file = state / "elapsed_s"
+    elapsed += float(elapsed_file.read_text()) if args.resume and elapsed_file.exists() else 0.0
+    elapsed_file.write_text(f"{elapsed:.1f}")
     summary = {"commit": sha, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "gpus": names, "mark": mark, "slow": args.slow, "parts": len(files),
                "parts_run": len(results), "not_run": left, **total, "wall_s": wall,
-               "command": "bash scripts/gpu/suite.sh" + (" --slow" if args.slow else "")}
+               "elapsed_s": round(elapsed, 1), "lanes": args.lanes,
+               "command": "bash scripts/gpu/suite.sh" + (" --slow" if args.slow else "")
+               + (f" --lanes {args.lanes}" if args.lanes > 1 else "")}
     (state / "summary.json").write_text(json.dumps({**summary, "results": results}, indent=1))
     machine = f"{len(names)}x {names[0]}" if names else "no GPU"
     row = (f"| {sha[:12]} | {summary['date']} | {machine} | -m \"{mark}\""
            f"{' --slow' if args.slow else ''} | {total['passed']} | {total['failed']} | "
-           f"{total['skipped']} | {total['errors']} | {wall:.0f} s | `{summary['command']}` |")
+           f"{total['skipped']} | {total['errors']} | {elapsed:.0f} s ({wall:.0f} s of parts) | "
+           f"`{summary['command']}` |")
     (state / "row.md").write_text(row + "\n")
     verdict = ("green" if not (total["failed"] or total["errors"] or left) else
                "INCOMPLETE" if left and not (total["failed"] or total["errors"]) else "RED")
     text = (f"suite {verdict}: {total['passed']} passed, {total['failed']} failed, "
-            f"{total['skipped']} skipped, {total['errors']} errors in {wall:.1f} s of parts "
+            f"{total['skipped']} skipped, {total['errors']} errors in {elapsed:.1f} s "
+            f"({wall:.1f} s of parts, {args.lanes} lane(s)) "
             f"({len(results)}/{len(files)} parts run"
             + (f"; not started: {', '.join(left)}: rerun with --resume" if left else "") + ")")
     print(text)

@@ -44,6 +44,7 @@ import functools
 import time
 
 import pytest
+
 import torch
 
 from kernels.reference.allreduce import rms_norm
@@ -54,6 +55,7 @@ from kernels.reference.numerics import (assert_all_written, assert_bit_exact,
                                         assert_within_ulp, bits, fma_f32, poison_,
                                         order_sensitive_partials, random_partials,
                                         round_bf16, sentinel_pattern_partials)
+from tests.gpu import sweep
 
 pytestmark = pytest.mark.gpu
 
@@ -417,10 +419,9 @@ def test_sentinel_like_payload_and_order(kind, rank_lanes):
 
 
 # --------------------------------------------------------------- contract sweep
-@pytest.mark.parametrize("rank_lanes", RANK_LANES)
-@pytest.mark.parametrize("hc", HCS)
-@pytest.mark.parametrize("hidden", HIDDENS)
-@pytest.mark.parametrize("tp", TPS)
+@sweep.parametrize("tp, hidden, hc, rank_lanes", TPS, HIDDENS, HCS, RANK_LANES,
+                   default=lambda tp, hidden, hc, rank_lanes: hidden == 7168 and hc == 4
+                   and (rank_lanes == 1 or tp == 8))
 def test_contract(tp, hidden, hc, rank_lanes):
     """tp {1,2,4,8} x hidden {4096, 5120, 7168} x hc {1, 4} x tokens
     {1, 5, 16, 64} x rank_lanes {1, 2}: stages 1-4 (module docstring)."""
@@ -462,7 +463,7 @@ def test_other_geometries(hidden, tuning_args):
 
 
 # --------------------------------------------------------------- no host sync
-@pytest.mark.parametrize("tp, rank_lanes", [(2, 1), (8, 1), (8, 2)])
+@sweep.parametrize("tp, rank_lanes", [(2, 1), (8, 1), (8, 2)], default=lambda tp, rank_lanes: tp == 2)
 def test_many_calls_without_host_sync(tp, rank_lanes):
     """120 calls on one group, plain and finalize alternating, M varying,
     residual_out fed back as the next residual, with torch's sync debug mode

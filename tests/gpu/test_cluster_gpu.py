@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import pytest
+from tests.gpu import sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 ray = pytest.importorskip("ray")
@@ -38,7 +39,7 @@ killed process's device memory goes with it, so a rebuilt group starts clean;
 stuck_rank: its own test below)."""
 
 
-def sweep(g: TPGroup, label: str) -> list[float]:
+def run_sweep(g: TPGroup, label: str) -> list[float]:
     """Calls with every input kind and both residuals, checked on the ranks
     against kernels.reference (sum and residual bit-exact where observed,
     norm within 1 ULP, every output written, mailbox all sentinel)."""
@@ -88,7 +89,7 @@ def test_one_actor_on_the_gpu_runs_tp1(cluster):
         assert g.metadata[0]["gpu_ids"] == ["0"]
         prep = g.prepare(g.case(tokens=1, budget_ns=CASE_BUDGET_NS))
         print(f"\ntp=1 process-per-GPU: group built in {built:.1f} s; prepare {prep}")
-        sweep(g, "tp=1 process-per-GPU (NCCL, symmetric memory)")
+        run_sweep(g, "tp=1 process-per-GPU (NCCL, symmetric memory)")
         # One AllReduceNorm (one compile of each kernel) for the whole sweep,
         # under the key the op's RankKernel declares for these cases.
         from cluster.ops.all_reduce_norm import RankKernel
@@ -96,7 +97,7 @@ def test_one_actor_on_the_gpu_runs_tp1(cluster):
             RankKernel.key(g.case(tokens=1, budget_ns=CASE_BUDGET_NS), CASE_BUDGET_NS)]
 
 
-@pytest.mark.parametrize("tp", [2, 4])
+@sweep.parametrize("tp", [2, 4], default=lambda tp: tp == 2)
 def test_shared_gpu_runs_tp_and_recovers_from_faults(cluster, tp):
     group_sweep_and_faults(tp, shared=True)
 
@@ -127,7 +128,7 @@ def group_sweep_and_faults(tp: int, *, shared: bool) -> None:
             "process per GPU (NCCL, symmetric memory, unicast)"
         print(f"\ntp={tp} {label}: group built in {built:.1f} s; gpu ids "
               f"{[m['gpu_ids'] for m in g.metadata]}, pids {[m['pid'] for m in g.metadata]}")
-        sweep(g, f"tp={tp} {label}")
+        run_sweep(g, f"tp={tp} {label}")
 
         # A skipped publish: diagnosed at group level as exactly that rank.
         k = tp - 1
@@ -155,6 +156,7 @@ def group_sweep_and_faults(tp: int, *, shared: bool) -> None:
             assert verdict.met, f"{kind}: expected {verdict.expected!r}, seen {verdict.seen!r}"
 
 
+@pytest.mark.slow  # 40 s; tests/gpu/test_pool_gpu.py kills a stuck shared-GPU rank by default
 def test_stuck_rank_is_killed_and_the_shared_gpu_group_rebuilt(cluster):
     with TPGroup(tp=2, hidden=HIDDEN, capacity=CAPACITY, backend="gpu", gpus_per_rank=0.5,
                  call_timeout_s=CALL_TIMEOUT_S, setup_timeout_s=120) as g:

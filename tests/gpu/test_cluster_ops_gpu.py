@@ -14,6 +14,7 @@ process); Ray must be importable:
 from __future__ import annotations
 
 import pytest
+from tests.gpu import sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 ray = pytest.importorskip("ray")
@@ -37,6 +38,22 @@ COLLECTIVE = {
 
 def op_of(name: str) -> str:
     return name.split("+")[0]
+
+
+@pytest.mark.parametrize("tp, gpus_per_rank", [(1, 1), (2, 0.5)])
+def test_indexer_runs_on_each_rank_actors_gpu(cluster, tp, gpus_per_rank):
+    # Before the shared-GPU group below: that module fixture holds a whole GPU
+    # until the module ends, so on one GPU these groups could not be placed after it.
+    with TPGroup(tp=tp, hidden=7168, capacity=64, backend="gpu", gpus_per_rank=gpus_per_rank,
+                 call_timeout_s=120, setup_timeout_s=180) as g:
+        for path, tokens in (("projection", 64), ("fused", 16), ("stage", 1), ("stage", 17)):
+            call = g.run(g.case(op="indexer", tokens=tokens, path=path, seed=tokens,
+                                budget_ns=BUDGET_NS))
+            print(f"\nindexer tp={tp} {path} M={tokens}: {call.outcome}; "
+                  f"{[c and {k: v for k, v in c.items() if k != 'ok'} for c in call.checks]}")
+            assert call.outcome == "pass", (path, call.checks, call.errors)
+            assert all(x["collective"] is False for x in call.results)
+            assert all(c["ok"] for c in call.checks)
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +86,7 @@ def test_collective_op_through_a_shared_gpu_group(shared_group, name):
     assert verdict.met, verdict.seen
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-@pytest.mark.parametrize("name", sorted(COLLECTIVE))
+@sweep.parametrize("name, tp", sorted(COLLECTIVE), [2, 4], default=lambda name, tp: tp == 2)
 def test_collective_op_through_virtual_ranks(name, tp):
     from cluster.gpu.virtual import run_group
 
@@ -90,17 +106,3 @@ def test_collective_op_through_virtual_ranks(name, tp):
             assert len(call["checks"]) == tp and all(c["ok"] for c in call["checks"]), call
     print(f"\n{name} tp={tp} virtual ranks: {sum(len(c['calls']) for c in out['cases'])} "
           f"calls pass on {out['device']}")
-
-
-@pytest.mark.parametrize("tp, gpus_per_rank", [(1, 1), (2, 0.5)])
-def test_indexer_runs_on_each_rank_actors_gpu(cluster, tp, gpus_per_rank):
-    with TPGroup(tp=tp, hidden=7168, capacity=64, backend="gpu", gpus_per_rank=gpus_per_rank,
-                 call_timeout_s=120, setup_timeout_s=180) as g:
-        for path, tokens in (("projection", 64), ("fused", 16), ("stage", 1), ("stage", 17)):
-            call = g.run(g.case(op="indexer", tokens=tokens, path=path, seed=tokens,
-                                budget_ns=BUDGET_NS))
-            print(f"\nindexer tp={tp} {path} M={tokens}: {call.outcome}; "
-                  f"{[c and {k: v for k, v in c.items() if k != 'ok'} for c in call.checks]}")
-            assert call.outcome == "pass", (path, call.checks, call.errors)
-            assert all(x["collective"] is False for x in call.results)
-            assert all(c["ok"] for c in call.checks)

@@ -12,6 +12,7 @@ import functools
 import time
 
 import pytest
+
 import torch
 
 from kernels.reference.allreduce import all_reduce_norm, all_reduce_sum, rms_norm
@@ -19,6 +20,7 @@ from kernels.reference.embed import embed_norm as ref_embed_norm
 from kernels.reference.moe import finalize_payloads
 from kernels.reference.numerics import (assert_all_written, assert_bit_exact,
                                         assert_within_ulp, bits, poison_)
+from tests.gpu import sweep
 
 pytestmark = pytest.mark.gpu
 
@@ -214,8 +216,7 @@ def test_embed_norm_watchdog_names_the_rank_that_skipped():
 
 
 # --------------------------------------------------------------- contract sweep
-@pytest.mark.parametrize("hidden", HIDDENS)
-@pytest.mark.parametrize("tp", TPS)
+@sweep.parametrize("tp, hidden", TPS, HIDDENS, default=lambda tp, hidden: hidden == 7168)
 def test_contract(tp, hidden):
     """tp x hidden x top_k {1, 6, 8} x tokens {1, 7, 16, 64} x FP32/BF16
     weights (with -1 routes) for the finalize, tokens x shard-edge ids for

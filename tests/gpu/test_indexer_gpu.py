@@ -23,6 +23,7 @@ Bounds stated (and asserted):
 from __future__ import annotations
 
 import pytest
+
 import torch
 
 from kernels.indexer.layout import DIM, FUSED_CANDIDATES, Tactic, padded_heads
@@ -31,6 +32,7 @@ from kernels.reference.indexer import (assert_projection_within_bound, hadamard_
 from kernels.reference.numerics import (assert_all_written, assert_bit_exact,
                                         assert_within_ulp, bf16_ulp_at, bf16_ulp_distance,
                                         poison_, ulp_in_sum_abs)
+from tests.gpu import sweep
 
 pytestmark = pytest.mark.gpu
 
@@ -110,9 +112,9 @@ def parts(proj):
     return (w[:proj.key], w[proj.key:proj.key + proj.heads], w[proj.key + proj.heads:])
 
 
-@pytest.mark.parametrize("tokens", TOKENS)
-@pytest.mark.parametrize("heads", HEADS)
-@pytest.mark.parametrize("k", KS)
+@sweep.parametrize("k, heads, tokens", KS, HEADS, TOKENS,
+                   default=lambda k, heads, tokens: (k, heads) == (7168, 64) and tokens in (1, 17, 64)
+                   or (k, heads, tokens) == (4096, 32, 16))
 def test_projection_bounds_and_fused_bit_identity(k, heads, tokens):
     ind, proj = setup(k, heads)
     x, q = inputs(tokens, k, heads)

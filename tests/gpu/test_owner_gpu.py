@@ -21,6 +21,7 @@ import os
 import time
 
 import pytest
+
 import torch
 
 from kernels.lamport.protocol import owned_tokens, owner_rows
@@ -30,6 +31,7 @@ from kernels.reference.numerics import (assert_all_written, assert_bit_exact,
                                         assert_within_ulp, bits, poison_)
 from test_all_reduce_norm_gpu import inputs  # tests/gpu is on sys.path under pytest
 from test_finalize_embed_gpu import moe_inputs as finalize_moe_inputs
+from tests.gpu import sweep
 
 pytestmark = pytest.mark.gpu
 
@@ -180,8 +182,7 @@ def test_corrupt_stage_is_flagged_without_wild_stores():
 
 
 # --------------------------------------------------------------- contract sweep
-@pytest.mark.parametrize("hidden", HIDDENS)
-@pytest.mark.parametrize("tp", TPS)
+@sweep.parametrize("tp, hidden", TPS, HIDDENS, default=lambda tp, hidden: hidden == 7168)
 def test_contract(tp, hidden):
     grp = group(tp, hidden)
     for i, m in enumerate(TOKENS):
@@ -209,8 +210,9 @@ TUNINGS = (
 )
 
 
-@pytest.mark.parametrize("tp, tuning_args", [(tp, t) for tp in TPS for t in TUNINGS
-                                             if tp in (2, 8) or t is TUNINGS[0]])
+@sweep.parametrize("tp, tuning_args",
+                   [(tp, t) for tp in TPS for t in TUNINGS if tp in (2, 8) or t is TUNINGS[0]],
+                   default=lambda tp, tuning_args: tp in (2, 8) and tuning_args is TUNINGS[0])
 def test_finalize_owner(tp, tuning_args):
     """The owner finalize publish: 8/16-byte fragments, FP32/BF16 weights,
     shared expert before/after the wait or absent, top_k 1 and 8, M below
