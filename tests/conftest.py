@@ -60,6 +60,20 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray cluster of 2 CPUs for the module (the one a test process
+    already has is used as it is); its modules are in the xdist group "ray"."""
+    import ray
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def readme_ray_run(tmp_path_factory):
     """The README's Ray section run once (tests/readme_ray.py); its users are

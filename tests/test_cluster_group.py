@@ -8,7 +8,6 @@ group.
 import os
 
 import pytest
-import ray
 
 from cluster.cases import bf16_from_bits, case_inputs
 from cluster.faults import FAULT_KINDS, run_fault
@@ -25,14 +24,8 @@ CALL_TIMEOUT_S = 3.0  # above late_beyond_budget's 2 x budget delay
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+def cluster(local_ray):
     yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

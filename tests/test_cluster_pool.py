@@ -10,7 +10,6 @@ import os
 import time
 
 import pytest
-import ray
 
 from cluster.group import TPGroup
 from cluster.pool import Request, WorkerPool
@@ -20,14 +19,8 @@ pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a tim
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+def cluster(local_ray):
     yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture
