@@ -458,13 +458,15 @@ class WorkerPool:
                     self._lock.wait(WAIT_STEP_S)
             else:
                 time.sleep(WAIT_STEP_S)
-        self.wait_s += time.monotonic() - started
-        self.acquired += 1
-        self.fresh_workers += sum(lease.fresh)
+        with self._lock:  # fan-out threads acquire at once
+            self.wait_s += time.monotonic() - started
+            self.acquired += 1
+            self.fresh_workers += sum(lease.fresh)
         return lease
 
     def release(self, lease: Lease, reusable: Sequence[bool]) -> None:
-        self.retired += sum(not ok for ok in reusable)
+        with self._lock:
+            self.retired += sum(not ok for ok in reusable)
         self._call("release", lease.id, list(reusable))
 
     def replace(self, lease: Lease, rank: int) -> Any:
@@ -472,7 +474,8 @@ class WorkerPool:
         worker = self._call("replace", lease.id, rank)
         lease.workers[rank] = worker
         lease.fresh[rank] = True
-        self.replaced += 1
+        with self._lock:
+            self.replaced += 1
         return worker.actor
 
     def call(self, fn, spec: Mapping, *, share: float, node_id: str | None, timeout_s: float):
