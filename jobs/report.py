@@ -10,9 +10,10 @@ job and outcome, then the failing rows with their repro commands and the
 timed rows (``--all``: every row). A comparison lines the two runs' cases
 up by identity and prints the cases whose outcome changed and the timed
 cases with their B/A ratio. A run's manifest status (finished, running,
-incomplete: its driver went away before it finished) is printed with it.
-Exit status 1 when the (last) run has failing rows or is incomplete, 2 when
-a run id is unknown.
+interrupted: stopped by SIGINT or SIGTERM; incomplete: its driver went away
+before it finished) is printed with it. Exit status 1 when the (last) run
+has failing rows or is interrupted or incomplete, 2 when a run id is
+unknown.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from cluster.topology import brief
+from jobs import exits
 from jobs.config import ConfigError
 from jobs.table import Col, Table
 
@@ -84,6 +86,9 @@ def print_run(results: Path, run_id: str, *, show_all: bool = False) -> int:
     print(f"status: {status}" + {
         "incomplete": " -- the driver went away before the run finished: these counts cover "
                       "only the cases that ended, and the run is no regression baseline",
+        "interrupted": " -- stopped by SIGINT or SIGTERM after the case in hand: these counts "
+                       f"cover the cases that ended; complete it with --run-id {run_id} "
+                       "--resume (the same command)",
         "running": " -- the run has not finished yet"}.get(status, "") + "\n")
     counts: Counter = Counter((r["suite"], r["job"], r["outcome"]) for r in rows)
     groups = sorted({(s, j) for s, j, _ in counts})
@@ -105,7 +110,7 @@ def print_run(results: Path, run_id: str, *, show_all: bool = False) -> int:
         print(f"\n{len(failing)} failing row(s):")
         for r in failing:
             print(f"  [{r['outcome']}] {r['reason'] or ''}\n      {r['repro_command'] or '(no repro recorded)'}")
-    return 1 if failing or status == "incomplete" else 0
+    return exits.FAILED if failing or status in ("incomplete", "interrupted") else exits.OK
 
 
 def compare(results: Path, run_a: str, run_b: str) -> int:
@@ -131,7 +136,7 @@ def compare(results: Path, run_a: str, run_b: str) -> int:
     if not table._printed_header:
         print("no case changed outcome and neither run has timings in common")
     print(f"\n{changed} case(s) changed outcome")
-    return 1 if any(r["outcome"] in ("fail", "hang", "error") for r in b.values()) else 0
+    return exits.FAILED if any(r["outcome"] in ("fail", "hang", "error") for r in b.values()) else exits.OK
 
 
 def main(args) -> int:
@@ -140,7 +145,7 @@ def main(args) -> int:
         if not results.is_dir():
             raise ConfigError(f"--results {results}: no results directory")
         list_runs_table(results)
-        return 0
+        return exits.OK
     if len(args.runs) > 2:
         raise ConfigError(f"report takes at most two run ids, got {len(args.runs)}: {args.runs}")
     runs = _resolve(results, args.runs)

@@ -6,11 +6,14 @@ what is true of the whole run once, instead of on every row:
 
 ``run_id``, ``trigger``                the run's identity
 ``status``                             ``running`` (set when the driver starts the
-                                       run) or ``finished`` (set when it ends)
+                                       run), ``finished`` (set when it ends) or
+                                       ``interrupted`` (stopped by SIGINT or SIGTERM
+                                       after the case in hand; ``--resume`` completes
+                                       it)
 ``driver``                             ``{"host", "pid", "create_time"}`` of the
                                        driver process
 ``started_at``, ``heartbeat_at``,      UTC ISO times; the heartbeat is refreshed as
-``finished_at``                        rows are written
+``finished_at``, ``interrupted_at``    rows are written; ``interrupted_by``: the signal
 ``counts``, ``accounting``             the run's rows by outcome (all its parts');
                                        per job section, appended as it ends:
                                        wall time, cases, timed work, overhead
@@ -18,14 +21,16 @@ what is true of the whole run once, instead of on every row:
                                        versions, host, GPUs, topology)
 
 A run's *effective* status (:func:`effective_status`) is ``finished``,
-``running``, or ``incomplete`` when the manifest still says ``running`` but
+``interrupted``, ``running``, or ``incomplete`` when the manifest still says ``running`` but
 its driver is gone: on the driver's own host, no live process with that
 pid and creation time; elsewhere, no heartbeat for ``STALE_AFTER_S``. Rows
 of a run with no manifest status (written before manifests existed, or by a
 bare :class:`ResultsWriter`) are ``unrecorded``. Only ``finished`` and
 ``unrecorded`` runs count as a clean baseline.
 
-Every write goes to a hidden temporary file and is renamed into place.
+Every write goes to a hidden temporary file and is renamed into place; a
+write that changes a run's row of ``_runs/runs.pq`` (its status, times
+or facts) rewrites that table too (:mod:`jobs.results.runs_table`).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from cluster.procs import process_start
 from jobs.results.atomic import write_atomically
 
 RUNS_DIR = "_runs"
-STATUSES = ("running", "finished", "incomplete", "unrecorded")
+STATUSES = ("running", "finished", "interrupted", "incomplete", "unrecorded")
 BASELINE_STATUSES = ("finished", "unrecorded")
 """Runs whose rows may serve as regression history."""
 STALE_AFTER_S = 2 * 3600.0
@@ -85,9 +90,15 @@ def read_manifests(root: str | os.PathLike[str]) -> dict[str, dict]:
     return out
 
 
-def _write(root: str | os.PathLike[str], run_id: str, data: dict) -> Path:
+def _write(root: str | os.PathLike[str], run_id: str, data: dict, *, table: bool = True) -> Path:
+    """Write the manifest; ``table``: its run's row of ``runs.pq``
+    changed, rewrite that table (heartbeats and accounting do not)."""
     text = json.dumps(data, sort_keys=True, indent=1, default=str).encode()
-    return write_atomically(manifest_path(root, run_id), lambda sink: sink.write(text))
+    path = write_atomically(manifest_path(root, run_id), lambda sink: sink.write(text))
+    if table:
+        from jobs.results import runs_table
+        runs_table.write(root)
+    return path
 
 
 def this_driver() -> dict[str, Any]:
@@ -124,7 +135,8 @@ def begin(root, run_id: str, *, trigger: str, facts: dict | None = None) -> dict
     if data.get("status") == "running" and driver and driver_alive(driver) is not False:
         return data
     now = _now()
-    data.pop("finished_at", None)  # a finished run reopened for one more part
+    for key in ("finished_at", "interrupted_at", "interrupted_by"):
+        data.pop(key, None)  # a finished or interrupted run reopened for one more part
     data.update(run_id=run_id, trigger=trigger, status="running", driver=this_driver(),
                 started_at=data.get("started_at") or now, heartbeat_at=now)
     data.setdefault("facts", {})
@@ -143,7 +155,7 @@ def heartbeat(root, run_id: str) -> None:
     data = read_manifest(root, run_id)
     if data and owns(data) and data.get("status") == "running":
         data["heartbeat_at"] = _now()
-        _write(root, run_id, data)
+        _write(root, run_id, data, table=False)
 
 
 def finish(root, run_id: str, *, counts: dict[str, int] | None = None) -> None:
@@ -159,6 +171,19 @@ def finish(root, run_id: str, *, counts: dict[str, int] | None = None) -> None:
         _write(root, run_id, data)
 
 
+def interrupt(root, run_id: str, *, by: str, counts: dict[str, int] | None = None) -> None:
+    """Mark the run ``interrupted`` by the signal ``by`` (only its own
+    driver does): it stopped after the case in hand, every row it wrote is
+    a whole case, and ``--run-id RUN --resume`` completes it. ``counts``
+    as for :func:`finish`."""
+    data = read_manifest(root, run_id)
+    if data and owns(data):
+        data.update(status="interrupted", interrupted_at=_now(), interrupted_by=by)
+        if counts is not None:
+            data["counts"] = dict(counts)
+        _write(root, run_id, data)
+
+
 def add_accounting(root, run_id: str, entry: dict) -> None:
     """Append one job section's accounting (wall time, work, cases) to the
     run's manifest as the section ends, so that a part stopped later keeps
@@ -166,7 +191,7 @@ def add_accounting(root, run_id: str, entry: dict) -> None:
     data = read_manifest(root, run_id)
     if data and owns(data):
         data["accounting"] = list(data.get("accounting") or []) + [dict(entry)]
-        _write(root, run_id, data)
+        _write(root, run_id, data, table=False)
 
 
 def record_facts(root, run_id: str, facts: dict[str, Any]) -> None:
@@ -197,8 +222,8 @@ def effective_status(data: dict | None, *, now: dt.datetime | None = None) -> st
     """``finished``, ``running``, ``incomplete`` or ``unrecorded`` (see the
     module doc)."""
     status = (data or {}).get("status")
-    if status == "finished":
-        return "finished"
+    if status in ("finished", "interrupted"):
+        return status
     if status != "running":
         return "unrecorded"
     alive = driver_alive(data.get("driver") or {})

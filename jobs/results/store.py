@@ -272,7 +272,10 @@ def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list[Pa
         data = manifests.get(run_id, {"run_id": run_id})
         data["facts"] = {**facts, **{k: v for k, v in data.get("facts", {}).items()
                                      if v is not None}}
-        runs._write(dst, run_id, data)  # noqa: SLF001 (one module's private writer)
+        runs._write(dst, run_id, data, table=False)  # noqa: SLF001 (one module's private writer)
+    if keys:
+        from jobs.results import runs_table
+        runs_table.write(dst)  # once, not once per run
     return written
 
 
