@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from cluster import ops
 from kernels.lamport.diagnosis import GroupDiagnosis, ranks_str
-from cluster.group import GroupCall, TPGroup
+
+if TYPE_CHECKING:  # annotations only: the CLI lists FAULT_KINDS without importing Ray or torch
+    from cluster.group import GroupCall, TPGroup
 
 
 @dataclasses.dataclass(frozen=True)
