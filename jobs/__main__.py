@@ -1,41 +1,17 @@
-"""``python -m jobs <command>``: the service's entry point, also under
-``ray job submit --working-dir . -- python -m jobs <command>``.
+"""python -m jobs COMMAND: the service's entry point, also run by
+ray job submit --working-dir . -- python -m jobs COMMAND (see `submit`).
 
-Commands:
-  nightly        every job of the suite(s) (reference self-check, compile check,
-                 correctness, faults, profile) on the cluster's backend, then
-                 regression detection against the nightly history, then the
-                 dashboard (``python -m dashboards build``, its own process)
-  correctness    the numerical contract through TP groups of rank actors
-  faults         DESIGN.md's fault table: expected vs seen, per kind, op and tp
-  profile        latency against same-run baselines (GPU only; skipped rows elsewhere)
-  compile-check  compile every registered kernel variant (no GPU needed), check its PTX
-  report         print a run from the results, or compare two
-  regress        regression detection for one run already in the results
-  selfcheck      recompute every golden vector with the torch references
-  smoke          the same as ``nightly --suite smoke``
-  trace          one TP group's correctness cases with every rank under
-                 torch.profiler, merged into one Perfetto / Chrome trace
-  submit         ``ray job submit --working-dir .`` of one of the above, with the
-                 git commit passed along (the uploaded tree has no .git)
-  head           start / stop a local Ray head to submit to
-  pool           start / show / stop a standing pool of warm rank workers on a
-                 running cluster (jobs given ``--pool NAME`` use it)
-  schema         the results columns, as docs/results-schema.md lists them
+Cluster: with no --address and no RAY_ADDRESS a job starts an embedded local
+Ray cluster for its run; with either, it joins that cluster. --backend auto
+runs on GPUs when the cluster has some and a gpu backend is registered, else
+on the emulated backend, and says which.
 
-Cluster: no ``--address`` and no RAY_ADDRESS starts an embedded local Ray
-cluster for the run; either joins that cluster. ``--backend auto`` runs on
-GPUs when the cluster has some and a ``gpu`` backend is registered, else on
-the emulated backend, and says which.
+Git commit: rows record `git rev-parse HEAD` of the checkout, or
+LAMPORT_GIT_COMMIT when set (`submit` sets it for the job: ray job submit
+--working-dir uploads no .git).
 
-Git commit: rows record ``git rev-parse HEAD`` of the checkout, or
-LAMPORT_GIT_COMMIT when set (``submit`` sets it for the job: ``ray job
-submit --working-dir`` uploads no .git).
-
-Exit status: 0 when every case passed (or was skipped with its reason), 1 on
-any wrong element, hang, error or regression, 2 on bad usage (nothing is
-written then), 143 when stopped by SIGTERM (within
-``jobs.embedded.TERM_GRACE_S``).
+A submitted job is followed with `status`, `logs` and `stop` JOB_ID, which
+reach the head recorded by `head start` (or --address) with its token.
 """
 
 from __future__ import annotations
@@ -44,17 +20,21 @@ import argparse
 import functools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 
+from jobs import exits
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
+from jobs.exits import InfraError, Interrupted
 from jobs.head import DEFAULT_HEAD_DIR, HEAD_DIR_ENV
-from jobs.options import (DEFAULT_RESULTS, add_results_arguments, groups_per_gpu, int_list,
-                          open_results, pool_choice, positive_number, positive_seconds, report,
-                          str_list)
+from jobs.options import (DEFAULT_RESULTS, add_results_arguments, check_writable_dir,
+                          groups_per_gpu, int_list, open_results, pool_choice, positive_number,
+                          positive_seconds, report, str_list)
 
 DEFAULT_SITE = Path("site")
 
@@ -189,8 +169,6 @@ def _plan(args, jobs: tuple[str, ...]):
             require_name("--run-id", args.run_id)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from None
-    if not args.no_results and args.results.exists() and not args.results.is_dir():
-        raise ConfigError(f"--results {args.results} exists and is not a directory")
     if args.run_id is not None and not args.no_results:
         from jobs.results import git_commit, runs
         try:
@@ -213,42 +191,99 @@ def _plan(args, jobs: tuple[str, ...]):
         if len(plan) != 1:
             raise ConfigError(f"trace: one suite at a time, got {names}")
         check_one_group(plan[0][1])
+    # Last, so that a command refused for another reason touched nothing.
+    outputs = [] if args.no_results else [("--results", args.results)]
+    if getattr(args, "nightly", False) and not args.no_results and not args.no_dashboard:
+        outputs.append(("--site", args.site))
+    if getattr(args, "trace_out", None) is not None:
+        outputs.append(("--trace-out", args.trace_out.parent))
+    for flag, path in outputs:
+        check_writable_dir(flag, path)
     return plan
 
 
 # ----------------------------------------------------------------- sweeps
 def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
-    from jobs import correctness, faults, profile
-    from jobs.harness import ClusterView, ray_session, resolve_backend, worker_pool
-
+    """Run the sweep. SIGINT or SIGTERM (``Interrupted``) once the run is
+    open ends it as :meth:`jobs.harness.Run.interrupted` says (before Ray's
+    cleanup, which a signal to the whole process group can block), printing
+    the command that resumes it, and is raised on (exit 130 or 143)."""
+    from jobs.harness import ray_session
     plan = _plan(args, jobs)
     rule = _rule(args) if nightly else None
+    opened: list = []  # the run, once it exists
+
+    def on_stop(stop: Interrupted) -> None:
+        if opened:
+            opened[0].interrupted(stop, compact=nightly,
+                                  resume=resume_command(args.argv, opened[0].run_id))
+
+    try:
+        with ray_session(args.address) as how:
+            try:
+                regressed = _sweep_run(args, jobs, plan, rule, how, nightly=nightly,
+                                       opened=opened, on_stop=on_stop)
+            except Interrupted as stop:
+                on_stop(stop)
+                raise
+        (run,) = opened
+        failing = run.summary()
+        run.finish(compact=nightly)
+        if nightly:
+            failing += _dashboard_part(args)
+    except Interrupted as stop:
+        on_stop(stop)  # (once: a run already marked is left as it is)
+        raise
+    return exits.FAILED if failing or regressed else exits.OK
+
+
+def resume_command(argv: list[str], run_id: str) -> str:
+    """The command line ``argv`` (after ``python -m jobs``) that completes
+    run ``run_id``: with ``--run-id`` and ``--resume`` added where absent,
+    run by this interpreter, shell-quoted."""
+    words = list(argv)
+    if not any(w == "--run-id" or w.startswith("--run-id=") for w in words):
+        words += ["--run-id", run_id]
+    if "--resume" not in words:
+        words.append("--resume")
+    return shlex.join([sys.executable, "-m", "jobs", *words])
+
+
+def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bool,
+               opened: list, on_stop) -> int:
+    """The sweep inside the Ray session, with the worker pool ``--pool``
+    asks for: the run opened (appended to ``opened``), every job of
+    ``plan``, the regression part; returns the number of kernel cases
+    regressed. ``on_stop(Interrupted)`` is called before the pool closes."""
+    from jobs import correctness, faults, profile
+    from jobs.harness import ClusterView, resolve_backend, worker_pool
+
     runners = {"correctness": correctness.run, "faults": faults.run, "profile": profile.run}
     if args.cmd == "trace":
         from jobs import trace
         runners["correctness"] = functools.partial(trace.run, out=args.trace_out)
-    with ray_session(args.address) as how:
-        backend, why = resolve_backend(args.backend)
-        view = ClusterView(backend, groups_per_gpu=args.groups_per_gpu)
-        with worker_pool(args.pool, backend) as view.pool:
+    backend, why = resolve_backend(args.backend)
+    view = ClusterView(backend, groups_per_gpu=args.groups_per_gpu)
+    with worker_pool(args.pool, backend) as view.pool:
+        try:
             run = _run_jobs(args, jobs, plan, runners, view, f"ray: {how}\nbackend: {why}",
-                            nightly=nightly)
-            regressed = _regression_part(run, rule, args) if nightly else 0
-    failing = run.summary()
-    run.finish(compact=nightly)
-    if nightly:
-        failing += _dashboard_part(args)
-    return 1 if failing or regressed else 0
+                            nightly=nightly, opened=opened)
+            return _regression_part(run, rule, args) if nightly else 0
+        except Interrupted as stop:
+            on_stop(stop)  # before the pool's and Ray's cleanup, which the signal may block
+            raise
 
 
 def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
-              nightly: bool):
-    """Every job of every suite of ``plan`` on the open cluster; the Run."""
+              nightly: bool, opened: list):
+    """Every job of every suite of ``plan`` on the open cluster; the Run
+    (also appended to ``opened`` as soon as it exists)."""
     from jobs.harness import Run, done_in_run
     from jobs.results import env_info
     environment = {**env_info(), **view.columns()}
     run = Run(results=None if args.no_results else args.results, trigger=args.trigger,
               run_id=args.run_id, backend=view.backend, environment=environment)
+    opened.append(run)
     if run.results is not None and not run.results.is_absolute() and "joined" in heading:
         print(f"note: --results {run.results} is relative to this job's working directory "
               f"(under ray job submit, a temporary copy): give an absolute path to keep them")
@@ -369,7 +404,7 @@ def _selfcheck(args: argparse.Namespace) -> int:
     writer, environment = open_results(args)
     failures = selfcheck.run(args, writer, environment)
     report(writer, failures, args)
-    return 1 if failures else 0
+    return exits.FAILED if failures else exits.OK
 
 
 def _report(args) -> int:
@@ -386,10 +421,10 @@ def _regress(args) -> int:
     print(f"regression check of run {run_id} in {args.results}: {rule.describe()}")
     if not verdicts:
         print("no timed case in this run; nothing to compare")
-        return 0
+        return exits.OK
     regressed = regression.show(verdicts, rule)
     print(f"\n{regressed} kernel case(s) regressed")
-    return 1 if regressed else 0
+    return exits.FAILED if regressed else exits.OK
 
 
 def _compact(args) -> int:
@@ -401,22 +436,70 @@ def _compact(args) -> int:
     before, after = read_results(args.results).num_rows, read_results(args.out).num_rows
     print(f"compacted {before} rows of {args.results} into {len(written)} file(s) "
           f"({after} rows) under {args.out}")
-    return 0 if before == after else 1
+    return exits.OK if before == after else exits.FAILED
 
 
 def _schema(args) -> int:
     from jobs.results.schema import SCHEMA_VERSION, markdown_table
     print(f"results schema version {SCHEMA_VERSION}\n\n{markdown_table()}")
-    return 0
+    return exits.OK
+
+
+def _ray_cli() -> str:
+    """The ``ray`` command of this interpreter's environment (else PATH's)."""
+    ray_bin = Path(sys.executable).with_name("ray")
+    return str(ray_bin) if ray_bin.exists() else (shutil.which("ray") or "ray")
+
+
+def _job_server(args):
+    """(URL, auth) of the job server ``--address`` / RAY_ADDRESS / the
+    head in ``--dir`` names, reached and its token settled
+    (jobs.head.job_server_auth)."""
+    from jobs import head as hd
+    head = hd.head_dir(args.dir)
+    url = hd.job_server_url(args.address, head)
+    return url, hd.job_server_auth(url, head)
+
+
+def _ray_env(auth) -> dict[str, str]:
+    """The environment for the ``ray`` CLI: Ray's auth variables as
+    ``auth`` settles them, no RAY_ADDRESS (the address is passed)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+    return {**env, **auth.env}
+
+
+def job_exit_status(info: dict | None) -> int:
+    """A submitted job's exit status from Ray's record of it
+    (jobs.head.job_info): its entrypoint's exit code (killed by signal N:
+    128 + N); a job Ray never ran, or that failed before its entrypoint
+    did (its runtime environment, say): INFRA; stopped without a code:
+    INTERRUPTED_SIGTERM."""
+    if info is None:
+        return exits.INFRA
+    code = info.get("driver_exit_code")
+    if code is not None:
+        return 128 - code if code < 0 else code
+    status = info.get("status")
+    if status == "SUCCEEDED":
+        return exits.OK
+    if status == "STOPPED":
+        return exits.INTERRUPTED_SIGTERM
+    return exits.INFRA
 
 
 def _submit(args) -> int:
     """``ray job submit --working-dir <repo>`` of a job command: the job is
     checked here first (bad usage: exit 2 before anything is sent), the head
-    reached and its authentication settled (jobs.head.job_server_auth), the
+    reached (nothing answering: exit 3) and its authentication settled, the
     commit passed in LAMPORT_GIT_COMMIT; the entrypoint runs ``--python``
-    (default: this interpreter, the project's environment)."""
-    import shlex
+    (default: this interpreter, the project's environment). Its log is
+    followed to the end and the exit status is the job's
+    (:func:`job_exit_status`; ``ray job submit`` itself says 1 for any
+    failure). Ctrl-C stops following, not the job. ``--no-wait``: return
+    once the job is taken (0; INFRA when it was not)."""
+    import datetime as dt
+    import secrets
 
     from jobs import head as hd
     from jobs.results import git_commit
@@ -424,42 +507,72 @@ def _submit(args) -> int:
     if not command:
         raise ConfigError("give the job command after '--', e.g. "
                           "python -m jobs submit -- nightly --suite smoke")
-    if command[0] in ("submit", "head", "pool"):
+    if command[0] in SIDE_COMMANDS:
         raise ConfigError(f"{command[0]!r} runs on this side, not as a Ray job")
     job = _parse_job(command)
     if job is None:
-        return 2
+        return exits.USAGE
     for name in ("results", "site"):
         path = getattr(job, name, None)
         if path is not None and not getattr(job, "no_results", False) and not path.is_absolute():
             raise ConfigError(f"--{name} {path}: give an absolute path; a submitted job runs "
                               f"in a temporary copy of the tree, which Ray deletes")
-    head = hd.head_dir(args.dir)
-    address = args.address or os.environ.get("RAY_ADDRESS")
-    if not address:
-        state = hd.read_state(head)
-        if state is None:
-            raise ConfigError(f"no head to submit to: none recorded in {head} (start one with "
-                              f"`python -m jobs head start`), no --address, no RAY_ADDRESS")
-        address = state["dashboard"]
-    if not address.startswith(("http://", "https://")):
-        raise ConfigError(f"--address {address!r}: give the job server's URL, "
-                          f"e.g. http://HEAD:8265 (the head's dashboard port)")
-    address = address.rstrip("/")
-    auth = hd.job_server_auth(address, head)
+    url, auth = _job_server(args)
+    job_id = args.submission_id or (f"lamport-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+                                    f"-{secrets.token_hex(3)}")
     repo = Path(__file__).resolve().parents[1]
-    ray_bin = Path(sys.executable).with_name("ray")
     env_vars = {"LAMPORT_GIT_COMMIT": os.environ.get("LAMPORT_GIT_COMMIT") or git_commit() or "unknown"}
-    argv = [str(ray_bin) if ray_bin.exists() else (shutil.which("ray") or "ray"), "job", "submit",
-            "--address", address, "--working-dir", str(repo),
-            "--runtime-env-json", json.dumps({"env_vars": env_vars})]
-    if args.submission_id:
-        argv += ["--submission-id", args.submission_id]
-    argv += ["--", args.python or sys.executable, "-m", "jobs", *command]
-    print(f"auth: {auth.why}\nsubmitting: {shlex.join(argv)}", flush=True)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(auth.env)
-    return subprocess.call(argv, env=env)
+    argv = [_ray_cli(), "job", "submit", "--address", url, "--working-dir", str(repo),
+            "--runtime-env-json", json.dumps({"env_vars": env_vars}), "--submission-id", job_id,
+            *(["--no-wait"] if args.no_wait else []),
+            "--", args.python or sys.executable, "-m", "jobs", *command]
+    where = [] if args.dir is None else ["--dir", str(args.dir)]
+    where += [] if args.address is None else ["--address", args.address]
+    follow = {action: shlex.join(["python", "-m", "jobs", action, job_id, *where])
+              for action in ("status", "logs", "stop")}
+    print(f"auth: {auth.why}\nsubmitting: {shlex.join(argv)}\njob: {job_id} (elsewhere: "
+          f"{follow['status']}; {follow['logs']}; {follow['stop']})", flush=True)
+    try:
+        said = subprocess.call(argv, env=_ray_env(auth))
+    except Interrupted as stop:
+        print(f"\n{stop.name}: stopped following job {job_id}; it goes on. Follow it with "
+              f"`{follow['logs']} --follow`, stop it with `{follow['stop']}`", file=sys.stderr)
+        raise
+    info = hd.job_info(url, job_id, auth)
+    if args.no_wait:
+        print(f"submit: job {job_id} " + (f"taken ({info.get('status')}); follow it with "
+                                          f"`{follow['logs']} --follow`" if info else
+                                          f"was not taken (ray job submit exited {said})"),
+              flush=True)
+        return exits.OK if info else exits.INFRA
+    status = job_exit_status(info)
+    print(f"submit: job {job_id} " + (f"ended {info.get('status')}, exit status {status}"
+                                      if info else f"was not taken (ray job submit exited "
+                                                   f"{said}), exit status {status}"), flush=True)
+    return status
+
+
+def _follow(args) -> int:
+    """``ray job status|logs|stop JOB_ID`` against the job server ``submit``
+    used (the head in ``--dir``, or ``--address``), with its token settled
+    as for ``submit``: a user never sets Ray's auth variables. The exit
+    status is the ``ray`` command's; ``status`` exits with the job's own
+    status once it has ended (:func:`job_exit_status`), 0 while it runs."""
+    from jobs import head as hd
+    url, auth = _job_server(args)
+    if args.cmd == "status":
+        info = hd.job_info(url, args.job_id, auth)
+        if info is None:
+            print(f"python -m jobs status: no job {args.job_id!r} at {url}", file=sys.stderr)
+            return exits.USAGE
+    argv = [_ray_cli(), "job", args.cmd, "--address", url, args.job_id]
+    if args.cmd == "logs" and args.follow:
+        argv.append("--follow")
+    said = subprocess.call(argv, env=_ray_env(auth))
+    if args.cmd != "status" or said != 0:
+        return said
+    ended = info.get("status") in ("SUCCEEDED", "FAILED", "STOPPED")
+    return job_exit_status(info) if ended else exits.OK
 
 
 def _parse_job(command: list[str]):
@@ -469,7 +582,7 @@ def _parse_job(command: list[str]):
         from jobs import compile_check
         parser = compile_check.build_parser()
     else:
-        parser, command = build_parser(), command
+        parser = build_parser(only=command[0])
     try:
         return parser.parse_args(command[1:] if command[0] == "compile-check" else command)
     except SystemExit as exit_:
@@ -483,31 +596,57 @@ def _head(args) -> int:
     where = hd.head_dir(args.dir)
     if args.action == "stop":
         print(hd.stop(where))
-        return 0
+        return exits.OK
     state = hd.start(where, num_cpus=args.num_cpus, wait_s=args.wait)
     print(f"ray head: {state['dashboard']} (job server, token auth; token in "
           f"{state['token_path']}), GCS {state['address']}, {state['num_cpus']} CPUs\n"
           f"  submit: python -m jobs submit -- nightly --suite smoke --results \"$PWD/ray-results\"\n"
           f"  stop:   python -m jobs head stop" + (f" --dir {args.dir}" if args.dir else ""))
-    return 0
+    return exits.OK
 
 
 NIGHTLY_JOBS = ("selfcheck", "compile-check", "correctness", "faults", "profile")
+SIDE_COMMANDS = ("submit", "head", "pool", "status", "logs", "stop")
+"""Commands that run on the submitting side, never as a Ray job."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_job_server_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", default=None, metavar="URL",
+                   help="the head's job server, e.g. http://10.0.0.1:8265 (default: RAY_ADDRESS, "
+                        "else the head `python -m jobs head start` recorded in --dir)")
+    p.add_argument("--dir", type=Path, default=None,
+                   help=f"head directory (default: ${{{HEAD_DIR_ENV}}} or {DEFAULT_HEAD_DIR})")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line. ``only``: build that command's options alone (the
+    other commands are listed with their help, so ``python -m jobs --help``
+    imports neither torch nor Ray; ``""``: none); None: every command's."""
+    def full(name: str) -> bool:
+        return only is None or only == name
+
     parser = argparse.ArgumentParser(prog="python -m jobs", description=__doc__,
+                                     epilog=f"exit status:\n{exits.help_text()}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="command")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND",
+                                title="commands (python -m jobs COMMAND --help for each)")
     for name, suite, trigger, helptext in (
-            ("nightly", "nightly", "nightly", "all jobs of the suite(s), regressions, dashboard"),
-            ("smoke", "smoke", "adhoc", "nightly --suite smoke"),
-            ("correctness", "smoke", "adhoc", "the numerical contract through the cluster"),
-            ("faults", "smoke", "adhoc", "the fault campaign: expected vs seen"),
-            ("profile", "smoke", "adhoc", "latency vs same-run baselines (GPU)"),
+            ("nightly", "nightly", "nightly", "every job of the suite(s) (reference self-check, "
+                                              "compile check, correctness, faults, profile), "
+                                              "then regression detection against the nightly "
+                                              "history, then the dashboard"),
+            ("smoke", "smoke", "adhoc", "the same as nightly --suite smoke"),
+            ("correctness", "smoke", "adhoc", "the numerical contract through TP groups of "
+                                              "rank actors"),
+            ("faults", "smoke", "adhoc", "DESIGN.md's fault table: expected vs seen, per kind, "
+                                         "op and tp"),
+            ("profile", "smoke", "adhoc", "latency against same-run baselines (GPU only; "
+                                          "skipped rows elsewhere)"),
             ("trace", "smoke", "adhoc", "one TP group's correctness cases, every rank traced "
                                         "onto one Perfetto timeline")):
         p = sub.add_parser(name, help=helptext, description=helptext)
+        if not full(name):
+            continue
         _add_sweep_arguments(p, suite=suite, trigger=trigger)
         if name in ("nightly", "smoke"):
             _add_rule_arguments(p)
@@ -527,49 +666,68 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(jobs=("correctness",), nightly=False)
         else:
             p.set_defaults(jobs=(name,), nightly=False)
-    p = sub.add_parser("report", help="print a run, or compare two")
+    sub.add_parser("compile-check", help="compile every registered kernel variant (no GPU "
+                   "needed) and check its PTX")
+    p = sub.add_parser("report", help="print a run from the results, or compare two")
     p.add_argument("runs", nargs="*", metavar="RUN_ID", help="none: the latest run; two: compare")
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     p.add_argument("--list", action="store_true", help="list the runs, newest first")
     p.add_argument("--all", action="store_true", help="every row, not only failing and timed ones")
     p.set_defaults(func=_report)
     p = sub.add_parser("regress", help="regression detection for one run in the results")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
-    p.add_argument("--run", default=None, help="run id (default: the latest run)")
-    _add_rule_arguments(p)
+    if full("regress"):
+        p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+        p.add_argument("--run", default=None, help="run id (default: the latest run)")
+        _add_rule_arguments(p)
     p.set_defaults(func=_regress)
-    p = sub.add_parser("compact", help="copy a results dataset as one file per run")
+    p = sub.add_parser("selfcheck", help="recompute every golden vector with the torch references")
+    if full("selfcheck"):
+        add_results_arguments(p, suite="selfcheck")
+        from jobs import selfcheck
+        selfcheck.add_arguments(p)
+    p.set_defaults(func=_selfcheck)
+    p = sub.add_parser("compact", help="copy a results dataset as one Parquet file per run")
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     p.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
     p.set_defaults(func=_compact)
     p = sub.add_parser("schema", help="print the results columns (docs/results-schema.md)")
     p.set_defaults(func=_schema)
-    p = sub.add_parser("selfcheck", help="recompute the golden vectors")
-    add_results_arguments(p, suite="selfcheck")
-    from jobs import selfcheck
-    selfcheck.add_arguments(p)
-    p.set_defaults(func=_selfcheck)
-    sub.add_parser("compile-check", help="compile kernel variants and check the PTX "
-                   "(see python -m jobs compile-check --help)")
-    p = sub.add_parser("submit", help="ray job submit --working-dir . of a job command",
-                       description="Submit a job command to a Ray head (README: 'Ray: a head "
-                                   "and a submitted job'). Token authentication is settled "
-                                   "before submitting: the head's token file, RAY_AUTH_TOKEN, "
-                                   "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, whichever the "
-                                   "head accepts.")
-    p.add_argument("--address", default=None, metavar="URL",
-                   help="the head's job server, e.g. http://10.0.0.1:8265 (default: RAY_ADDRESS, "
-                        "else the head `python -m jobs head start` recorded in --dir)")
-    p.add_argument("--dir", type=Path, default=None,
-                   help=f"head directory (default: ${{{HEAD_DIR_ENV}}} or {DEFAULT_HEAD_DIR})")
+    p = sub.add_parser("submit", help="ray job submit --working-dir . of a job command, the git "
+                                      "commit passed along; its exit status is the job's",
+                       description=textwrap.fill(
+                           "Submit a job command to a Ray head (README: 'Ray: a head and a "
+                           "submitted job'). Token authentication is settled before "
+                           "submitting: the head's token file, RAY_AUTH_TOKEN, "
+                           "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, whichever the head "
+                           "accepts. The job's log is followed to its end; the exit status is "
+                           "the job's.", 79),
+                       epilog=f"exit status:\n{exits.help_text()}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_job_server_arguments(p)
     p.add_argument("--python", default=None, metavar="PATH",
-                   help="the job's interpreter (default: this one, %(const)s, so the job runs in "
-                        "the project's environment; on a cluster whose nodes have the project "
-                        "installed elsewhere give that path, e.g. /opt/lamport/.venv/bin/python)")
-    p.set_defaults(**{})
-    p.add_argument("--submission-id", default=None, help="Ray's job id (default: Ray picks one)")
+                   help=f"the job's interpreter (default: this one, {sys.executable}, so the job "
+                        f"runs in the project's environment; on a cluster whose nodes have the "
+                        f"project installed elsewhere give that path, e.g. "
+                        f"/opt/lamport/.venv/bin/python)")
+    p.add_argument("--submission-id", default=None, metavar="JOB_ID",
+                   help="the job's id (default: lamport-UTCTIME-RANDOM, printed)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="return once the job is taken, without following it (then: status, "
+                        "logs, stop)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job command")
     p.set_defaults(func=_submit)
+    for action, helptext in (("status", "a submitted job's status (exit: the job's status "
+                                        "once it ended, 0 while it runs)"),
+                             ("logs", "a submitted job's log (--follow: until it ends)"),
+                             ("stop", "stop a submitted job (SIGTERM: it ends after the case "
+                                      "in hand, its run marked interrupted)")):
+        p = sub.add_parser(action, help=helptext, description=helptext + ". The job server "
+                           "and its token are the ones `submit` uses.")
+        p.add_argument("job_id", metavar="JOB_ID", help="the id `submit` printed")
+        _add_job_server_arguments(p)
+        if action == "logs":
+            p.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
+        p.set_defaults(func=_follow)
     p = sub.add_parser("head", help="start or stop a local Ray head for `submit`",
                        description="A local Ray head with token authentication on 127.0.0.1, "
                                    "free ports, and its job agent up before this returns "
@@ -588,23 +746,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_of(argv: list[str]) -> str:
+    """The command word of ``argv`` ("" for none, e.g. ``--help``)."""
+    return argv[0] if argv and not argv[0].startswith("-") else ""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse, run, and turn what ends a command into its exit status
+    (jobs.exits): ConfigError USAGE, InfraError INFRA, SIGINT / SIGTERM
+    INTERRUPTED_* (handled from the start: Ctrl-C while Ray starts is one
+    line too, never a traceback)."""
+    from jobs.embedded import terminate_raises
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["compile-check"]:  # it owns its options
-        from jobs import compile_check
-        return compile_check.main(argv[1:])
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # argparse: 2 on bad usage, 0 for --help
-        return int(exit_.code or 0)
-    try:
-        if hasattr(args, "func"):
-            return args.func(args)
-        return _sweep(args, args.jobs, nightly=args.nightly)
-    except ConfigError as err:
-        print(f"python -m jobs {args.cmd}: error: {err}", file=sys.stderr)
-        return 2
+    command = _command_of(argv)
+    with terminate_raises():
+        try:
+            if command == "compile-check":  # it owns its options
+                from jobs import compile_check
+                return compile_check.main(argv[1:])
+            parser = build_parser(only=command)
+            try:
+                args = parser.parse_args(argv)
+            except SystemExit as exit_:  # argparse: 2 on bad usage, 0 for --help
+                return int(exit_.code or 0)
+            args.argv = argv
+            if hasattr(args, "func"):
+                return args.func(args)
+            return _sweep(args, args.jobs, nightly=args.nightly)
+        except ConfigError as err:
+            print(f"python -m jobs {command}: error: {err}", file=sys.stderr)
+            return exits.USAGE
+        except InfraError as err:
+            print(f"python -m jobs {command}: infrastructure: {err}", file=sys.stderr)
+            return exits.INFRA
+        except Interrupted as stop:
+            print(f"python -m jobs {command}: stopped by {stop.name} (exit {stop.code})",
+                  file=sys.stderr, flush=True)
+            return stop.code
 
 
 if __name__ == "__main__":

@@ -17,19 +17,25 @@ RAY_ADDRESS) changes none of this: that is the user's explicit choice.
 
 Cleanup, whichever way the driver ends:
 
-- at a normal end, SIGINT or SIGTERM (turned into SystemExit while the
-  cluster runs), ``ray.shutdown()``, then every process the cluster started
+- at a normal end, SIGINT or SIGTERM (turned into ``jobs.exits.Interrupted``,
+  a SystemExit, while the cluster runs), ``ray.shutdown()``, then every process the cluster started
   (the driver's descendants that appeared after the start) gets SIGTERM
   and, after ``GRACE_S``, SIGKILL (Ray's dashboard and runtime-env agents
   ignore SIGTERM); then the mailbox segments of this driver's groups go;
-- a SIGTERM driver whose cleanup has not ended ``TERM_GRACE_S`` after the
-  signal exits anyway (``terminate_raises``), and its watchdog does the rest;
+- a driver stopped by SIGINT or SIGTERM whose cleanup has not ended
+  ``TERM_GRACE_S`` after the signal exits anyway (``terminate_raises``), and
+  its watchdog does the rest;
 - on SIGKILL of the driver, a watchdog process (``python -m jobs.embedded
   --watch``, started before Ray, in its own session) sees its pipe from the
   driver close, and does the same;
 - at start, the segments of earlier drivers that are gone are swept
   (``cluster.emulated.segment.sweep_orphans``), in case a watchdog was
   killed too.
+
+Start: ``ray.init`` is tried ``START_ATTEMPTS`` times (Ray gives a raylet 30
+s to register with the GCS, and a loaded machine can miss that), each failed
+attempt's processes stopped before the next; then ``jobs.exits.InfraError``
+names what did not start (exit 3).
 """
 
 from __future__ import annotations
@@ -42,11 +48,13 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cluster import procs
 from jobs.config import ConfigError
+from jobs.exits import InfraError, Interrupted
 
 GRACE_S = 3.0
 """How long the cluster's processes get between SIGTERM and SIGKILL."""
@@ -61,6 +69,10 @@ written per case, atomically: none written is lost. Below the 30 s that
 FLUSH_WAIT_S = 1.0
 """How long that late exit waits for stdout and stderr to be flushed."""
 WATCH_EVERY_S = 0.5
+START_ATTEMPTS = 3
+"""How many times ``ray.init`` is tried before the run gives up (exit 3)."""
+START_RETRY_WAIT_S = 2.0
+"""The pause between two attempts."""
 TOKEN_ENV = "LAMPORT_RAY_TOKEN_FILE"
 """Where the embedded cluster's token file is (default: token_path())."""
 
@@ -132,11 +144,12 @@ def _reread_auth() -> None:
 
 
 _term_timer: threading.Timer | None = None
-"""The late-exit timer the first SIGTERM armed (None: no SIGTERM yet)."""
+"""The late-exit timer the first SIGINT or SIGTERM armed (None: no signal yet)."""
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _exit_late(grace_s: float, code: int) -> None:
-    """The cleanup after SIGTERM outlived ``grace_s``: flush what the driver
+def _exit_late(grace_s: float, stop: Interrupted) -> None:
+    """The cleanup after the signal outlived ``grace_s``: flush what the driver
     printed (at most ``FLUSH_WAIT_S``; a stuck writer holds its stream's
     lock), say so on stderr, ``os._exit(code)``."""
     def flush() -> None:
@@ -147,48 +160,52 @@ def _exit_late(grace_s: float, code: int) -> None:
     flusher.start()
     flusher.join(FLUSH_WAIT_S)
     with contextlib.suppress(OSError):
-        os.write(2, f"SIGTERM: cleanup did not finish within {grace_s:g} s; exiting {code} "
-                    f"(rows written so far are kept)\n".encode())
-    os._exit(code)
+        os.write(2, f"{stop.name}: cleanup did not finish within {grace_s:g} s; exiting "
+                    f"{stop.code} (rows written so far are kept)\n".encode())
+    os._exit(stop.code)
 
 
 def _already_terminating(signum, frame) -> None:
-    """SIGTERM again while the first one's cleanup runs: the cleanup goes
-    on, bounded by the timer the first one armed."""
+    """SIGINT or SIGTERM again while the first one's cleanup runs: the
+    cleanup goes on, bounded by the timer the first one armed."""
 
 
 @contextlib.contextmanager
 def terminate_raises(grace_s: float = TERM_GRACE_S) -> Iterator[None]:
-    """SIGTERM ends the driver through SystemExit(143) (so every ``finally``
-    runs: a job section's closing line and accounting, the cluster's
-    cleanup), and arms a daemon timer that ends a process still alive
-    ``grace_s`` later with a line on stderr and ``os._exit(143)`` (a cleanup
-    blocked on a Ray process that got the same signal; the embedded
-    cluster's watchdog then stops what is left). One timer per process: a later SIGTERM
-    neither raises (it would cut the cleanup short) nor rearms it, and once
-    a SIGTERM came, leaving the block keeps further ones ignored rather than
-    restoring the previous handler. Enter it again once ``ray.init`` has
-    returned: the core worker installs its own SIGTERM handler there (a C++
-    stack dump, then death, no ``finally``)."""
+    """SIGINT (Ctrl-C) and SIGTERM end the driver through
+    ``jobs.exits.Interrupted`` (a SystemExit with status 130 or 143, so
+    every ``finally`` runs: a job section's closing line and accounting, the
+    cluster's cleanup), and arm a daemon timer that ends a process still
+    alive ``grace_s`` later with a line on stderr and ``os._exit`` with that
+    status (a cleanup blocked on a Ray process that got the same signal:
+    Ctrl-C and GNU ``timeout`` signal the whole process group; the embedded
+    cluster's watchdog then stops what is left). One timer per process: a
+    later signal neither raises (it would cut the cleanup short) nor rearms
+    it, and once a signal came, leaving the block keeps further ones
+    ignored rather than restoring the previous handlers. Enter it again
+    once ``ray.init`` has returned: the core worker installs its own SIGTERM
+    handler there (a C++ stack dump, then death, no ``finally``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def on_term(signum, frame):
+    def on_signal(signum, frame):
         global _term_timer
         if _term_timer is not None:
             return
-        _term_timer = threading.Timer(grace_s, _exit_late, (grace_s, 128 + signum))
-        _term_timer.name = "sigterm-grace"
+        stop = Interrupted(signum)
+        _term_timer = threading.Timer(grace_s, _exit_late, (grace_s, stop))
+        _term_timer.name = "signal-grace"
         _term_timer.daemon = True
         _term_timer.start()
-        raise SystemExit(128 + signum)
+        raise stop
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = {signum: signal.signal(signum, on_signal) for signum in SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous if _term_timer is None else _already_terminating)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if _term_timer is None else _already_terminating)
 
 
 class Watchdog:
@@ -253,6 +270,29 @@ def watch(driver: int) -> int:
     return 0
 
 
+def init_with_retry(init: Callable[[], object], *, what: str, between: Callable[[], None],
+                    attempts: int = START_ATTEMPTS, wait_s: float = START_RETRY_WAIT_S) -> None:
+    """Call ``init`` (a ``ray.init``) up to ``attempts`` times, ``between``
+    (stop what the failed attempt started) and a ``wait_s`` pause after
+    each failure; then InfraError: ``what``, the attempts, and the first
+    line of the last error (Ray's own words for what timed out, e.g. "The
+    current node timed out during startup"). Only ``Exception`` is retried:
+    SIGINT / SIGTERM (``Interrupted``) end the start at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            init()
+            return
+        except Exception as err:
+            said = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            print(f"ray: attempt {attempt} of {attempts} failed: {type(err).__name__}: {said}",
+                  file=sys.stderr, flush=True)
+            between()
+            if attempt == attempts:
+                raise InfraError(f"{what} after {attempts} attempts ({wait_s:g} s apart); the "
+                                 f"last said: {type(err).__name__}: {said}") from None
+            time.sleep(wait_s)
+
+
 @contextlib.contextmanager
 def embedded_cluster(num_cpus: int) -> Iterator[str]:
     """Start the embedded cluster (loopback only, token auth), yield how it
@@ -264,13 +304,19 @@ def embedded_cluster(num_cpus: int) -> Iterator[str]:
     preexisting = set(procs.descendants(os.getpid()))
     watchdog = Watchdog()
     preexisting.add(watchdog.process.pid)
+    def stop_attempt() -> None:
+        ray.shutdown()
+        cleanup(os.getpid(), {p: s for p, s in procs.descendants(os.getpid()).items()
+                              if p not in preexisting}, preexisting)
+
     with _environment(cluster_env(token)), terminate_raises():
         try:
             # address="local": a fresh cluster even where another one runs on
             # this machine (plain ray.init() would join the latest `ray start`).
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False,
-                     _node_ip_address="127.0.0.1")
+            init_with_retry(lambda: ray.init(
+                address="local", num_cpus=num_cpus, include_dashboard=False,
+                log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1"),
+                what="the embedded local Ray cluster did not start", between=stop_attempt)
             with terminate_raises():
                 yield (f"started an embedded local Ray cluster (num_cpus={num_cpus}, no "
                        f"dashboard, listening on 127.0.0.1 only, token auth with {token})"

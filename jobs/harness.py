@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.config import Case, ConfigError, Suite
+from jobs.exits import InfraError
 from jobs.options import check_groups_per_gpu
 from jobs.table import Col, Table
 
@@ -108,11 +109,10 @@ def ray_session(address: str | None) -> Iterator[str]:
     _no_auto_connect()
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise UsageError(f"cannot join the Ray cluster at {address!r}: {err}") from None
-        how = f"joined the Ray cluster at {address}"
+        _join(address)
+        # The address Ray joined (it rewrites a loopback one to this node's
+        # address), not the one it was given.
+        how = f"joined the Ray cluster at {ray.get_runtime_context().gcs_address}"
     else:
         from jobs.embedded import embedded_cluster
         with embedded_cluster(max(2, os.cpu_count() or 2)) as how:
@@ -152,6 +152,47 @@ def worker_pool(choice: str, backend: str) -> Iterator[Any]:
         raise UsageError(f"--pool {choice}: that pool runs the {pool.backend} backend, this "
                          f"run the {backend} backend")
     yield pool
+
+
+JOIN_PROBE_S = 10.0
+"""How long a join waits for the GCS address to take a TCP connection
+before it gives up (exit 3); ``ray.init`` alone retries for minutes."""
+
+
+def _join(address: str) -> None:
+    """``ray.init(address=...)``: a malformed address is a UsageError (exit
+    2); a GCS that takes no connection within ``JOIN_PROBE_S``, or a
+    ``ray.init`` that fails ``jobs.embedded.START_ATTEMPTS`` times, an
+    InfraError (exit 3) naming the address."""
+    import socket
+
+    import ray
+    from ray._private.services import parse_address
+
+    from jobs.embedded import init_with_retry
+    if address != "auto":
+        try:
+            parsed = parse_address(address.removeprefix("ray://"))
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            raise UsageError(f"--address {address!r}: give the GCS address HOST:PORT "
+                             f"(e.g. 10.0.0.1:6379) or 'auto'")
+        host, port = parsed[0], int(parsed[1])
+        deadline, last = time.monotonic() + JOIN_PROBE_S, None
+        while True:
+            try:
+                socket.create_connection((host, port), timeout=2.0).close()
+                break
+            except OSError as err:
+                last = err
+            if time.monotonic() > deadline:
+                raise InfraError(f"nothing answers at the Ray cluster address {address} "
+                                 f"(tried for {JOIN_PROBE_S:g} s: {last}); is its head up?")
+            time.sleep(1.0)
+    init_with_retry(lambda: ray.init(address=address, log_to_driver=False,
+                                     configure_logging=False),
+                    what=f"could not join the Ray cluster at {address}", between=ray.shutdown)
 
 
 def _no_auto_connect() -> None:
@@ -462,6 +503,10 @@ class Run:
         self.counts: Counter[str] = Counter()
         self.failing: list[dict] = []
         self.rows_written = 0
+        self.finished = False
+        """Set by :meth:`finish` (the manifest says ``finished``)."""
+        self.stopped_by: str | None = None
+        """The signal :meth:`interrupted` handled (once)."""
         self._beat = 0.0
         if results is not None:
             from jobs.results import runs
@@ -485,8 +530,8 @@ class Run:
         self._skips: dict[str, list] = {}
         """A section's skip reasons: reason -> [footnote mark, cases]."""
         self.stopping = threading.Event()
-        """Set when a job section ends by an exception (SIGTERM's SystemExit,
-        Ctrl-C): the cases its TP-group threads still finish are not
+        """Set when a job section ends by an exception (SIGINT's or SIGTERM's
+        ``jobs.exits.Interrupted``): the cases its TP-group threads still finish are not
         recorded (cut short, they are run again by ``--resume``)."""
 
     def writer(self, suite: str):
@@ -721,13 +766,44 @@ class Run:
         rows as one file per partition (``jobs.results.compact_run``)."""
         if self.results is None:
             return
-        from jobs.results import compact_run, runs
-        files = []
-        if compact and self._writers:
-            files = compact_run(self.results, self.run_id)
+        from jobs.results import runs
+        self._compact(compact)
         runs.finish(self.results, self.run_id, counts=dict(self.run_counts()))
-        if files:
-            print(f"results: run {self.run_id} compacted into {len(files)} file(s)", flush=True)
+        self.finished = True
+
+    def _compact(self, compact: bool) -> None:
+        if compact and self._writers:
+            from jobs.results import compact_run
+            files = compact_run(self.results, self.run_id)
+            if files:
+                print(f"results: run {self.run_id} compacted into {len(files)} file(s)",
+                      flush=True)
+
+    def interrupted(self, stop, *, compact: bool, resume: str) -> None:
+        """The run was stopped by ``stop`` (``jobs.exits.Interrupted``) after
+        the case in hand (its section printed its closing line and wrote its
+        accounting): the failing rows and counts, the rows compacted as
+        :meth:`finish` would (``compact``), the manifest marked
+        ``interrupted``, and ``resume``, the command that completes the run,
+        printed. Once per run; a run already finished (the signal came
+        during the dashboard build) is left as it is. Takes the row lock: a
+        row being written completes first."""
+        with self._lock:
+            if self.stopped_by is not None:
+                return
+            self.stopped_by = stop.name
+        if self.results is None:
+            print(f"\n{stop.name}: stopped; nothing to resume (--no-results)", flush=True)
+            return
+        if self.finished:
+            print(f"\n{stop.name}: stopped after run {self.run_id} finished", flush=True)
+            return
+        from jobs.results import runs
+        self.summary()
+        self._compact(compact)
+        runs.interrupt(self.results, self.run_id, by=stop.name, counts=dict(self.run_counts()))
+        print(f"\n{stop.name}: run {self.run_id} interrupted after the case in hand; "
+              f"complete it (only the cases it lacks) with:\n  {resume}", flush=True)
 
     def count_external(self, outcome_counts: Counter[str]) -> None:
         """Fold in the counts of parts that write their own rows (selfcheck,

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from cluster import procs
 from jobs.config import ConfigError
+from jobs.exits import InfraError
 
 HEAD_DIR_ENV = "LAMPORT_HEAD_DIR"
 DEFAULT_HEAD_DIR = Path(".ray-head")
@@ -84,10 +85,12 @@ def http_status(url: str, token: str | None = None, timeout_s: float = 5.0) -> i
 @dataclass(frozen=True)
 class Auth:
     """How to talk to a job server: ``env`` for the ``ray`` CLI
-    (RAY_AUTH_MODE and where the token is), ``why`` in words."""
+    (RAY_AUTH_MODE and where the token is), ``why`` in words, ``token``
+    for this side's own HTTP requests (None: none needed)."""
 
     env: dict[str, str]
     why: str
+    token: str | None = None
 
 
 def token_sources(head: Path | None) -> list[tuple[str, dict[str, str], str]]:
@@ -117,14 +120,14 @@ def token_sources(head: Path | None) -> list[tuple[str, dict[str, str], str]]:
 def job_server_auth(url: str, head: Path | None = None, timeout_s: float = 10.0) -> Auth:
     """Reach the job server at ``url`` and find how to authenticate: none
     when it takes requests without a token, else the first token this side
-    has that it accepts. ConfigError (exit 2) in one line when nothing
-    answers at ``url`` or no token is accepted."""
+    has that it accepts. InfraError (exit 3) in one line when nothing
+    answers at ``url``; ConfigError (exit 2) when no token is accepted."""
     try:
         http_status(f"{url}/api/version", timeout_s=timeout_s)
         status = http_status(f"{url}/api/jobs/", timeout_s=timeout_s)
     except OSError as err:
         reason = getattr(err, "reason", None) or err
-        raise ConfigError(
+        raise InfraError(
             f"no Ray job server answers at {url} ({reason}); start a head with "
             f"`python -m jobs head start` or give the address of one (--address "
             f"http://HEAD:8265 or RAY_ADDRESS)") from None
@@ -133,13 +136,53 @@ def job_server_auth(url: str, head: Path | None = None, timeout_s: float = 10.0)
     tried = []
     for label, env, token in token_sources(head):
         if http_status(f"{url}/api/jobs/", token=token, timeout_s=timeout_s) < 400:
-            return Auth({"RAY_AUTH_MODE": "token", **env}, f"token authentication ({label})")
+            return Auth({"RAY_AUTH_MODE": "token", **env}, f"token authentication ({label})",
+                        token)
         tried.append(label)
     raise ConfigError(
         f"the Ray job server at {url} requires a token and "
         + (f"refused every one this side has ({'; '.join(tried)})" if tried else
            "none was found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)")
         + "; give the head's token in RAY_AUTH_TOKEN_PATH")
+
+
+def job_server_url(address: str | None, head: Path) -> str:
+    """The job server to talk to: ``address`` (``--address``), else
+    RAY_ADDRESS, else the head ``head start`` recorded in ``head``; a URL
+    without a trailing slash. ConfigError (exit 2) when there is none, or
+    it is not an http(s) URL."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        state = read_state(head)
+        if state is None:
+            raise ConfigError(f"no head to talk to: none recorded in {head} (start one with "
+                              f"`python -m jobs head start`), no --address, no RAY_ADDRESS")
+        address = state["dashboard"]
+    if not address.startswith(("http://", "https://")):
+        raise ConfigError(f"--address {address!r}: give the job server's URL, "
+                          f"e.g. http://HEAD:8265 (the head's dashboard port)")
+    return address.rstrip("/")
+
+
+def job_info(url: str, job_id: str, auth: Auth, timeout_s: float = 10.0) -> dict | None:
+    """Ray's record of job ``job_id`` (``GET /api/jobs/ID``: ``status``,
+    ``driver_exit_code``, ``message``, ...), None when the server has no
+    such job; InfraError when the server does not answer."""
+    from urllib.parse import quote
+    request = urllib.request.Request(f"{url}/api/jobs/{quote(job_id, safe='')}")
+    if auth.token:
+        request.add_header("Authorization", f"Bearer {auth.token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise InfraError(f"the Ray job server at {url} answered {err.code} for job "
+                         f"{job_id!r}") from None
+    except (OSError, ValueError) as err:
+        raise InfraError(f"the Ray job server at {url} did not answer for job {job_id!r} "
+                         f"({getattr(err, 'reason', None) or err})") from None
 
 
 # --------------------------------------------------------------------- head
@@ -166,8 +209,8 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0) -> 
     """Start a local head (see the module docstring); returns its state
     (``dashboard``: the job server's URL, ``address``: the GCS address,
     ``pid``, ``temp_dir``, ``log``). ConfigError when one recorded in
-    ``head`` still runs; RuntimeError, with the end of Ray's log, when it
-    does not come up within ``wait_s``."""
+    ``head`` still runs; InfraError (exit 3) when it does not come up within
+    ``wait_s`` (the end of Ray's log printed on stderr first)."""
     state = read_state(head)
     if state and _alive(state["pid"]):
         raise ConfigError(f"a head started from {head} still runs (pid {state['pid']}, "
@@ -220,7 +263,8 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0) -> 
             stop(head)
             why = (f"exited with {proc.returncode}" if proc.returncode is not None
                    else f"{waiting_for} did not answer within {wait_s:.0f} s")
-            raise RuntimeError(f"the Ray head {why}; end of {log_path}:\n{tail}")
+            print(f"end of {log_path}:\n{tail}", file=sys.stderr)
+            raise InfraError(f"the Ray head {why} (its log: {log_path})")
         time.sleep(0.5)
 
 

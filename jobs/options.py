@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -101,6 +102,29 @@ def groups_per_gpu(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected an integer in 1..{MAX_GROUPS_PER_GPU}, got {text!r}") from None
+
+
+def check_writable_dir(flag: str, path: Path) -> None:
+    """ConfigError (exit 2, before Ray starts) unless ``path`` is, or can be
+    made, a directory this process writes into: its nearest existing
+    ancestor must be a directory that takes a new entry (tried with a
+    temporary directory, removed at once; nothing else is created)."""
+    import tempfile
+
+    from jobs.config import ConfigError
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a dangling link: mkdir would fail on it
+            raise ConfigError(f"{flag} {path}: {existing} is a broken symbolic link")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {path}: {existing} exists and is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".lamport-write-check-", dir=existing))
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: cannot create a directory under {existing} "
+                          f"({err.strerror or err})") from None
 
 
 def add_results_arguments(p: argparse.ArgumentParser, *, suite: str) -> None:

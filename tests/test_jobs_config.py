@@ -16,6 +16,15 @@ from jobs.harness import repro_command
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+@pytest.fixture(autouse=True)
+def no_ray(monkeypatch):
+    """The module's promise, checked: a test here that reached the Ray
+    session would fail, not start a cluster outside the "ray" xdist group."""
+    import jobs.harness as harness
+    monkeypatch.setattr(harness, "ray_session",
+                        lambda *a, **k: pytest.fail("a test of test_jobs_config.py started Ray"))
+
 GOOD = """
 format = 1
 name = "mine"

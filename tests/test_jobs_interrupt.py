@@ -1,16 +1,18 @@
-"""A job interrupted by SIGTERM (a scheduler's or ``timeout``'s stop, how a
-nightly part on the GPU machine ends when its time is up): its groups stop
-after the case in hand, the section's closing line and accounting are
-written (marked interrupted), every row written is a whole case, and
-``--resume`` completes the run with each case once. The exit is bounded
-(``jobs.embedded.TERM_GRACE_S``), also when the signal went to the whole
-process group (GNU ``timeout``) and the Ray cluster's own processes died
-with the driver."""
+"""A job interrupted by Ctrl-C (SIGINT) or SIGTERM (a scheduler's or
+``timeout``'s stop, how a nightly part on the GPU machine ends when its time
+is up): its groups stop after the case in hand, the section's closing line
+and accounting are written (marked interrupted), every row written is a
+whole case, the run is compacted and marked ``interrupted``, the command
+that resumes it is printed, and that command completes the run with each
+case once. The exit is bounded (``jobs.embedded.TERM_GRACE_S``), also when
+the signal went to the whole process group (Ctrl-C in a terminal, GNU
+``timeout``) and the Ray cluster's own processes died with the driver."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,15 +23,17 @@ from pathlib import Path
 
 import pytest
 
+from jobs import exits
 from jobs.embedded import TERM_GRACE_S
 from jobs.results import read_results, runs
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.timeout(600)
+# Embedded Ray clusters: one at a time, with the other Ray modules (conftest.py).
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(600)]
 
 
-def test_sigterm_ends_the_job_with_its_accounting_and_resume_completes_it(tmp_path):
+def test_ctrl_c_ends_the_job_with_its_accounting_and_the_printed_resume_completes_it(tmp_path):
     results = tmp_path / "results"
     argv = [sys.executable, "-m", "jobs", "nightly", "--suite", "smoke", "--jobs", "correctness",
             "--ops", "all_reduce_norm", "--results", str(results), "--run-id", "cut",
@@ -39,27 +43,35 @@ def test_sigterm_ends_the_job_with_its_accounting_and_resume_completes_it(tmp_pa
     job = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     seen = []
-    for line in job.stdout:  # the case rows as they end: stop after the fifth
+    for line in job.stdout:  # the case rows as they end: Ctrl-C after the fifth
         seen.append(line)
         if sum(s.startswith("correctness ") for s in seen) == 5:
-            job.send_signal(signal.SIGTERM)
+            job.send_signal(signal.SIGINT)
             break
     out = "".join(seen) + job.communicate(timeout=120)[0]
-    assert job.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert job.returncode == exits.INTERRUPTED_SIGINT, out[-3000:]
     assert "case(s) before it was interrupted" in out, out[-3000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     assert "SIGTERM received" not in out  # Ray's stack dump: its handler did not take over
-    (entry,) = runs.read_manifest(results, "cut")["accounting"]
+    manifest = runs.read_manifest(results, "cut")
+    (entry,) = manifest["accounting"]
     rows = read_results(results).to_pylist()
     assert entry["interrupted"] is True and entry["cases"] == len(rows) >= 5
+    assert (manifest["status"], manifest["interrupted_by"]) == ("interrupted", "SIGINT")
+    assert manifest["counts"] == {"pass": len(rows)}
+    # A nightly compacts its run as it ends, interrupted too: one file per partition.
+    assert [p.name for p in results.rglob("*.parquet")] == ["run-cut.parquet"]
+    resume = out.split("complete it (only the cases it lacks) with:\n  ", 1)[1].splitlines()[0]
+    assert shlex.split(resume) == [*argv, "--resume"]
 
-    again = subprocess.run([*argv, "--resume"], cwd=REPO, env=env, capture_output=True,
+    again = subprocess.run(shlex.split(resume), cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=500)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.returncode == exits.OK, again.stdout[-3000:] + again.stderr[-3000:]
     rows = read_results(results).to_pylist()
     keys = Counter(json.loads(r["extra"])["case_key"] for r in rows)
     assert max(keys.values()) == 1  # every case once: none cut in half, none twice
     manifest = runs.read_manifest(results, "cut")
-    assert manifest["status"] == "finished"
+    assert manifest["status"] == "finished" and "interrupted_by" not in manifest
     assert sum(a["cases"] for a in manifest["accounting"]) == len(rows)
 
 
@@ -102,7 +114,7 @@ def test_a_cleanup_that_blocks_after_sigterm_ends_at_the_grace_with_143(tmp_path
         if job.poll() is None:
             job.kill()
             job.wait()
-    assert job.returncode == 128 + signal.SIGTERM, (out, err)
+    assert job.returncode == exits.INTERRUPTED_SIGTERM, (out, err)
     assert grace_s <= took < grace_s + second_after_s, took  # rearmed: >= 6 s
     assert "closing line, still in the buffer" in out  # flushed before os._exit
     assert "cleanup cut" not in out
@@ -159,7 +171,11 @@ def test_sigterm_to_the_whole_process_group_ends_the_driver_within_the_grace(tmp
     print(f"\nfigure: killpg(SIGTERM) of the driver's process group: exit "
           f"{job.returncode} after {took:.1f} s ({'the grace timer' if backstop else 'its cleanup'} "
           f"ended it; TERM_GRACE_S {TERM_GRACE_S:g} s)")
-    assert job.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert job.returncode == exits.INTERRUPTED_SIGTERM, out[-3000:]
     assert took < TERM_GRACE_S + 10, out[-3000:]
     assert "case(s) before it was interrupted" in out, out[-3000:]
+    # The run is marked before Ray's cleanup, which the signal may block.
+    (manifest,) = runs.read_manifests(tmp_path / "results").values()
+    assert (manifest["status"], manifest["interrupted_by"]) == ("interrupted", "SIGTERM")
+    assert f"--run-id {manifest['run_id']} --resume" in out, out[-3000:]
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left]

@@ -16,7 +16,8 @@ from jobs.results import read_results, runs
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.timeout(300)
+# Embedded Ray clusters: one at a time, with the other Ray modules (conftest.py).
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(300)]
 
 
 def jobs_cli(*argv: str) -> subprocess.CompletedProcess:

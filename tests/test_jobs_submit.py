@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from jobs import exits
 from jobs.__main__ import main
 from jobs.config import ConfigError, load_suite, suite_path
 from jobs.head import job_server_auth
@@ -52,16 +53,34 @@ def _free_port() -> int:
     return free_port()
 
 
-def test_submit_with_no_head_answering_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path):
+@pytest.mark.parametrize("command", [["submit", "--", "correctness", "--results", "/tmp/r"],
+                                     ["status", "some-job"], ["logs", "some-job"],
+                                     ["stop", "some-job"]])
+def test_no_head_answering_is_one_line_and_exit_3_no_head_recorded_exit_2(command, capsys,
+                                                                          monkeypatch, tmp_path):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     url = f"http://127.0.0.1:{_free_port()}"
-    assert main(["submit", "--address", url, "--", "correctness", "--results",
-                 str(tmp_path / "r")]) == 2
+    verb, rest = command[0], command[1:]
+    assert main([verb, "--address", url, *rest]) == exits.INFRA
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"no Ray job server answers at {url}" in err, err
-    assert main(["submit", "--dir", str(tmp_path / "none"), "--", "correctness", "--results",
-                 str(tmp_path / "r")]) == 2
-    assert "no head to submit to" in capsys.readouterr().err
+    assert main([verb, "--dir", str(tmp_path / "none"), *rest]) == exits.USAGE
+    assert f"no head to talk to: none recorded in {tmp_path / 'none'}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("info, status", [
+    (None, exits.INFRA),                                           # never taken
+    ({"status": "SUCCEEDED", "driver_exit_code": 0}, exits.OK),
+    ({"status": "FAILED", "driver_exit_code": 2}, exits.USAGE),    # the job's own, not ray's 1
+    ({"status": "FAILED", "driver_exit_code": 1}, exits.FAILED),
+    ({"status": "STOPPED", "driver_exit_code": 143}, exits.INTERRUPTED_SIGTERM),
+    ({"status": "STOPPED", "driver_exit_code": -15}, exits.INTERRUPTED_SIGTERM),  # killed
+    ({"status": "STOPPED", "driver_exit_code": None}, exits.INTERRUPTED_SIGTERM),
+    ({"status": "FAILED", "driver_exit_code": None}, exits.INFRA),  # its runtime env failed
+])
+def test_a_submitted_jobs_exit_status_is_its_entrypoints(info, status):
+    from jobs.__main__ import job_exit_status
+    assert job_exit_status(info) == status
 
 
 def test_head_stop_never_signals_a_process_that_reused_the_heads_pid(tmp_path):
