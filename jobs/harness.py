@@ -35,14 +35,14 @@ from typing import Any
 from jobs.config import Case, ConfigError, Suite
 from jobs.exits import InfraError
 from jobs.options import check_groups_per_gpu
-from jobs.table import Col, Table
+from jobs.table import Col, Table, job_col, op_col
 
 UsageError = ConfigError
 """Bad command lines and configs: exit status 2, nothing written."""
 
 FAILING = ("fail", "hang", "error")
 
-COLUMNS = [Col("job", 11), Col("op", 15), Col("tp", 3, "d"), Col("hidden", 6, "d"),
+COLUMNS = [job_col(), op_col(), Col("tp", 3, "d"), Col("hidden", 6, "d"),
            Col("M", 4, "d"), Col("placement", 15), Col("inputs/fault", 22), Col("n", 3, "d"),
            Col("#wrong", 7, "d"), Col("max_ulp", 7, ".0f"), Col("median_us", 9, ".2f"),
            Col("p99_us", 9, ".2f"), Col("result", 7), Col("note", 48)]

@@ -169,9 +169,9 @@ def show(verdicts: list[Verdict], rule: Rule) -> int:
     Verdicts are printed, not written: the rows they judge are in the store
     already, and ``dashboards`` applies the same rule to them (writing
     verdict rows would count every timed case twice)."""
-    from jobs.table import Col, Table
+    from jobs.table import Col, Table, op_col
     print(f"\n== regression: {len(verdicts)} timed case(s); {rule.describe()} ==")
-    table = Table([Col("suite", 8), Col("op", 15), Col("variant", 18), Col("tp", 3, "d"),
+    table = Table([Col("suite", 8), op_col(), Col("variant", 18), Col("tp", 3, "d"),
                    Col("hidden", 6, "d"), Col("M", 4, "d"), Col("now_us", 9, ".2f"),
                    Col("mean_us", 9, ".2f"), Col("stdev_us", 8, ".3f"), Col("n", 3, "d"),
                    Col("change", 7, "+.1%"), Col("status", 20)])

@@ -25,11 +25,11 @@ from pathlib import Path
 from cluster.topology import brief
 from jobs import exits
 from jobs.config import ConfigError
-from jobs.table import Col, Table
+from jobs.table import Col, Table, job_col, op_col
 
 IDENTITY = ("suite", "job", "op", "variant", "transport", "placement", "backend", "tp", "hidden",
             "tokens", "top_k", "hc", "dtype", "what")
-ROW_COLS = [Col("suite", 8), Col("job", 11), Col("op", 15), Col("variant", 18), Col("tp", 3, "d"),
+ROW_COLS = [Col("suite", 8), job_col(), op_col(), Col("variant", 18), Col("tp", 3, "d"),
             Col("hidden", 6, "d"), Col("M", 4, "d"), Col("inputs/fault", 22),
             Col("#wrong", 7, "d"), Col("median_us", 9, ".2f"), Col("p99_us", 9, ".2f"),
             Col("result", 7), Col("reason", 50)]
@@ -66,7 +66,7 @@ def _resolve(results: Path, wanted: list[str]) -> list[str]:
 
 def list_runs_table(results: Path) -> None:
     from jobs.results import list_runs
-    table = Table([Col("run_id", 33), Col("status", 10), Col("trigger", 8), Col("started_at", 20),
+    table = Table([Col("run_id", 33), Col("status", 11), Col("trigger", 8), Col("started_at", 20),
                    Col("rows", 6, "d"), Col("suites", 30)])
     for r in list_runs(results).to_pylist():
         table.row([r["run_id"], r["run_status"], r["trigger"],
@@ -92,7 +92,7 @@ def print_run(results: Path, run_id: str, *, show_all: bool = False) -> int:
         "running": " -- the run has not finished yet"}.get(status, "") + "\n")
     counts: Counter = Counter((r["suite"], r["job"], r["outcome"]) for r in rows)
     groups = sorted({(s, j) for s, j, _ in counts})
-    summary = Table([Col("suite", 10), Col("job", 12), Col("pass", 6, "d"), Col("fail", 6, "d"),
+    summary = Table([Col("suite", 10), job_col(), Col("pass", 6, "d"), Col("fail", 6, "d"),
                      Col("hang", 6, "d"), Col("error", 6, "d"), Col("skipped", 7, "d")])
     for s, j in groups:
         summary.row([s, j, *(counts[(s, j, o)] for o in ("pass", "fail", "hang", "error", "skipped"))])
@@ -118,7 +118,7 @@ def compare(results: Path, run_a: str, run_b: str) -> int:
     b = {tuple(r[k] for k in IDENTITY): r for r in _rows(results, run_b)}
     print(f"comparing B={run_b} against A={run_a}: {len(a)} / {len(b)} cases, "
           f"{len(a.keys() & b.keys())} in both\n")
-    cols = [Col("suite", 8), Col("job", 11), Col("op", 15), Col("variant", 18), Col("tp", 3, "d"),
+    cols = [Col("suite", 8), job_col(), op_col(), Col("variant", 18), Col("tp", 3, "d"),
             Col("hidden", 6, "d"), Col("M", 4, "d"), Col("inputs/fault", 22), Col("A", 7),
             Col("B", 7), Col("A_us", 9, ".2f"), Col("B_us", 9, ".2f"), Col("B/A", 6, ".3f")]
     table = Table(cols)

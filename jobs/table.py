@@ -1,5 +1,10 @@
 """The fixed-width results table every job prints (the nccl-tests habit):
-one header, one line per case, right-aligned numbers, '-' for no value."""
+one header, one line per case, right-aligned numbers, '-' for no value.
+
+Text is never cut: a value wider than its column pushes the rest of its row
+to the right (a name cut short, ``finalize_publis``, is worse than a row out
+of line). The name columns are as wide as the longest name they can hold
+(:func:`job_col`, :func:`op_col`), so they keep the table aligned."""
 
 from __future__ import annotations
 
@@ -16,12 +21,24 @@ class Col:
     fmt: str = ""  # format spec for numbers, e.g. ".2f"; text is left-aligned
 
 
+def job_col(header: str = "job") -> Col:
+    """A column as wide as the longest job name (``jobs.results.schema.JOBS``)."""
+    from jobs.results.schema import JOBS
+    return Col(header, max(len(header), *map(len, JOBS)))
+
+
+def op_col(header: str = "op") -> Col:
+    """A column as wide as the longest registered op name (``cluster.ops``)."""
+    from cluster import ops
+    return Col(header, max(len(header), *map(len, ops.names())))
+
+
 def _cell(col: Col, value: Any) -> str:
     if value is None:
         return "-".rjust(col.width)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return format(value, col.fmt).rjust(col.width)
-    return str(value)[: col.width].ljust(col.width)
+    return str(value).ljust(col.width)
 
 
 class Table:
@@ -34,7 +51,7 @@ class Table:
         self._printed_header = False
 
     def header(self) -> None:
-        line = "  ".join(c.header[: c.width].rjust(c.width) if c.fmt else c.header.ljust(c.width)
+        line = "  ".join(c.header.rjust(c.width) if c.fmt else c.header.ljust(c.width)
                          for c in self.cols)
         print(line, file=self.out)
         print("-" * len(line), file=self.out, flush=True)
