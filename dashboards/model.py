@@ -24,6 +24,7 @@ import pyarrow as pa
 from jobs.regression import KEY as REGRESSION_KEY
 from jobs.results import read_results
 from jobs.results.runs import BASELINE_STATUSES, read_manifests
+from jobs.results.schema import NIGHTLY
 
 CASE_FIELDS: tuple[str, ...] = tuple(REGRESSION_KEY)
 #: Baseline implementations timed beside a kernel are rows of their own whose
@@ -163,7 +164,24 @@ class Results:
 
     @property
     def latest(self) -> Run | None:
-        return self.runs[0] if self.runs else None
+        """The latest nightly run (an ad-hoc ``jobs trace`` or a CI run is
+        not the perf team's latest); where there is none, the latest run of
+        any trigger (:attr:`latest_is_nightly` says which)."""
+        return next(iter(self.nightly_runs or self.runs), None)
+
+    @property
+    def latest_is_nightly(self) -> bool:
+        return bool(self.nightly_runs)
+
+    @property
+    def nightly_runs(self) -> list[Run]:
+        """The nightly runs, newest first."""
+        return [r for r in self.runs if r.trigger == NIGHTLY]
+
+    @property
+    def other_runs(self) -> list[Run]:
+        """The ad-hoc and CI runs, newest first: listed apart."""
+        return [r for r in self.runs if r.trigger != NIGHTLY]
 
     def run(self, run_id: str) -> Run:
         for r in self.runs:

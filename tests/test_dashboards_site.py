@@ -508,3 +508,43 @@ def test_a_failed_build_in_a_job_names_its_error_on_the_headline(tmp_path, monke
     assert headline.startswith("dashboard: FAILED to build")
     assert headline.endswith("exit 1): ModuleNotFoundError: No module named 'plotly'")
     assert rest[-1] == "ModuleNotFoundError: No module named 'plotly'"
+
+
+def _adhoc_trace_run(root: Path, trace: Path, when: dt.datetime) -> None:
+    trace.parent.mkdir(exist_ok=True)
+    trace.write_text('{"traceEvents": []}')
+    ResultsWriter(root, suite="smoke", run_id="adhoc-trace", trigger="adhoc").append(
+        [dict(op="all_reduce_norm", tp=2, hidden=1024, tokens=t, job="correctness",
+              backend="emulated", placement="emulated", outcome="pass", started_at=when,
+              extra={"trace_path": str(trace)}) for t in (1, 3)])
+
+
+def test_latest_run_is_the_latest_nightly_and_every_trace_stays_linked(tmp_path):
+    """An ad-hoc ``jobs trace`` after the last nightly is listed with the
+    ad-hoc runs, not as the latest run; its trace stays linked from the
+    op's details page (and copied into the site) after later runs. With no
+    nightly run at all, the latest run of any trigger is the latest."""
+    root = tmp_path / "results"
+    run_ids = sample.write_sample(root)
+    trace = tmp_path / "traces" / "adhoc-all_reduce_norm-tp2.json"
+    later = sample.DAY0 + dt.timedelta(days=sample.RUNS + 1)
+    _adhoc_trace_run(root, trace, later)
+    site = build_site(root, tmp_path / "site").parent
+    index = parse(site / "index.html")
+    latest = index.find("section", id="latest-run")
+    assert latest.find("h2").text == "Latest nightly run" and run_ids[-1] in latest.text
+    nightly = [c.text for c in index.find("table", id="runs").find_all("code")]
+    other = [c.text for c in index.find("table", id="other-runs").find_all("code")]
+    assert nightly == run_ids[::-1] and other == ["adhoc-trace"]
+    details = parse(site / "details-all_reduce_norm.html")
+    (link,) = [a for a in details.find("table", id="traces").find_all("a")
+               if a.attrs["href"].startswith("traces/")]
+    assert link.attrs["href"] == f"traces/{trace.name}"
+    assert (site / link.attrs["href"]).read_text() == trace.read_text()
+
+    alone = tmp_path / "adhoc-only"
+    _adhoc_trace_run(alone, trace, later)
+    index = parse(build_site(alone, tmp_path / "site2"))
+    latest = index.find("section", id="latest-run")
+    assert latest.find("h2").text.startswith("Latest run (no nightly run yet")
+    assert "adhoc-trace" in latest.text

@@ -26,13 +26,15 @@ def render(site: Site) -> dict[str, str]:
         pages["correctness.html"] = site.page("Correctness", "correctness.html", no_results(site))
         return pages
     by_op = group(run.rows, "op")
+    traced = traces_by_op(site, run)
     sections = []
-    for (op,) in sorted(by_op, key=lambda k: sort_key(k[0])):
-        rows = by_op[(op,)]
+    for op in sorted({k[0] for k in by_op} | set(traced), key=sort_key):
+        rows = by_op.get((op,), [])
         checked = [r for r in rows if row_job(r) == "correctness"]
         if checked:
             sections.append(_matrix(op, checked))
-        pages[f"details-{slug(op)}.html"] = _details_page(site, run, op, rows)
+        pages[f"details-{slug(op)}.html"] = _details_page(site, run, op, rows,
+                                                          traced.get(op, []))
     absent = [op for op in registry.names()
               if not any(row_job(r) == "correctness" for r in by_op.get((op,), ()))]
     if absent and sections:
@@ -151,7 +153,34 @@ def _cell(site: Site, r: Row, header: str, field: str | None):
     return r.get(field)
 
 
-def _details_page(site: Site, run, op: str, rows: list[Row]) -> str:
+def traces_by_op(site: Site, shown) -> dict[str, list[Row]]:
+    """Per op, one row for each merged trace (``python -m jobs trace``) of a
+    run other than ``shown`` (the run the details tables show, whose rows
+    link theirs), newest run first: an ad-hoc trace stays linked after the
+    next nightly."""
+    seen, out = set(), {}
+    for r in sorted(site.results.rows, key=lambda r: r["started_at"], reverse=True):
+        href = trace_href(r)
+        if href and r["run_id"] != shown.run_id and (r["run_id"], href) not in seen:
+            seen.add((r["run_id"], href))
+            out.setdefault(r["op"], []).append(r)
+    return out
+
+
+def _traces_section(traced: list[Row]) -> h.Markup | str:
+    if not traced:
+        return ""
+    rows = [[h.tag("code", r["run_id"], cls="run"), r["trigger"], h.fmt(r["started_at"]),
+             case_label(r), h.link(trace_href(r), "trace", title="every rank of the TP group on "
+                                   "one timeline: open in https://ui.perfetto.dev")]
+            for r in traced]
+    return h.section("Traces of other runs", h.table(["run", "trigger", "started", "case",
+                                                      "trace"], rows, id="traces"),
+                     note="Merged rank traces (python -m jobs trace) of runs other than the "
+                          "one above, newest first; the site keeps a copy of each.")
+
+
+def _details_page(site: Site, run, op: str, rows: list[Row], traced: list[Row]) -> str:
     ordered = sorted(rows, key=lambda r: (OUTCOME_SEVERITY.get(r["outcome"], -1),
                                           tuple(sort_key(r.get(n)) for n in
                                                 ("backend", "transport", "tp", "tokens",
@@ -181,7 +210,8 @@ def _details_page(site: Site, run, op: str, rows: list[Row]) -> str:
         h.tag("p", h.join([h.link(f"correctness.html#op-{slug(op)}", "← matrix"),
                            " · worst first · the highlighted row is the one a matrix cell "
                            "linked to"]), cls="note"),
-        h.section(h.join([h.op_chip(op), f" — {len(rows)} case(s)"]), table, note=note)])
+        h.section(h.join([h.op_chip(op), f" — {len(rows)} case(s)"]), table, note=note),
+        _traces_section(traced)])
     sub = h.join(["Run ", h.tag("code", run.run_id), f" · {run.trigger} · {h.fmt(run.started_at)}"])
     return site.page(f"Details: {op}", "correctness.html", body, subtitle=sub)
 

@@ -100,31 +100,25 @@ def render(site: Site) -> dict[str, str]:
         h.tag("summary", f"{len(skipped)} skipped case(s) and why") +
         _case_table(site, skipped, "none skipped.", "skipped"))) if skipped else ""
 
-    run_rows = []
-    runs = site.results.runs[:MAX_RUNS_LISTED]
-    for i, r in enumerate(runs):
-        rc = counts(site, r.rows)
-        prev = runs[i + 1] if i + 1 < len(runs) else None
-        links = [h.link(f"environment.html#run-{r.run_id}", "environment")]
-        if prev:
-            links.append(h.link(f"compare.html?a={prev.run_id}&b={r.run_id}", "vs previous"))
-        run_rows.append([h.tag("code", r.run_id, cls="run"), _status(r), r.trigger,
-                         h.fmt(r.started_at), len(r.rows),
-                         *_count_cells(rc, COUNT_KEYS), h.join(links, " · ")])
-    runs_table = h.table(["run", "status", "trigger", "started", "cases", *COUNT_KEYS, "links"],
-                         run_rows, numeric=range(4, 5 + len(COUNT_KEYS)), id="runs")
+    nightly_runs, other_runs = site.results.nightly_runs, site.results.other_runs
+    runs_table = _runs_table(site, nightly_runs, "runs", "no nightly run yet.")
+    other_table = _runs_table(site, other_runs, "other-runs", "none.")
 
-    warning = (h.tag("p", f"This run is {run.status.upper()}: "
-                     + ("its driver went away before it finished; its counts cover only the "
-                        "cases that ended, and it is no regression baseline."
-                        if run.status == "incomplete" else
-                        "it has not finished yet; it is no regression baseline."),
-                     cls="incomplete", id="run-status")
-               if run.status in ("incomplete", "running") else "")
+    warning = (h.tag("p", f"This run is {run.status.upper()}: " + {
+        "incomplete": "its driver went away before it finished; its counts cover only the "
+                      "cases that ended, and it is no regression baseline.",
+        "interrupted": "it was stopped (SIGINT or SIGTERM) after the case in hand; its counts "
+                       "cover the cases that ended, it is no regression baseline, and the "
+                       "same command with --run-id and --resume completes it.",
+        "running": "it has not finished yet; it is no regression baseline."}[run.status],
+        cls="incomplete", id="run-status")
+               if run.status in ("incomplete", "interrupted", "running") else "")
     body = h.join([
         warning,
         cards,
-        h.section("Latest run", meta_html),
+        h.section("Latest nightly run" if site.results.latest_is_nightly
+                  else "Latest run (no nightly run yet: the latest of any trigger)", meta_html,
+                  id="latest-run"),
         h.section("Needs attention", att_table, skipped_html, id="attention-section",
                   note="Cases of the latest run that failed, hung, errored or regressed; each "
                        "links to its details."),
@@ -133,11 +127,35 @@ def render(site: Site) -> dict[str, str]:
                   note="topology: nodes, GPUs, links and multicast as discovered at the run's "
                        "start (click one for the recorded JSON); — where none was recorded."),
         _time_section(run),
-        h.section(f"Runs ({len(site.results.runs)})", runs_table),
+        h.section(f"Nightly runs ({len(nightly_runs)})", runs_table),
+        h.section(f"Ad-hoc and CI runs ({len(other_runs)})", other_table, id="other-runs-section",
+                  note="Runs not started by the nightly schedule (python -m jobs trace, a job "
+                       "run by hand, CI): listed here, never the latest run above while a "
+                       "nightly run exists."),
     ])
-    sub = h.join(["Latest run ", h.tag("code", run.run_id), f" · {run.trigger} · "
+    which = ("Latest nightly run " if site.results.latest_is_nightly
+             else "Latest run (no nightly run yet) ")
+    sub = h.join([which, h.tag("code", run.run_id), f" · {run.trigger} · "
                   f"{h.fmt(run.started_at)}"])
     return {"index.html": site.page("Overview", "index.html", body, charts=True, subtitle=sub)}
+
+
+def _runs_table(site: Site, runs: list, table_id: str, empty: str) -> h.Markup:
+    """The runs, newest first (at most MAX_RUNS_LISTED), each with its
+    counts and links to its environment and to the run before it."""
+    runs = runs[:MAX_RUNS_LISTED]
+    rows = []
+    for i, r in enumerate(runs):
+        rc = counts(site, r.rows)
+        prev = runs[i + 1] if i + 1 < len(runs) else None
+        links = [h.link(f"environment.html#run-{r.run_id}", "environment")]
+        if prev:
+            links.append(h.link(f"compare.html?a={prev.run_id}&b={r.run_id}", "vs previous"))
+        rows.append([h.tag("code", r.run_id, cls="run"), _status(r), r.trigger,
+                     h.fmt(r.started_at), len(r.rows),
+                     *_count_cells(rc, COUNT_KEYS), h.join(links, " · ")])
+    return h.table(["run", "status", "trigger", "started", "cases", *COUNT_KEYS, "links"], rows,
+                   numeric=range(4, 5 + len(COUNT_KEYS)), id=table_id, empty=empty)
 
 
 def _time_section(run) -> h.Markup | str:

@@ -33,7 +33,10 @@ columns as for version 2."""
 SCHEMA_VERSION_KEY = b"lamport_lab.schema_version"
 
 OUTCOMES = ("pass", "fail", "hang", "error", "skipped")
-TRIGGERS = ("nightly", "adhoc", "ci")
+NIGHTLY = "nightly"
+"""The trigger of the scheduled runs: the dashboard's latest run and the
+regression history are nightly runs."""
+TRIGGERS = (NIGHTLY, "adhoc", "ci")
 #: gpu: kernels ran on GPUs; emulated: the protocol in numpy on CPU actors;
 #: cpu-reference: torch references only; compile: kernels compiled for an
 #: arch and their PTX checked, nothing launched.
