@@ -521,7 +521,11 @@ def _submit(args) -> int:
     job_id = args.submission_id or (f"lamport-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
                                     f"-{secrets.token_hex(3)}")
     repo = Path(__file__).resolve().parents[1]
-    env_vars = {"LAMPORT_GIT_COMMIT": os.environ.get("LAMPORT_GIT_COMMIT") or git_commit() or "unknown"}
+    from jobs.embedded import TERM_GRACE_S
+    env_vars = {"LAMPORT_GIT_COMMIT": os.environ.get("LAMPORT_GIT_COMMIT") or git_commit() or "unknown",
+                # `stop` sends SIGTERM, then SIGKILL after this (Ray's default: 3 s):
+                # room for the job's closing line, accounting and run marked interrupted.
+                "RAY_JOB_STOP_WAIT_TIME_S": str(int(TERM_GRACE_S) + 5)}
     argv = [_ray_cli(), "job", "submit", "--address", url, "--working-dir", str(repo),
             "--runtime-env-json", json.dumps({"env_vars": env_vars}), "--submission-id", job_id,
             *(["--no-wait"] if args.no_wait else []),
