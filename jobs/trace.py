@@ -39,7 +39,18 @@ def check_one_group(cases: Sequence[Case]) -> None:
         raise ConfigError(
             f"trace: the filters select {len(keys)} TP groups; narrow them to one "
             f"(e.g. --ops all_reduce_norm --tp 2 --hidden 1024): "
-            + "; ".join(f"{k[0]} tp={k[4]} hidden={k[5]} {k[3]}" for k in sorted(keys, key=str)))
+            + "; ".join(_group_label(k) for k in sorted(keys, key=str)))
+
+
+def _group_label(key: tuple) -> str:
+    """A TP group's key (:attr:`jobs.config.Case.group_key`) in words, with
+    the op fields that split groups (``all_reduce_mhc finalize=true``), so
+    no two groups read the same."""
+    op, variant, transport, placement, tp, hidden, top_k, hc, dtype, shared = key
+    words = [op, f"tp={tp}", f"hidden={hidden}", variant, transport, placement]
+    words += [f"{name}={value}" for name, value in (("top_k", top_k), ("hc", hc)) if value is not None]
+    words += [f"{k}={str(v).lower()}" for k, v in shared]
+    return " ".join(words)
 
 
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,

@@ -79,3 +79,12 @@ def test_trace_wants_exactly_one_group(capsys):
     assert main(["trace", "--tp", "2", "--results", "/tmp/never-written"]) == 2
     assert re.search(r"the filters select \d+ TP groups; narrow them to one",
                      capsys.readouterr().err)
+    # The groups are told apart by the op fields that split them (issue 33: the
+    # README's example without --ops listed all_reduce_mhc tp=2 twice).
+    assert main(["trace", "--tp", "2", "--hidden", "1024", "--inputs", "random",
+                 "--placement", "emulated", "--results", "/tmp/never-written"]) == 2
+    groups = capsys.readouterr().err.split("): ", 1)[1].strip().split("; ")
+    assert len(groups) == len(set(groups)) == 5, groups
+    assert {g for g in groups if g.startswith("all_reduce_mhc")} == {
+        "all_reduce_mhc tp=2 hidden=1024 watchdog unicast auto hc=4 finalize=false",
+        "all_reduce_mhc tp=2 hidden=1024 watchdog unicast auto hc=4 finalize=true"}
