@@ -44,6 +44,10 @@ def test_readme_ray_section_runs_as_written(readme_ray_run):
     faults = load_suite(suite_path("smoke")).of("faults")
     assert sum(r["fault_kind"] is not None for r in rows) == len(faults)
     assert (root / "ray-site" / "index.html").is_file()
+    # The job's own exit status, and the job followed by its id without Ray's auth variables.
+    assert "submit: job smoke-1 ended SUCCEEDED, exit status 0" in out, out[-8000:]
+    assert out.count("Job 'smoke-1' succeeded") == 2, out[-8000:]  # submit's end, then status
+    assert "submit: job cut-1 taken" in out and "Job 'cut-1' was stopped" in out, out[-8000:]
     assert "stopped the head" in out
     assert not (root / ".ray-head" / "head.json").exists()
 
