@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -26,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from cluster.emulated.segment import remove_driver_segments
+from jobs import exits
+from jobs.exits import InfraError
 
 
 @contextlib.contextmanager
@@ -40,19 +43,38 @@ def simulated_cluster(nodes: int, units: int, *, cpus_per_node: int = 1) -> Iter
     import ray
     from ray.cluster_utils import Cluster
 
+    from cluster import procs
     from cluster.fanout import EMULATED_GPU
+    from jobs.embedded import cleanup, init_with_retry
     if nodes < 1 or units < 1:
         raise ValueError(f"nodes and units must be >= 1, got nodes={nodes}, units={units}")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus_per_node})
-    try:
+    preexisting = set(procs.descendants(os.getpid()))
+    started: list = []
+
+    def start() -> None:
+        started.append(Cluster(initialize_head=True, head_node_args={"num_cpus": cpus_per_node}))
         for _ in range(nodes):
-            cluster.add_node(num_cpus=cpus_per_node, resources={EMULATED_GPU: units})
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        cluster.wait_for_nodes()
-        yield cluster
+            started[-1].add_node(num_cpus=cpus_per_node, resources={EMULATED_GPU: units})
+        ray.init(address=started[-1].address, log_to_driver=False, configure_logging=False)
+        started[-1].wait_for_nodes()
+
+    def stop_attempt() -> None:  # a start cut short: what it started, by process
+        ray.shutdown()
+        with contextlib.suppress(Exception):
+            if started:
+                started.pop().shutdown()
+        cleanup(os.getpid(), {p: t for p, t in procs.descendants(os.getpid()).items()
+                              if p not in preexisting}, preexisting)
+
+    # A loaded machine can miss Ray's start deadlines: the bounded retry of
+    # the jobs' own embedded cluster (exit 3 after it).
+    init_with_retry(start, what=f"the simulated {nodes}-node Ray cluster did not start",
+                    between=stop_attempt)
+    try:
+        yield started[-1]
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        started[-1].shutdown()
         remove_driver_segments(os.getpid())
 
 
@@ -128,7 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"node counts >= 1")
     figures = []
     for n in counts:
-        fig = simulate(n, units=args.units, jobs=jobs, suite=args.suite, extra=extra)
+        try:
+            fig = simulate(n, units=args.units, jobs=jobs, suite=args.suite, extra=extra)
+        except InfraError as err:
+            print(f"python -m jobs.simulate: infrastructure: {err}", file=sys.stderr)
+            return exits.INFRA
         figures.append(fig)
         if args.json:
             print(json.dumps(fig), flush=True)
