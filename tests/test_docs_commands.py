@@ -48,6 +48,10 @@ class Run:
     status: int = exits.OK
     before: str = ""
     """The command of the same block it follows (run first, as written)."""
+    given: str = ""
+    """What the prose around it says must be there first (run first)."""
+    cleanup: str = ""
+    """Run after it whatever happened (a head or pool it left)."""
     append: str = ""
     after: str = ""
     covered: str = ""
@@ -89,6 +93,10 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
                                                         "--ops embed_norm", ray=True),
     ".venv/bin/python -m jobs trace --ops all_reduce_norm --tp 2 --hidden 1024 --inputs random "
     "--placement emulated": Run(creates=("traces",), ray=True),
+    # A standing pool on the head `jobs head start` recorded (the prose's prerequisite).
+    "python -m jobs pool start --name lab": Run(
+        given=".venv/bin/python -m jobs head start --num-cpus 2",
+        cleanup="python -m jobs pool stop --name lab; python -m jobs head stop", ray=True),
     "python -m dashboards build --results results --out site":
         Run(needs_results=True, creates=("site/index.html",)),
     "scripts/gpu/nightly_cache.sh cold|warm 1|2|3|4|all": Skip(GPU),
@@ -261,6 +269,10 @@ def test_doc_command_runs_as_written(text, entry, tmp_path):
     if entry.before:
         assert isinstance(DOC_COMMANDS[entry.before], Run), entry.before
         command = f"{entry.before}\n{command}"
+    if entry.given:
+        command = f"{entry.given}\n{command}"
+    if entry.cleanup:  # the command's own status, after the cleanup ran
+        command = f"trap '{entry.cleanup}' EXIT\n{command}"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "LAMPORT_HEAD_DIR")}
     env.update(PYTHONPATH=str(REPO), HOME=str(root / "home"),
                PATH=f"{Path(sys.prefix) / 'bin'}{os.pathsep}{env.get('PATH', '')}")
