@@ -93,7 +93,7 @@ def test_a_worker_reused_across_200_groups_holds_nothing_more(pool, capsys):
               f"{out['replaced']} worker(s) replaced; formation from idle workers p50 "
               f"{formed[len(formed) // 2] * 1e3:.0f} ms, max {formed[-1] * 1e3:.0f} ms; "
               f"{len(out['end'])} workers")
-    assert out["replaced"] >= 4  # the stuck ranks
+    assert out["replaced"] >= 3  # the stuck ranks
     assert sc.beyond_contract(out["grew"], out["replaced"]) == {}, out["grew"]
     assert out["segments"] == (0, 0)  # no /dev/shm segment of a group outlives it
 

@@ -70,5 +70,5 @@ def test_a_worker_reused_across_200_groups_holds_nothing_more(pool):
             print(f"  {key}: fds {a['fds']} -> {b['fds']}, reserved {a['gpu_reserved_bytes']} -> "
                   f"{b['gpu_reserved_bytes']} B, device used {a['gpu_device_used_bytes'] / 2**20:.0f}"
                   f" -> {b['gpu_device_used_bytes'] / 2**20:.0f} MiB, served {b['served']}")
-    assert out["replaced"] >= 4
+    assert out["replaced"] >= 3
     assert sc.beyond_contract(out["grew"], out["replaced"]) == {}, out["grew"]
