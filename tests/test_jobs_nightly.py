@@ -98,8 +98,9 @@ def test_the_run_finished_compacted_with_its_facts_once(smoke):
     results = root / "ray-results"
     assert {r["run_status"] for r in rows} == {"finished"}
     (run_id,) = {r["run_id"] for r in rows}
-    files = sorted(results.rglob("*.parquet"))
-    assert files and {f.name for f in files} == {f"run-{run_id}.parquet"}  # one per partition
+    files = sorted(results.rglob("*.parquet"))  # one per partition
+    assert files and all(re.fullmatch(rf"run-{run_id}-[0-9a-f]{{12}}\.parquet", f.name)
+                         for f in files) and len({f.parent for f in files}) == len(files)
     manifest = json.loads((results / "_runs" / f"{run_id}.json").read_text())
     assert manifest["status"] == "finished" and manifest["facts"]["topology"]
     assert {r["topology"] for r in rows} == {manifest["facts"]["topology"]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -90,26 +91,152 @@ def test_a_truncated_file_is_quarantined_and_the_rest_reads(dataset):
         assert read_results(dataset).num_rows == 5
 
 
+def test_a_damaged_page_is_quarantined_with_its_reason_and_the_rest_reads(dataset, capsys):
+    """Bytes flipped inside a data page, the footer intact: the page's
+    checksum fails the read of that file only; it goes to quarantine with a
+    note of why, and every command that reads the dataset goes on."""
+    from jobs.__main__ import main
+    victim = sorted(dataset.rglob("*.parquet"))[0]
+    data = bytearray(victim.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")
+    assert pq.read_metadata(victim).num_rows == 1
+    for i in range(8, len(data) - footer - 8, 7):  # every 7th byte of the pages
+        data[i] ^= 0x5A
+    victim.write_bytes(bytes(data))
+    assert pq.read_metadata(victim).num_rows == 1  # the footer still reads
+    with pytest.warns(QuarantineWarning, match="not readable Parquet"):
+        table = read_results(dataset)
+    assert table.num_rows == 5 and not victim.exists()
+    (moved,) = (dataset / "_quarantine").rglob("*.quarantined")
+    assert moved.name == f"{victim.name}.quarantined"
+    assert "not readable Parquet" in moved.with_name(moved.name + ".reason").read_text()
+    victim.write_bytes(bytes(data))  # damaged again, for the commands
+    with pytest.warns(QuarantineWarning):
+        assert main(["regress", "--results", str(dataset), "--run", "r1"]) == 0
+    victim.write_bytes(bytes(data))
+    with pytest.warns(QuarantineWarning):
+        assert main(["compact", "--results", str(dataset), "--out",
+                     str(dataset.parent / "copy")]) == 0
+    assert "compacted 5 rows" in capsys.readouterr().out
+    from dashboards.__main__ import main as dashboards
+    victim.write_bytes(bytes(data))
+    with pytest.warns(QuarantineWarning):
+        assert dashboards(["build", "--results", str(dataset), "--out",
+                           str(dataset.parent / "site")]) == 0
+
+
+def seqs(table) -> list[int]:
+    return sorted(json.loads(e)["seq"] for e in table.column("extra").to_pylist())
+
+
 def test_compact_run_rewrites_one_file_per_partition_in_place(dataset):
-    before = read_results(dataset).sort_by("started_at")
+    before = read_results(dataset)
     assert len(list(dataset.rglob("*.parquet"))) == 6
     written = compact_run(dataset, "r1")
-    assert sorted(p.name for p in dataset.rglob("*.parquet")) == ["run-r1.parquet"] * 2
-    assert len(written) == 2
-    after = read_results(dataset)
-    assert sorted(json.loads(e)["seq"] for e in after.column("extra").to_pylist()) == \
-        sorted(json.loads(e)["seq"] for e in before.column("extra").to_pylist())
+    names = sorted(p.name for p in dataset.rglob("*.parquet"))
+    assert len(written) == 2 and sorted(p.name for p in written) == names
+    assert all(re.fullmatch(r"run-r1-[0-9a-f]{12}\.parquet", n) for n in names)
+    assert seqs(read_results(dataset)) == seqs(before) == [0, 0, 1, 1, 2, 2]
+    assert pq.read_table(dataset).num_rows == 6  # plain readers too
     assert compact_run(dataset, "r1") == []  # already compact
 
 
-def test_a_compaction_cut_short_is_finished_by_the_next_read(dataset):
-    from jobs.results.store import SCHEMA, _file_table, _write_atomically
+def test_a_compaction_killed_after_its_rename_loses_and_doubles_nothing(dataset, monkeypatch):
+    """Killed between renaming its file in and unlinking the files it covers:
+    every reader of jobs.results still reads each row once (the covered
+    files are skipped); a plain pyarrow read counts them twice until the
+    next compaction in the folder removes them."""
+    import jobs.results.compaction as compaction
     directory = dataset / "date=2025-03-04" / "suite=smoke"
-    table = read_results(dataset, filters={"run_id": "r1", "suite": "smoke"})
-    _write_atomically(_file_table(table.select(SCHEMA.names).cast(SCHEMA)), directory,
-                      name="run-r1.parquet.new")  # the crash: originals still there
+    originals = sorted(directory.glob("*.parquet"))
+
+    def killed(path, **kwargs):
+        raise KeyboardInterrupt  # the first unlink: stands for a kill -9 there
+
+    monkeypatch.setattr(Path, "unlink", killed)
+    with pytest.raises(KeyboardInterrupt):
+        compaction.compact_run(dataset, "r1")
+    monkeypatch.undo()
+    assert all(p.exists() for p in originals) and len(list(directory.glob("run-*"))) == 1
+    assert seqs(read_results(dataset)) == [0, 0, 1, 1, 2, 2]
+    assert pq.read_table(dataset).num_rows == 9  # the window plain readers see
+    compaction.compact_run(dataset, "r1")
+    assert not any(p.exists() for p in originals)
+    assert pq.read_table(dataset).num_rows == 6 and read_results(dataset).num_rows == 6
+
+
+def test_a_compaction_killed_before_its_rename_leaves_a_hidden_file_only(dataset, monkeypatch):
+    import jobs.results.compaction as compaction
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compaction, "publish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        compaction.compact_run(dataset, "r1")
+    monkeypatch.undo()
+    assert len(list(dataset.rglob("part-*.parquet"))) == 6
+    assert pq.read_table(dataset).num_rows == read_results(dataset).num_rows == 6
+
+
+def test_two_compactions_of_one_run_at_once_swap_one_file_in(dataset, monkeypatch):
+    """The second one finds, under the lock, that the files it read are gone
+    (the first swapped its file in while it was writing): it gives up."""
+    import jobs.results.compaction as compaction
+    real = compaction.write_hidden
+    first = []
+
+    def write_hidden(path, write):
+        if not first:  # the other compaction gets there first
+            first.append(True)
+            first.extend(compaction.compact_run(dataset, "r1"))
+        return real(path, write)
+
+    monkeypatch.setattr(compaction, "write_hidden", write_hidden)
+    second = compaction.compact_run(dataset, "r1")
+    assert len(first) == 3 and second == []  # lost the race in one folder, found the other compact
+    assert sorted(dataset.rglob("run-*.parquet")) == sorted(first[1:])
+    assert not list(dataset.rglob(".*.tmp"))
+    assert seqs(read_results(dataset)) == [0, 0, 1, 1, 2, 2]
+    assert pq.read_table(dataset).num_rows == 6
+
+
+def test_a_compaction_never_swaps_between_a_reads_listing_and_its_rows(dataset, monkeypatch):
+    """A read lists the files, then a compaction of the run comes to swap
+    its file in before the read has the rows: the compaction waits for the
+    read (it gives up here, after 0.3 s), so the read has every row once;
+    the next compaction, with no read in progress, swaps."""
+    import threading
+
+    import jobs.results.compaction as compaction
+    import jobs.results.store as store
+    real = store.live_files
+    swapped = []
+
+    def listing_then_compaction(root):
+        files = real(root)
+        other = threading.Thread(target=lambda: swapped.append(
+            compaction.compact_run(dataset, "r1", wait_s=0.3)))
+        other.start()
+        other.join()
+        return files
+
+    monkeypatch.setattr(store, "live_files", listing_then_compaction)
+    assert seqs(read_results(dataset)) == [0, 0, 1, 1, 2, 2]
+    assert swapped == [[]] and not list(dataset.rglob("run-*.parquet"))
+    assert not list(dataset.rglob(".*.tmp"))  # its written file went with it
+    monkeypatch.undo()
+    assert len(compaction.compact_run(dataset, "r1", wait_s=0.3)) == 2
+
+
+def test_readers_never_finish_a_compaction_or_read_its_leftovers(dataset):
+    """A ``run-<id>.parquet.new`` of an earlier version's compaction cut
+    short is not a results file: readers neither read nor move it."""
+    directory = dataset / "date=2025-03-04" / "suite=smoke"
+    new = directory / "run-r1.parquet.new"
+    new.write_bytes(sorted(directory.glob("*.parquet"))[0].read_bytes())
     assert read_results(dataset).num_rows == 6
-    assert [p.name for p in directory.glob("*.parquet")] == ["run-r1.parquet"]
+    assert new.exists() and len(list(directory.glob("*.parquet"))) == 3
 
 
 DRIVER = """

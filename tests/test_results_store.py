@@ -15,8 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.results import (OUTCOMES, SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY, ResultsWriter,
-                          env_info, list_runs, make_row, read_results)
+from jobs.results import (OUTCOMES, SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY,
+                          ForeignFileWarning, ResultsError, ResultsWriter, env_info, list_runs,
+                          make_row, read_results)
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = dt.datetime(2025, 3, 4, 5, 6, 7, 891011, tzinfo=dt.timezone.utc)
@@ -35,7 +36,8 @@ def visible_files(root: Path) -> list[Path]:
 
 
 def hidden_files(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and p.name.startswith((".", "_"))]
+    """Temporary files: a writer's, before the rename."""
+    return [p for p in root.rglob("*") if p.is_file() and p.name.startswith(".")]
 
 
 def seqs(table: pa.Table) -> list[int]:
@@ -163,27 +165,47 @@ def test_schema_version_in_file_metadata(tmp_path):
     assert metadata[SCHEMA_VERSION_KEY] == str(SCHEMA_VERSION).encode()
 
 
-def test_older_version_reads_with_nulls_newer_and_foreign_rejected(tmp_path):
+def test_older_version_reads_with_nulls_newer_and_unversioned_rejected(tmp_path):
     ResultsWriter(tmp_path, suite="s", date=DAY).append(case(0))
     part = tmp_path / "date=2025-03-04" / "suite=s"
     started_at = pa.array([T0], SCHEMA.field("started_at").type)
     old = pa.table({"run_id": ["old"], "started_at": started_at,
                     "trigger": ["nightly"], "suite": ["s"], "op": ["x"], "outcome": ["fail"],
                     "retired_column": [7]})
-    pq.write_table(old.replace_schema_metadata({SCHEMA_VERSION_KEY: b"0"}), part / "old.parquet")
+    name = f"part-1-{'0' * 32}.parquet"  # a name the store writes
+    pq.write_table(old.replace_schema_metadata({SCHEMA_VERSION_KEY: b"0"}), part / name)
     table = read_results(tmp_path)
     assert table.num_rows == 2
     by_run = {row["run_id"]: row for row in table.to_pylist()}
     assert by_run["old"]["max_ulp"] is None and by_run["old"]["retired_column"] == 7
 
     newer = old.replace_schema_metadata({SCHEMA_VERSION_KEY: str(SCHEMA_VERSION + 1).encode()})
-    pq.write_table(newer, part / "newer.parquet")
-    with pytest.raises(ValueError, match="newer.parquet.*newer"):
+    pq.write_table(newer, part / name)
+    with pytest.raises(ResultsError, match=f"{name}.*newer"):
         read_results(tmp_path)
-    (part / "newer.parquet").rename(part / "foreign.parquet")
-    pq.write_table(old.replace_schema_metadata({}), part / "foreign.parquet")
-    with pytest.raises(ValueError, match="foreign.parquet.*not written by"):
+    pq.write_table(old.replace_schema_metadata({}), part / name)
+    with pytest.raises(ResultsError, match=f"{name}.*not written by"):
         read_results(tmp_path)
+    pq.write_table(old.replace_schema_metadata({SCHEMA_VERSION_KEY: b"x"}), part / name)
+    with pytest.raises(ResultsError, match=f"{name}.*not a version number"):
+        read_results(tmp_path)
+
+
+def test_files_the_store_did_not_write_are_left_alone_and_unread(tmp_path):
+    ResultsWriter(tmp_path, suite="s", date=DAY).append(case(0))
+    part = tmp_path / "date=2025-03-04" / "suite=s"
+    notes = part / "notes.parquet"
+    notes.write_text("my notes, not Parquet")
+    theirs = tmp_path / "theirs.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), theirs)
+    (part / "dir.parquet").mkdir()
+    with pytest.warns(ForeignFileWarning) as caught:
+        table = read_results(tmp_path)
+    assert table.num_rows == 1 and seqs(table) == [0]
+    assert {str(notes), str(theirs), str(part / "dir.parquet")} <= {
+        str(w.message).split(" ")[0] for w in caught}
+    assert notes.read_text() == "my notes, not Parquet" and theirs.exists()
+    assert not (tmp_path / "_quarantine").exists()
 
 
 def test_empty_and_missing_root(tmp_path):

@@ -1,35 +1,48 @@
 """The results dataset: hive-partitioned Parquet files, appended atomically.
 
-Layout: ``ROOT/date=YYYY-MM-DD/suite=NAME/part-<pid>-<uuid>.parquet``, plus
-``ROOT/_runs/<run_id>.json`` (the run manifests, :mod:`jobs.results.runs`)
-and ``ROOT/_quarantine/`` (files that could not be read). A file holds the
-columns of ``FILE_SCHEMA``: ``suite`` is only the partition key and the
-per-run facts live in the manifest, so any Parquet reader opens the dataset
-as it is (``pyarrow.parquet.read_table(ROOT)``, ``pyarrow.dataset.dataset(ROOT,
-partitioning="hive")``, DuckDB's ``read_parquet('ROOT/**/*.parquet',
-hive_partitioning = true)``; add ``union_by_name = true`` where version-1
-files are mixed in). Every
-``ResultsWriter.append`` writes one new file: first to a hidden temporary
-file in the same directory (``.part-...parquet.tmp``), fsynced, then
-``os.replace``d to its final name, so a reader never sees a partial file and
-any number of writer processes can append at once without locks (no file is
-ever written twice). A writer killed mid-append leaves at most a hidden
-temporary file, which readers ignore (pyarrow skips names starting with "."
-or "_").
+Layout: ``ROOT/date=YYYY-MM-DD/suite=NAME/part-<pid>-<uuid>.parquet`` (one
+file per ``ResultsWriter.append``) and ``run-<run_id>-<hex>.parquet`` (a
+run's files of one partition compacted into one,
+:mod:`jobs.results.compaction`), plus ``ROOT/_runs/<run_id>.json`` (the run
+manifests, :mod:`jobs.results.runs`), ``ROOT/_compaction.lock``
+(:mod:`jobs.results.lock`) and ``ROOT/_quarantine/`` (files that could not
+be read). A file holds the columns of ``FILE_SCHEMA``: ``suite`` is only
+the partition key and the per-run facts live in the manifest, so any
+Parquet reader opens the dataset as it is (``pyarrow.parquet.read_table(ROOT)``,
+``pyarrow.dataset.dataset(ROOT, partitioning="hive")``, DuckDB's
+``read_parquet('ROOT/**/*.parquet', hive_partitioning = true)``; add
+``union_by_name = true`` where version-1 files are mixed in).
+
+Writing: every ``ResultsWriter.append`` writes one new file, first to a
+hidden temporary file in the same directory (``.part-...parquet.<hex>.tmp``),
+fsynced, then renamed to its final name, so a reader never sees a partial
+file and any number of writer processes can append at once without locks
+(no file is ever written twice). A writer killed mid-append leaves at most
+a hidden temporary file, which readers ignore (pyarrow skips names starting
+with "." or "_"). Pages carry CRC checksums, which readers verify.
 
 Reading returns the columns of ``SCHEMA`` plus the partition column
 ``date`` (string) and ``run_status`` (the run's effective status from its
 manifest, :func:`jobs.results.runs.effective_status`); the per-run facts are
-filled in from the manifests. Files of older schema versions read with nulls
-for the columns they lack; a file without a version, or of a newer version,
-is an error naming the file. A visible file that is not readable Parquet
-(truncated, say) is moved to ``ROOT/_quarantine/`` with a
-:class:`QuarantineWarning`, and the rest of the dataset reads on.
+filled in from the manifests. A read holds the compaction lock shared and
+skips the files a compacted file covers, so it sees every row exactly once
+whatever compaction, writer or reader runs beside it. Files of older schema
+versions read with nulls for the columns they lack; one of ours without a
+version, or of a newer version, is a :class:`ResultsError` naming the file.
+The dataset is the files this module and the compaction write (names
+``part-<pid>-<32 hex>.parquet`` and ``run-<run id>-<hex>.parquet``): any
+other ``.parquet`` file under ``ROOT`` is left where it is, unread, with a
+:class:`ForeignFileWarning`. One of ours that cannot be read (truncated,
+a damaged page) is moved to ``ROOT/_quarantine/`` beside a note of the
+reason, with a :class:`QuarantineWarning`, and the rest of the dataset
+reads on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 import os
 import re
 import uuid
@@ -43,10 +56,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from jobs.results import runs
-from jobs.results.atomic import fsync_directory, write_atomically
-from kernels.validation import require_name
+from jobs.results import lock, runs
+from jobs.results.atomic import write_atomically
 from jobs.results.runs import RUN_FACTS
+from kernels.validation import require_name
 from jobs.results.schema import (SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY,
                                  TRIGGERS, make_row, rows_to_table)
 
@@ -57,10 +70,34 @@ per-run facts."""
 READ_SCHEMA = SCHEMA.append(pa.field("date", pa.string())).append(
     pa.field("run_status", pa.string()))
 QUARANTINE_DIR = "_quarantine"
+COVERS_KEY = b"lamport_lab.covers"
+"""File metadata of a compacted file: the JSON list of the names of the
+files in its folder whose rows it holds (:mod:`jobs.results.compaction`)."""
+_OURS = re.compile(r"part-[0-9]+-[0-9a-f]{32}\.parquet|run-[A-Za-z0-9][A-Za-z0-9_.-]*\.parquet")
+"""The names of results files: ``ResultsWriter``'s, and the compaction's
+(``run-<run id>-<hex>``; ``run-<run id>`` from earlier versions)."""
+_FORMAT = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+    page_checksum_verification=True))
 
 
-class QuarantineWarning(UserWarning):
+class ResultsError(ValueError):
+    """The dataset cannot be read as lamport-lab results (a file of a newer
+    schema version, one of ours without a version, a lock held too long);
+    the message names the file."""
+
+
+class ResultsWarning(UserWarning):
+    """Something in the dataset was not read; the message says what and why."""
+
+
+class QuarantineWarning(ResultsWarning):
     """A results file could not be read and was moved aside."""
+
+
+class ForeignFileWarning(ResultsWarning):
+    """A ``.parquet`` file in the dataset that lamport-lab did not write;
+    left where it is, unread."""
+
 
 _PARTITIONING = ds.partitioning(
     pa.schema([("date", pa.string()), ("suite", pa.string())]), flavor="hive")
@@ -140,10 +177,15 @@ def _file_table(table: pa.Table) -> pa.Table:
     return table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
 
 
-def _write_atomically(table: pa.Table, directory: Path, name: str | None = None) -> Path:
+def _write_atomically(table: pa.Table, directory: Path) -> Path:
     """Write ``table`` to a new file in ``directory`` via a hidden temp + rename."""
-    name = name or f"part-{os.getpid()}-{uuid.uuid4().hex}.parquet"
-    return write_atomically(directory / name, lambda sink: pq.write_table(table, sink))
+    name = f"part-{os.getpid()}-{uuid.uuid4().hex}.parquet"
+    return write_atomically(directory / name, lambda sink: write_table(table, sink))
+
+
+def write_table(table: pa.Table, sink) -> None:
+    """How every results file is written: with page checksums, which readers verify."""
+    pq.write_table(table, sink, write_page_checksum=True)
 
 
 def read_results(root: str | os.PathLike[str], filters: Filters = None,
@@ -156,7 +198,7 @@ def read_results(root: str | os.PathLike[str], filters: Filters = None,
     (default all of ``READ_SCHEMA``). Unknown names raise ValueError naming
     them; a missing ``root`` raises FileNotFoundError; an existing root
     without files gives an empty table. Files of a newer or unknown schema
-    version raise ValueError naming the file.
+    version raise :class:`ResultsError` naming the file.
     """
     root = Path(root)
     if not root.is_dir():
@@ -168,57 +210,180 @@ def read_results(root: str | os.PathLike[str], filters: Filters = None,
         late = {k: v for k, v in filters.items() if k in derived}
         filters = {k: v for k, v in filters.items() if k not in derived} or None
     expression = _as_expression(filters)
-    file_schema = pa.schema([f for f in READ_SCHEMA if f.name not in derived])
-    files = _readable_files(root)
-    dataset = ds.dataset(files, schema=file_schema, format="parquet",
-                         partitioning=_PARTITIONING, partition_base_dir=str(root))
-    schemas = [_file_schema(fragment) for fragment in dataset.get_fragments(filter=expression)]
-    schema = pa.unify_schemas([file_schema, *schemas])
+    while True:
+        try:
+            with lock.shared(root) as held:
+                table = _read_live(root, expression, columns, derived)
+        except lock.LockTimeout as err:
+            raise ResultsError(f"cannot read {root}: {err}") from None
+        if held or not lock.exists(root):
+            break  # unlocked only where no compaction can have begun meanwhile
     wanted = (list(columns) if columns is not None else
-              [*READ_SCHEMA.names, *(n for n in schema.names if n not in READ_SCHEMA.names)])
-    read = [c for c in schema.names if c in wanted or (c == "run_id" and derived & set(wanted))]
-    table = dataset.replace_schema(schema).to_table(columns=read, filter=expression)
+              [*READ_SCHEMA.names, *(n for n in table.column_names if n not in READ_SCHEMA.names)])
     table = _fill_run_columns(root, table, [c for c in wanted if c in derived])
     if late:
         table = table.filter(_as_expression(late))
     return table.select(wanted)
 
 
-def _readable_files(root: Path) -> list[str]:
-    """The dataset's visible Parquet files; one whose footer cannot be read is
-    moved to ``_quarantine`` with a warning."""
-    files = []
-    for directory, subdirs, names in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "_")))
-        for name in sorted(names):
-            if name.startswith("run-") and name.endswith(".parquet.new"):
-                _finish_compaction(Path(directory) / name)  # a compaction cut short
-        names = sorted(os.listdir(directory)) if any(n.endswith(".parquet.new") for n in names) \
-            else names
-        for name in sorted(names):
-            if name.startswith((".", "_")) or not name.endswith(".parquet"):
-                continue
-            path = Path(directory) / name
-            try:
-                pq.read_metadata(path)
-            except (pa.ArrowException, OSError) as err:
+def _read_live(root: Path, expression: pc.Expression | None, columns: Sequence[str] | None,
+               derived: set[str]) -> pa.Table:
+    """The rows of the live files (the caller holds the lock): every file of
+    ours that reads and that no compacted file covers."""
+    file_schema = pa.schema([f for f in READ_SCHEMA if f.name not in derived])
+    for attempt in range(5):
+        files = {str(f.path): f for f in live_files(root)}
+        try:
+            dataset = ds.dataset(list(files), schema=file_schema, format=_FORMAT,
+                                 partitioning=_PARTITIONING, partition_base_dir=str(root))
+            break
+        except FileNotFoundError:  # set aside by another reader since the listing
+            if attempt == 4:
+                raise
+    fragments = list(dataset.get_fragments(filter=expression))
+    schema = pa.unify_schemas([file_schema, *(_checked_schema(files[f.path]) for f in fragments)])
+    names = set(columns) if columns is not None else set(schema.names)
+    read = [c for c in schema.names if c in names or (c == "run_id" and derived & names)]
+    try:
+        return dataset.replace_schema(schema).to_table(columns=read, filter=expression)
+    except (pa.ArrowException, OSError):
+        pass  # a damaged file among them: file by file, to set it aside
+    tables = []
+    for fragment in fragments:
+        one = ds.dataset([fragment.path], schema=schema, format=_FORMAT,
+                         partitioning=_PARTITIONING, partition_base_dir=str(root))
+        try:
+            tables.append(one.to_table(columns=read, filter=expression))
+        except FileNotFoundError:
+            continue  # another reader set it aside just now
+        except (pa.ArrowException, OSError) as err:
+            _quarantine(root, Path(fragment.path), err)
+    return pa.concat_tables(tables) if tables else schema.empty_table().select(read)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """One file of the dataset, as its footer describes it."""
+    path: Path
+    schema: pa.Schema
+    covers: tuple[str, ...]
+    """Names of the files in its folder whose rows it holds (a compacted
+    file; :mod:`jobs.results.compaction`)."""
+    run_id: str | None
+    """The run whose rows alone it holds, from the footer's statistics
+    (None: rows of several runs, or no statistics)."""
+
+
+def is_ours(name: str) -> bool:
+    """Whether a file name is one this store or the compaction writes."""
+    return bool(_OURS.fullmatch(name))
+
+
+def data_files(directory: Path, *, root: Path | None = None,
+               only: Iterable[str] | None = None) -> list[DataFile]:
+    """The files of ours in ``directory`` (``only``: of these names) whose
+    footer reads, by name; one that does not is moved to quarantine when
+    ``root`` is given (else skipped); any other ``.parquet`` file is skipped
+    with a ForeignFileWarning."""
+    out = []
+    only = None if only is None else set(only)
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        name = entry.name
+        if name.startswith((".", "_")) or not name.endswith(".parquet") or \
+                (only is not None and name not in only):
+            continue
+        path = Path(entry.path)
+        if not is_ours(name) or not entry.is_file(follow_symlinks=False):
+            _warn_foreign(path)
+            continue
+        try:
+            metadata = pq.read_metadata(path)
+            schema = metadata.schema.to_arrow_schema()
+        except FileNotFoundError:
+            continue  # set aside or compacted just now
+        except (pa.ArrowException, OSError) as err:
+            if root is not None:
                 _quarantine(root, path, err)
-                continue
-            files.append(str(path))
-    return files
+            continue
+        raw = (schema.metadata or {}).get(COVERS_KEY)
+        try:
+            covers = tuple(str(n) for n in json.loads(raw)) if raw else ()
+        except (TypeError, ValueError):
+            covers = ()
+        out.append(DataFile(path, schema, covers, _only_run(metadata)))
+    return out
+
+
+def _only_run(metadata: pq.FileMetaData) -> str | None:
+    """The one run_id of a file's rows, from its row groups' statistics."""
+    ids = set()
+    try:
+        column = metadata.schema.to_arrow_schema().get_field_index("run_id")
+        for i in range(metadata.num_row_groups):
+            stats = metadata.row_group(i).column(column).statistics
+            if stats is None or not stats.has_min_max:
+                return None
+            ids |= {stats.min, stats.max}
+    except (pa.ArrowException, IndexError, ValueError):
+        return None
+    return ids.pop() if len(ids) == 1 else None
+
+
+def live(files: Sequence[DataFile]) -> list[DataFile]:
+    """``files`` (one folder's) less those a compacted file among them covers."""
+    covered = {name for f in files for name in f.covers}
+    return [f for f in files if f.path.name not in covered]
+
+
+def partitions(root: Path) -> list[Path]:
+    """``root`` and every folder under it that may hold data files (none
+    whose name starts with '.' or '_')."""
+    out = []
+    for directory, subdirs, _ in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "_")))
+        out.append(Path(directory))
+    return out
+
+
+def live_files(root: Path) -> list[DataFile]:
+    """The dataset's live files: every readable file of ours that no
+    compacted file covers (unreadable ones are quarantined)."""
+    return [f for d in partitions(root) for f in live(data_files(d, root=root))]
+
+
+_warned: set[str] = set()
+
+
+def _warn_foreign(path: Path) -> None:
+    if str(path) not in _warned:
+        _warned.add(str(path))
+        warnings.warn(f"{path} is not a results file of lamport-lab (not a name it writes: "
+                      f"part-<pid>-<uuid>.parquet, run-<run id>-<hex>.parquet); left where it "
+                      f"is, not read", ForeignFileWarning, stacklevel=5)
 
 
 def _quarantine(root: Path, path: Path, err: BaseException) -> None:
+    """Move ``path`` (ours, unreadable) to ``_quarantine/``, a note of why beside it."""
+    reason = f"{type(err).__name__}: {' '.join(str(err).split())}"
     target = root / QUARANTINE_DIR / path.relative_to(root).parent / f"{path.name}.quarantined"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, target)
-        where = f"moved to {target}"
+    except FileNotFoundError:
+        return  # another reader set it aside first
     except OSError as move_err:
         where = f"left in place (cannot move it: {move_err}); skipped"
-    warnings.warn(f"results file {path} is not readable Parquet ({type(err).__name__}: "
-                  f"{err}); {where}; the rest of the dataset reads on",
-                  QuarantineWarning, stacklevel=3)
+    else:
+        where = f"moved to {target}"
+        try:
+            target.with_name(f"{target.name}.reason").write_text(
+                f"{path}: not readable Parquet ({reason}); set aside by pid {os.getpid()} "
+                f"at {dt.datetime.now(dt.timezone.utc).isoformat()}\n")
+            where += " (the reason beside it)"
+        except OSError:
+            pass
+    warnings.warn(f"results file {path} is not readable Parquet ({reason}); {where}; the "
+                  f"rest of the dataset reads on", QuarantineWarning, stacklevel=5)
 
 
 def _fill_run_columns(root: Path, table: pa.Table, derived: list[str]) -> pa.Table:
@@ -245,103 +410,26 @@ def _fill_run_columns(root: Path, table: pa.Table, derived: list[str]) -> pa.Tab
     return table
 
 
-def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list[Path]:
-    """Copy the dataset under ``src`` to the new directory ``dst`` as one file
-    per (date, suite, run) instead of one per case; returns the files
-    written. ``src`` is left as it is (swap the directories once ``dst`` reads
-    back the same). Each file is written atomically, in the current schema
-    version (older files read with nulls for what they lack). A ``dst`` that
-    exists and is not empty is a ValueError: compaction never mixes into a
-    dataset."""
-    dst = Path(dst)
-    if dst.exists() and any(dst.iterdir()):
-        raise ValueError(f"compact: {str(dst)!r} exists and is not empty")
-    table = read_results(src)
-    keys = sorted(set(zip(*(table.column(c).to_pylist() for c in ("date", "suite", "run_id")))))
-    written = []
-    for date, suite, run_id in keys:
-        mask = pc.and_(pc.and_(pc.equal(table["date"], date), pc.equal(table["suite"], suite)),
-                       pc.equal(table["run_id"], run_id))
-        part = _file_table(table.filter(mask).select(SCHEMA.names).cast(SCHEMA))
-        written.append(_write_atomically(part, dst / f"date={date}" / f"suite={suite}"))
-    manifests = runs.read_manifests(src)
-    for run_id in sorted({k[2] for k in keys}):
-        rows = table.filter(pc.equal(table["run_id"], run_id))
-        facts = {n: next((v for v in rows.column(n).to_pylist() if v is not None), None)
-                 for n in RUN_FACTS}
-        data = manifests.get(run_id, {"run_id": run_id})
-        data["facts"] = {**facts, **{k: v for k, v in data.get("facts", {}).items()
-                                     if v is not None}}
-        runs._write(dst, run_id, data, table=False)  # noqa: SLF001 (one module's private writer)
-    if keys:
-        from jobs.results import runs_table
-        runs_table.write(dst)  # once, not once per run
-    return written
-
-
-def compact_run(root: str | os.PathLike[str], run_id: str) -> list[Path]:
-    """Rewrite run ``run_id``'s rows under ``root`` in place as one file per
-    (date, suite) partition, ``run-<run_id>.parquet``; returns the files
-    written. The compacted rows are first written whole, atomically, as
-    ``run-<run_id>.parquet.new`` (no reader takes it); then the run's
-    per-case files are removed and the new file renamed into place. A crash
-    in between is finished by the next read (:func:`_finish_compaction`)."""
-    root = Path(root)
-    table = read_results(root, filters={"run_id": run_id})
-    written = []
-    for date, suite in sorted(set(zip(table.column("date").to_pylist(),
-                                       table.column("suite").to_pylist()))):
-        directory = root / f"date={date}" / f"suite={suite}"
-        if [p.name for p in _files_of_run(directory, run_id)] == [f"run-{run_id}.parquet"]:
-            continue
-        mask = pc.and_(pc.equal(table["date"], date), pc.equal(table["suite"], suite))
-        part = _file_table(table.filter(mask).select(SCHEMA.names).cast(SCHEMA))
-        new = _write_atomically(part, directory, name=f"run-{run_id}.parquet.new")
-        written.append(_finish_compaction(new))
-    return written
-
-
-def _files_of_run(directory: Path, run_id: str) -> list[Path]:
-    """The visible files in ``directory`` that hold rows of ``run_id`` only."""
-    out = []
-    for path in sorted(directory.glob("*.parquet")):
-        try:
-            ids = set(pq.read_table(path, columns=["run_id"]).column("run_id").to_pylist())
-        except (pa.ArrowException, OSError):
-            continue
-        if ids == {run_id}:
-            out.append(path)
-    return out
-
-
-def _finish_compaction(new: Path) -> Path:
-    """``run-<id>.parquet.new`` holds every row of run ``id`` in its folder:
-    remove the run's other files there, then rename it into place."""
-    run_id = new.name[len("run-"):-len(".parquet.new")]
-    final = new.with_name(f"run-{run_id}.parquet")
-    for path in _files_of_run(new.parent, run_id):
-        path.unlink()
-    os.replace(new, final)
-    fsync_directory(new.parent)
-    return final
-
-
-def _file_schema(fragment: ds.ParquetFileFragment) -> pa.Schema:
-    """The fragment's schema, after checking its version is readable."""
-    schema = fragment.physical_schema
+def _checked_schema(file: DataFile) -> pa.Schema:
+    """The file's schema, after checking its version is readable."""
+    schema = file.schema
     raw = (schema.metadata or {}).get(SCHEMA_VERSION_KEY)
     if raw is None:
-        raise ValueError(f"{fragment.path}: no {SCHEMA_VERSION_KEY.decode()} in its metadata; "
-                         "not written by jobs.results")
-    version = int(raw)
+        raise ResultsError(f"{file.path}: no {SCHEMA_VERSION_KEY.decode()} in its metadata; "
+                           "not written by jobs.results")
+    try:
+        version = int(raw)
+    except ValueError:
+        raise ResultsError(f"{file.path}: {SCHEMA_VERSION_KEY.decode()} = {raw[:40]!r} is "
+                           "not a version number; not written by jobs.results") from None
     if version > SCHEMA_VERSION:
-        raise ValueError(f"{fragment.path}: schema version {version} is newer than this "
-                         f"reader's {SCHEMA_VERSION}; update lamport-lab")
+        raise ResultsError(f"{file.path}: schema version {version} is newer than this "
+                           f"reader's {SCHEMA_VERSION}; update lamport-lab")
     try:
         pa.unify_schemas([READ_SCHEMA, schema])
     except (pa.ArrowTypeError, pa.ArrowInvalid) as err:
-        raise ValueError(f"{fragment.path}: schema version {version} conflicts with "
-                         f"version {SCHEMA_VERSION}: {err}") from None
+        raise ResultsError(f"{file.path}: schema version {version} conflicts with "
+                           f"version {SCHEMA_VERSION}: {err}") from None
     return schema
 
 
