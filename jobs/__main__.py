@@ -169,6 +169,7 @@ def _plan(args, jobs: tuple[str, ...]):
             require_name("--run-id", args.run_id)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from None
+    _check_token(args)
     if args.run_id is not None and not args.no_results:
         from jobs.results import git_commit, runs
         try:
@@ -200,6 +201,14 @@ def _plan(args, jobs: tuple[str, ...]):
     for flag, path in outputs:
         check_writable_dir(flag, path)
     return plan
+
+
+def _check_token(args) -> None:
+    """An embedded cluster's token file (jobs.ray_token: made when missing,
+    else only read), before Ray starts."""
+    if not (args.address or os.environ.get("RAY_ADDRESS")):
+        from jobs.embedded import ensure_token, token_path
+        ensure_token(token_path())
 
 
 # ----------------------------------------------------------------- sweeps
@@ -601,7 +610,11 @@ def _head(args) -> int:
     if args.action == "stop":
         print(hd.stop(where))
         return exits.OK
-    state = hd.start(where, num_cpus=args.num_cpus, wait_s=args.wait)
+    state = hd.start(where, num_cpus=args.num_cpus, wait_s=args.wait, host=args.host)
+    if args.host != hd.LOOPBACK:
+        print(f"note: the head listens on {args.host}, reachable from the network; its token "
+              f"({state['token_path']}, 0600) is all that keeps it yours: give it only to "
+              f"those who may run code on this machine")
     print(f"ray head: {state['dashboard']} (job server, token auth; token in "
           f"{state['token_path']}), GCS {state['address']}, {state['num_cpus']} CPUs\n"
           f"  submit: python -m jobs submit -- nightly --suite smoke --results \"$PWD/ray-results\"\n"
@@ -733,13 +746,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             p.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
         p.set_defaults(func=_follow)
     p = sub.add_parser("head", help="start or stop a local Ray head for `submit`",
-                       description="A local Ray head with token authentication on 127.0.0.1, "
-                                   "free ports, and its job agent up before this returns "
-                                   "(jobs/head.py).")
+                       description="A local Ray head with token authentication, every server "
+                                   "on 127.0.0.1 (or --host), free ports, and its job agent up "
+                                   "before this returns (jobs/head.py).")
     p.add_argument("action", choices=("start", "stop"))
     p.add_argument("--dir", type=Path, default=None,
                    help=f"where the head's token, log and address live (default: "
                         f"${{{HEAD_DIR_ENV}}} or {DEFAULT_HEAD_DIR})")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                   help="the address of this machine its servers listen on (default: "
+                        "%(default)s, this machine only); another one makes the head "
+                        "reachable from the network, where its token file (0600, in --dir) "
+                        "is all that keeps it yours")
     p.add_argument("--num-cpus", type=int, default=None, metavar="N",
                    help="CPUs the head offers (default: this machine's, at least 2)")
     p.add_argument("--wait", type=positive_seconds, default=180.0, metavar="S",

@@ -11,9 +11,11 @@ address); both are set for the embedded cluster and its processes.
 Authentication: token authentication stays on (``RAY_AUTH_MODE=token``,
 set explicitly, so Ray does not warn about a default), with the token in
 ``token_path()``: a file only its owner can read or write (0600, in a 0700
-folder), made once with 32 random bytes; a looser one of ours is tightened
-to 0600, another user's is refused. Joining a cluster (``--address`` /
-RAY_ADDRESS) changes none of this: that is the user's explicit choice.
+folder), made once with 32 random bytes. An existing one is only read
+(:mod:`jobs.ray_token`): one others may read, another user's, a directory,
+a FIFO or a file holding no token is refused (exit 2), never changed.
+Joining a cluster (``--address`` / RAY_ADDRESS) changes none of this: that
+is the user's explicit choice.
 
 Cleanup, whichever way the driver ends:
 
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import select
 import signal
 import subprocess
@@ -53,7 +54,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cluster import procs
-from jobs.config import ConfigError
 from jobs.exits import InfraError, Interrupted
 
 GRACE_S = 3.0
@@ -87,29 +87,22 @@ def token_path() -> Path:
 
 
 def ensure_token(path: Path) -> Path:
-    """The token file at ``path``, made (0600, 32 random bytes as hex) when
-    missing; a looser one of ours is tightened to 0600, one of another user
-    refused (ConfigError)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        st = path.stat()
-        if st.st_uid != os.getuid():
-            raise ConfigError(f"Ray token file {path} belongs to uid {st.st_uid}, not to you; "
-                              f"remove it or set {TOKEN_ENV}") from None
-        if st.st_mode & 0o077:
-            os.chmod(path, 0o600)
-        return path
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    return path
+    """The token file at ``path``, made when missing (:func:`jobs.ray_token.make`:
+    0600, 32 random bytes as hex); an existing one is read, never changed:
+    one others may read, another user's, or one that holds no token is a
+    ConfigError (:func:`jobs.ray_token.read`)."""
+    from jobs import ray_token
+    return ray_token.ensure(path, f"Ray token file (${TOKEN_ENV} or the default)")
+
+
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""Ray's switch that keeps every server of a node on the loopback address
+given as its node IP (module docstring); the head (jobs.head) sets it too."""
 
 
 def cluster_env(token: Path) -> dict[str, str]:
     """What the driver and every process of the embedded cluster inherit."""
-    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": str(token)}
+    return {**LOOPBACK_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from jobs import exits
 from jobs.config import Case, ConfigError, Suite
 from jobs.exits import InfraError
 from jobs.options import check_groups_per_gpu
@@ -110,8 +111,8 @@ def ray_session(address: str | None) -> Iterator[str]:
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         _join(address)
-        # The address Ray joined (it rewrites a loopback one to this node's
-        # address), not the one it was given.
+        # The address Ray joined, not the one it was given (Ray rewrites a
+        # loopback one to this node's address unless _join kept it).
         how = f"joined the Ray cluster at {ray.get_runtime_context().gcs_address}"
     else:
         from jobs.embedded import embedded_cluster
@@ -157,28 +158,43 @@ def worker_pool(choice: str, backend: str) -> Iterator[Any]:
 JOIN_PROBE_S = 10.0
 """How long a join waits for the GCS address to take a TCP connection
 before it gives up (exit 3); ``ray.init`` alone retries for minutes."""
+JOIN_TIMEOUT_S = 120.0
+"""How long the whole join (every ``ray.init`` attempt) may take once the
+GCS port answered: one that answers but never takes the driver (no Ray
+GCS there) keeps ``ray.init`` in Ray's C++ client for ever, which no
+exception interrupts, so the process then ends with one line and exit 3."""
 
 
 def _join(address: str) -> None:
     """``ray.init(address=...)``: a malformed address is a UsageError (exit
-    2); a GCS that takes no connection within ``JOIN_PROBE_S``, or a
-    ``ray.init`` that fails ``jobs.embedded.START_ATTEMPTS`` times, an
-    InfraError (exit 3) naming the address."""
+    2); a GCS that takes no connection within ``JOIN_PROBE_S``, a
+    ``ray.init`` that fails ``jobs.embedded.START_ATTEMPTS`` times, or a
+    join not done within ``JOIN_TIMEOUT_S``, exit 3 naming the address. A
+    loopback address (a ``jobs head start`` head) is joined with Ray's
+    loopback switch (``jobs.embedded.LOOPBACK_ENV``), without which Ray
+    rewrites it to this node's routable address, where such a head does
+    not listen."""
+    import ipaddress
     import socket
 
     import ray
     from ray._private.services import parse_address
 
-    from jobs.embedded import init_with_retry
+    from jobs.embedded import LOOPBACK_ENV, _environment, init_with_retry
+    loopback = False
     if address != "auto":
         try:
             parsed = parse_address(address.removeprefix("ray://"))
-        except ValueError:
+            host, port = parsed[0].strip("[]"), int(parsed[1])
+        except (TypeError, ValueError):
             parsed = None
-        if parsed is None:
+        if parsed is None or not host or not 0 < port < 65536:
             raise UsageError(f"--address {address!r}: give the GCS address HOST:PORT "
                              f"(e.g. 10.0.0.1:6379) or 'auto'")
-        host, port = parsed[0], int(parsed[1])
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            pass
         deadline, last = time.monotonic() + JOIN_PROBE_S, None
         while True:
             try:
@@ -190,9 +206,24 @@ def _join(address: str) -> None:
                 raise InfraError(f"nothing answers at the Ray cluster address {address} "
                                  f"(tried for {JOIN_PROBE_S:g} s: {last}); is its head up?")
             time.sleep(1.0)
-    init_with_retry(lambda: ray.init(address=address, log_to_driver=False,
-                                     configure_logging=False),
-                    what=f"could not join the Ray cluster at {address}", between=ray.shutdown)
+
+    def give_up() -> None:
+        os.write(2, f"python -m jobs: infrastructure: the Ray cluster at {address} did not "
+                    f"take this driver within {JOIN_TIMEOUT_S:g} s; is a Ray GCS of this "
+                    f"version ({ray.__version__}) there, and its token this side's?\n".encode())
+        os._exit(exits.INFRA)
+
+    timer = threading.Timer(JOIN_TIMEOUT_S, give_up)
+    timer.daemon = True
+    with _environment(LOOPBACK_ENV) if loopback else contextlib.nullcontext():
+        timer.start()
+        try:
+            init_with_retry(lambda: ray.init(address=address, log_to_driver=False,
+                                             configure_logging=False),
+                            what=f"could not join the Ray cluster at {address}",
+                            between=ray.shutdown)
+        finally:
+            timer.cancel()
 
 
 def _no_auto_connect() -> None:

@@ -4,7 +4,11 @@ and what ``python -m jobs submit`` needs to reach one.
 ``start`` runs ``ray start --head --block`` in its own session with token
 authentication (``RAY_AUTH_MODE=token``; the token is a 0600 file in the
 head directory, passed to Ray as ``RAY_AUTH_TOKEN_PATH``), every server on
-127.0.0.1 and every port free when it starts (none of Ray's fixed defaults:
+127.0.0.1 (Ray's loopback switch, :data:`jobs.embedded.LOOPBACK_ENV`, as for
+the embedded cluster: without it the GCS, raylet and agents listen on every
+interface), or, with ``host``, on that address of this machine (for nodes
+and submitters elsewhere; the token is then what keeps the cluster yours),
+and every port free when it starts (none of Ray's fixed defaults:
 6379, 8265, 52365, 10001 may belong to another cluster on the machine). It
 returns once the head's job agent answers (the agent, not the dashboard,
 takes a submitted job: a submit before it is up fails with "No available
@@ -22,9 +26,9 @@ from ``RAY_AUTH_MODE`` (``token`` or ``disabled``); the token from
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -38,7 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import procs
+from jobs import ray_token
 from jobs.config import ConfigError
+from jobs.embedded import LOOPBACK_ENV
 from jobs.exits import InfraError
 
 HEAD_DIR_ENV = "LAMPORT_HEAD_DIR"
@@ -52,20 +58,36 @@ def head_dir(given: Path | None = None) -> Path:
     return Path(given or os.environ.get(HEAD_DIR_ENV) or DEFAULT_HEAD_DIR)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def write_token(path: Path) -> None:
-    """A new random token in ``path``, readable by its owner only (created
-    0600, never widened)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    os.chmod(path, 0o600)
+def check_host(host: str) -> str:
+    """``host`` if it is an IP address of this machine (a server can listen
+    on it), else ConfigError naming it."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"--host {host!r}: give an IP address of this machine, e.g. "
+                          f"{LOOPBACK} (the default) or its address on the cluster's "
+                          f"network") from None
+    try:
+        free_port(host)
+    except OSError as err:
+        raise ConfigError(f"--host {host}: nothing can listen there ({err.strerror or err}); "
+                          f"give an address of this machine") from None
+    return host
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes in a URL or a host:port address."""
+    return f"[{host}]" if ":" in host else host
 
 
 # --------------------------------------------------------------------- HTTP
@@ -100,11 +122,10 @@ def token_sources(head: Path | None) -> list[tuple[str, dict[str, str], str]]:
     found = []
 
     def from_file(label: str, path: Path) -> None:
-        with contextlib.suppress(OSError):
-            token = path.read_text().strip()
-            if token:
-                found.append((f"{label} {path}", {"RAY_AUTH_TOKEN_PATH": str(path.resolve())},
-                              token))
+        with contextlib.suppress(ConfigError):  # not a token file: not a token of ours
+            token = ray_token.read(path, label, private=False)
+            found.append((f"{label} {path}", {"RAY_AUTH_TOKEN_PATH": str(path.resolve())},
+                          token))
 
     if head is not None:
         from_file("the head's token file", head / TOKEN_FILE)
@@ -205,49 +226,54 @@ def _alive(pgid: int | None) -> bool:
     return True
 
 
-def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0) -> dict:
+def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
+          host: str = LOOPBACK) -> dict:
     """Start a local head (see the module docstring); returns its state
     (``dashboard``: the job server's URL, ``address``: the GCS address,
-    ``pid``, ``temp_dir``, ``log``). ConfigError when one recorded in
-    ``head`` still runs; InfraError (exit 3) when it does not come up within
-    ``wait_s`` (the end of Ray's log printed on stderr first)."""
+    ``pid``, ``temp_dir``, ``log``). ``host``: the address its servers
+    listen on (:func:`check_host`). ConfigError when one recorded in
+    ``head`` still runs or the token file there is not one
+    (:mod:`jobs.ray_token`); InfraError (exit 3) when it does not come up
+    within ``wait_s`` (the end of Ray's log printed on stderr first)."""
     state = read_state(head)
     if state and _alive(state["pid"]):
         raise ConfigError(f"a head started from {head} still runs (pid {state['pid']}, "
                           f"{state['dashboard']}); stop it first: python -m jobs head stop")
     if num_cpus is not None and num_cpus < 1:
         raise ConfigError(f"--num-cpus {num_cpus}: must be >= 1")
+    check_host(host)
     head.mkdir(parents=True, exist_ok=True)
-    token_path = (head / TOKEN_FILE).resolve()
-    if not token_path.exists():
-        write_token(token_path)
+    token_path = ray_token.ensure((head / TOKEN_FILE).resolve(), "the head's token file")
     # Ray's unix sockets live under the temp dir: keep its path short.
     temp_dir = tempfile.mkdtemp(prefix="lamport-ray-", dir="/tmp")
-    ports = {name: free_port() for name in ("port", "dashboard-port", "dashboard-agent-listen-port",
-                                            "dashboard-agent-grpc-port", "runtime-env-agent-port",
-                                            "metrics-export-port", "ray-client-server-port")}
+    ports = {name: free_port(host) for name in (
+        "port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+        "runtime-env-agent-port", "metrics-export-port", "ray-client-server-port")}
     cpus = num_cpus or max(2, os.cpu_count() or 2)
     ray_bin = Path(sys.executable).with_name("ray")
     argv = [str(ray_bin) if ray_bin.exists() else "ray", "start", "--head", "--block",
-            "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
+            "--node-ip-address", host, "--dashboard-host", host,
             "--include-dashboard", "true", "--num-cpus", str(cpus), "--disable-usage-stats",
             "--temp-dir", temp_dir, *[a for k, v in ports.items() for a in (f"--{k}", str(v))]]
     env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+           if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", *LOOPBACK_ENV)}
+    if ipaddress.ip_address(host).is_loopback:
+        env.update(LOOPBACK_ENV)
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
     log_path = (head / "head.log").resolve()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    where = url_host(host)
     state = {"pid": proc.pid, "start": procs.process_start(proc.pid),  # tells a reused pid apart
-             "address": f"127.0.0.1:{ports['port']}",
-             "dashboard": f"http://127.0.0.1:{ports['dashboard-port']}",
-             "agent": f"http://127.0.0.1:{ports['dashboard-agent-listen-port']}",
+             "host": host, "address": f"{where}:{ports['port']}",
+             "dashboard": f"http://{where}:{ports['dashboard-port']}",
+             "agent": f"http://{where}:{ports['dashboard-agent-listen-port']}",
              "temp_dir": temp_dir, "log": str(log_path), "token_path": str(token_path),
              "num_cpus": cpus}
     (head / STATE_FILE).write_text(json.dumps(state, indent=1))
-    token = token_path.read_text().strip()
+    token = ray_token.read(token_path, "the head's token file")
     deadline = time.monotonic() + wait_s
     waiting_for = "the job server"
     while True:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster import procs
+from tests.sockets import is_loopback
 
 REPO = Path(__file__).resolve().parents[1]
 GRACE_S = 30.0
@@ -24,45 +24,6 @@ GRACE_S = 30.0
 polls every 0.5 s and gives SIGTERM-deaf agents 3 s before SIGKILL)."""
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def listening_sockets(pids) -> list[tuple[int, str, str, int]]:
-    """(pid, proto, address, port) of every listening TCP socket and bound
-    UDP socket the processes hold (from /proc/net and their fds)."""
-    inodes = {}
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes[int(link[8:-1])] = pid
-    found = []
-    for proto, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6),
-                          ("udp", socket.AF_INET), ("udp6", socket.AF_INET6)):
-        try:
-            lines = Path(f"/proc/net/{proto}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            inode = int(fields[9])
-            if inode not in inodes or (proto.startswith("tcp") and fields[3] != "0A"):
-                continue
-            address, port = fields[1].split(":")
-            raw = bytes.fromhex(address)
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            found.append((inodes[inode], proto, socket.inet_ntop(family, raw), int(port, 16)))
-    return found
-
-
-def is_loopback(address: str) -> bool:
-    return address in ("127.0.0.1", "::1", "::ffff:127.0.0.1") or address.startswith("127.")
 
 
 def env(tmp_path: Path) -> dict[str, str]:
@@ -73,7 +34,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 SOCKETS = """
 import json, os, ray, sys
 sys.path.insert(0, sys.argv[1])
-from test_embedded_cluster import listening_sockets
+from sockets import listening_sockets
 from cluster import procs
 from jobs.embedded import embedded_cluster
 with embedded_cluster(2) as how:
@@ -93,7 +54,7 @@ def test_the_embedded_cluster_listens_on_loopback_only_with_an_owner_only_token(
     token = tmp_path / "token" / "ray-auth-token"
     token.parent.mkdir()
     token.write_text("a" * 64)
-    os.chmod(token, 0o644)  # a token file others can read is tightened
+    os.chmod(token, 0o600)  # one of the user's own: read, not changed
     done = subprocess.run([sys.executable, "-c", SOCKETS, str(Path(__file__).parent)],
                           env=env(tmp_path), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
