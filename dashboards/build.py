@@ -24,10 +24,13 @@ from dashboards import model
 from dashboards.pages import (Site, compare, correctness, environment, faults, latency,
                               overview, trends)
 from dashboards.regression import judge_all
+from jobs.outputs import SITE_MARKER, site_refusal
 
 ASSETS = Path(__file__).with_name("assets")
-MARKER = ".lamport-lab-site"
-"""The file that marks a directory as a site this builder made."""
+MARKER = SITE_MARKER
+"""The file that marks a directory as a site this builder made (its name
+and the rule for replacing a site live in jobs.outputs, which the nightly
+checks before it starts)."""
 PAGES = (overview, trends, latency, correctness, faults, environment, compare)
 
 
@@ -89,14 +92,10 @@ def build_site(results_dir: Path, out_dir: Path) -> Path:
 def _swap_in(staging: Path, out_dir: Path) -> None:
     """Replace ``out_dir`` by ``staging`` (the old site is removed after)."""
     old = None
-    if out_dir.exists() or out_dir.is_symlink():
-        if out_dir.is_symlink() or not out_dir.is_dir():
-            raise FileExistsError(f"--out {out_dir} exists and is not a directory; "
-                                  "refusing to replace it")
-        if not (out_dir / MARKER).is_file() and any(out_dir.iterdir()):
-            raise FileExistsError(f"--out {out_dir} exists, is not empty and was not built by "
-                                  f"python -m dashboards (no {MARKER} marker file); refusing "
-                                  "to replace it: give a new or empty directory")
+    why = site_refusal(out_dir)
+    if why is not None:
+        raise FileExistsError(f"--out {why}")
+    if out_dir.exists():
         old = out_dir.with_name(f".{out_dir.name}-old-{os.getpid()}")
         os.replace(out_dir, old)
     os.replace(staging, out_dir)

@@ -28,13 +28,13 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
-from jobs import exits
+from jobs import exits, limits
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
 from jobs.exits import InfraError, Interrupted
 from jobs.head import DEFAULT_HEAD_DIR, HEAD_DIR_ENV
-from jobs.options import (DEFAULT_RESULTS, add_results_arguments, check_writable_dir,
-                          groups_per_gpu, int_list, open_results, pool_choice, positive_number,
-                          positive_seconds, report, str_list)
+from jobs.options import (DEFAULT_RESULTS, add_results_arguments, groups_per_gpu,
+                          int_list, name_arg, number, open_results, path_arg,
+                          pool_choice, report, str_list)
 
 DEFAULT_SITE = Path("site")
 
@@ -45,15 +45,16 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
     which.add_argument("--suite", type=str_list(), default=None,
                        help=f"bundled suite(s), comma-separated: {', '.join(bundled_suites())} "
                             f"(default: {suite})")
-    which.add_argument("--config", type=Path, action="append", default=None, metavar="PATH",
+    which.add_argument("--config", type=path_arg, action="append", default=None, metavar="PATH",
                        help="a suite file (repeatable); format in jobs/config.py")
     p.set_defaults(default_suite=suite)
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+    p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS,
                    help="results dataset directory (default: %(default)s)")
     p.add_argument("--no-results", action="store_true", help="print the tables only, write no rows")
     p.add_argument("--trigger", default=trigger, choices=("adhoc", "nightly", "ci"),
                    help="what started this run, recorded with every row (default: %(default)s)")
-    p.add_argument("--run-id", default=None, help="join an existing run (default: a new run id)")
+    p.add_argument("--run-id", type=name_arg, default=None,
+                   help="join an existing run (default: a new run id)")
     p.add_argument("--resume", action="store_true",
                    help="with --run-id: run only the cases the run does not hold yet (a run "
                         "cut short, or a nightly part stopped by its time limit)")
@@ -63,10 +64,15 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
     p.add_argument("--backend", default="auto", choices=("auto", "gpu", "emulated"),
                    help="rank backend (default: %(default)s: gpu when the cluster has GPUs and "
                         "a gpu backend is registered, else emulated)")
-    p.add_argument("--timeout", type=positive_seconds, default=None, metavar="S",
+    p.add_argument("--timeout", type=number("timeout_s"), default=None, metavar="S",
                    help="host deadline per collective call in seconds (default: the suite's "
                         "timeout_s); must exceed the watchdog budget")
-    p.add_argument("--memory-limit-gb", type=positive_number, default=None, metavar="GIB",
+    p.add_argument("--allow-empty", action="store_true",
+                   help="exit 0 when no case ran (every one skipped, or none selected on this "
+                        "cluster); without it such a run exits 1: a job that tests nothing "
+                        "is not green")
+    p.add_argument("--memory-limit-gb", type=number("memory_limit_gb"), default=None,
+                   metavar="GIB",
                    help="refuse a TP group whose estimated memory per node exceeds this "
                         "(default: LAMPORT_MEMORY_LIMIT_GB, else the suite's memory_limit_gb, "
                         "else half of this machine's RAM or /dev/shm; see jobs/sizing.py)")
@@ -107,13 +113,13 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
 def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
     from jobs import regression as rg
     r = p.add_argument_group("regression rule")
-    r.add_argument("--history", type=int, default=rg.DEFAULT_HISTORY,
+    r.add_argument("--history", type=number("history"), default=rg.DEFAULT_HISTORY,
                    help="compare with the last N nightly runs (default: %(default)s)")
-    r.add_argument("--min-history", type=int, default=rg.DEFAULT_MIN_HISTORY,
+    r.add_argument("--min-history", type=number("history"), default=rg.DEFAULT_MIN_HISTORY,
                    help="fewer runs than this: status insufficient-history (default: %(default)s)")
-    r.add_argument("--sigmas", type=float, default=rg.DEFAULT_SIGMAS,
+    r.add_argument("--sigmas", type=number("sigmas"), default=rg.DEFAULT_SIGMAS,
                    help="standard deviations beyond the history mean (default: %(default)s)")
-    r.add_argument("--threshold", type=float, default=rg.DEFAULT_THRESHOLD,
+    r.add_argument("--threshold", type=number("threshold"), default=rg.DEFAULT_THRESHOLD,
                    help="and more than this fraction worse (default: %(default)s)")
 
 
@@ -193,14 +199,23 @@ def _plan(args, jobs: tuple[str, ...]):
             raise ConfigError(f"trace: one suite at a time, got {names}")
         check_one_group(plan[0][1])
     # Last, so that a command refused for another reason touched nothing.
-    outputs = [] if args.no_results else [("--results", args.results)]
-    if getattr(args, "nightly", False) and not args.no_results and not args.no_dashboard:
-        outputs.append(("--site", args.site))
-    if getattr(args, "trace_out", None) is not None:
-        outputs.append(("--trace-out", args.trace_out.parent))
-    for flag, path in outputs:
-        check_writable_dir(flag, path)
+    _check_outputs(args)
     return plan
+
+
+def _check_outputs(args) -> None:
+    """Every path the run writes (jobs.outputs): a directory this process
+    writes into, a site it may replace, a trace file that does not exist,
+    none inside another."""
+    from jobs import outputs
+    where = {}
+    if not args.no_results:
+        where["--results"] = outputs.check_dir("--results", args.results)
+        if getattr(args, "nightly", False) and not args.no_dashboard:
+            where["--site"] = outputs.check_site("--site", args.site)
+    if getattr(args, "trace_out", None) is not None:
+        where["--trace-out"] = outputs.check_new_file("--trace-out", args.trace_out)
+    outputs.check_apart(where)
 
 
 def _check_token(args) -> None:
@@ -230,8 +245,8 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     try:
         with ray_session(args.address) as how:
             try:
-                regressed = _sweep_run(args, jobs, plan, rule, how, nightly=nightly,
-                                       opened=opened, on_stop=on_stop)
+                regressed, checked = _sweep_run(args, jobs, plan, rule, how, nightly=nightly,
+                                                opened=opened, on_stop=on_stop)
             except Interrupted as stop:
                 on_stop(stop)
                 raise
@@ -243,6 +258,12 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     except Interrupted as stop:
         on_stop(stop)  # (once: a run already marked is left as it is)
         raise
+    tested = checked or any(run.run_counts()[o] for o in ("pass", "fail", "hang", "error"))
+    if not tested and not args.allow_empty:
+        print(f"\nno case ran: every case of this run was skipped (the reasons above) or none "
+              f"was selected on this cluster; exit {exits.FAILED}, since a job that tests "
+              f"nothing is not green (--allow-empty: exit 0 for such a run)", flush=True)
+        return exits.FAILED
     return exits.FAILED if failing or regressed else exits.OK
 
 
@@ -263,7 +284,8 @@ def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bo
     """The sweep inside the Ray session, with the worker pool ``--pool``
     asks for: the run opened (appended to ``opened``), every job of
     ``plan``, the regression part; returns the number of kernel cases
-    regressed. ``on_stop(Interrupted)`` is called before the pool closes."""
+    regressed and whether a self-check or compile check ran.
+    ``on_stop(Interrupted)`` is called before the pool closes."""
     from jobs import correctness, faults, profile
     from jobs.harness import ClusterView, resolve_backend, worker_pool
 
@@ -275,9 +297,10 @@ def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bo
     view = ClusterView(backend, groups_per_gpu=args.groups_per_gpu)
     with worker_pool(args.pool, backend) as view.pool:
         try:
-            run = _run_jobs(args, jobs, plan, runners, view, f"ray: {how}\nbackend: {why}",
-                            nightly=nightly, opened=opened)
-            return _regression_part(run, rule, args) if nightly else 0
+            run, checked = _run_jobs(args, jobs, plan, runners, view,
+                                     f"ray: {how}\nbackend: {why}", nightly=nightly,
+                                     opened=opened)
+            return (_regression_part(run, rule, args) if nightly else 0), checked
         except Interrupted as stop:
             on_stop(stop)  # before the pool's and Ray's cleanup, which the signal may block
             raise
@@ -285,8 +308,10 @@ def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bo
 
 def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
               nightly: bool, opened: list):
-    """Every job of every suite of ``plan`` on the open cluster; the Run
-    (also appended to ``opened`` as soon as it exists)."""
+    """Every job of every suite of ``plan`` on the open cluster; ``(the Run,
+    whether a self-check or compile check ran)`` (they test something
+    without rows of cases); the Run is also appended to ``opened`` as soon
+    as it exists."""
     from jobs.harness import Run, done_in_run
     from jobs.results import env_info
     environment = {**env_info(), **view.columns()}
@@ -305,13 +330,16 @@ def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
         # workers start (imports, CUDA contexts) while the self-check and compile check run
         view.pool.prestart(prestart_count([c for _, cases in plan for c in cases], view))
     keys, parts = done_in_run(args.results, run.run_id) if args.resume else (set(), set())
+    checked = False
     for suite, cases in plan:
         print(f"\n#### suite {suite.name} v{suite.version} ({suite.path}): {suite.description}")
         if "selfcheck" in jobs and suite.selfcheck and (suite.name, "selfcheck") not in parts:
             _selfcheck_part(run, suite)
+            checked = True
         if "compile-check" in jobs and suite.compile_check and \
                 (suite.name, "compile-check") not in parts:
             _compile_part(run, suite, args)
+            checked = True
         # The nightly runs every placement the cluster offers a case
         # ("every topology"); a single job runs the best one.
         cases = view.concretize(cases, every=nightly, wanted=args.placement)
@@ -329,7 +357,7 @@ def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
                 runners[job](run, suite, mine, view=view, timeout_s=args.timeout)
     if view.pool is not None:
         print(f"\npool {view.pool.name}: {view.pool.usage()}", flush=True)
-    return run
+    return run, checked
 
 
 def prestart_count(cases, view) -> int:
@@ -625,13 +653,16 @@ def _head(args) -> int:
 NIGHTLY_JOBS = ("selfcheck", "compile-check", "correctness", "faults", "profile")
 SIDE_COMMANDS = ("submit", "head", "pool", "status", "logs", "stop")
 """Commands that run on the submitting side, never as a Ray job."""
+_BOUNDS = ("bounds of the suite fields and options (jobs/limits.py; a value outside is refused "
+           "with exit 2 before Ray starts; memory is bounded by the sizing's ceiling, "
+           "--memory-limit-gb):\n" + limits.describe())
 
 
 def _add_job_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None, metavar="URL",
                    help="the head's job server, e.g. http://10.0.0.1:8265 (default: RAY_ADDRESS, "
                         "else the head `python -m jobs head start` recorded in --dir)")
-    p.add_argument("--dir", type=Path, default=None,
+    p.add_argument("--dir", type=path_arg, default=None,
                    help=f"head directory (default: ${{{HEAD_DIR_ENV}}} or {DEFAULT_HEAD_DIR})")
 
 
@@ -661,13 +692,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                           "skipped rows elsewhere)"),
             ("trace", "smoke", "adhoc", "one TP group's correctness cases, every rank traced "
                                         "onto one Perfetto timeline")):
-        p = sub.add_parser(name, help=helptext, description=helptext)
+        p = sub.add_parser(name, help=helptext, description=helptext, epilog=_BOUNDS,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         if not full(name):
             continue
         _add_sweep_arguments(p, suite=suite, trigger=trigger)
         if name in ("nightly", "smoke"):
             _add_rule_arguments(p)
-            p.add_argument("--site", type=Path, default=DEFAULT_SITE,
+            p.add_argument("--site", type=path_arg, default=DEFAULT_SITE,
                            help="dashboard output directory (default: %(default)s)")
             p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard")
             p.add_argument("--jobs", type=str_list(NIGHTLY_JOBS), default=NIGHTLY_JOBS,
@@ -677,9 +709,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                 f"over several invocations")
             p.set_defaults(nightly=True)
         elif name == "trace":
-            p.add_argument("--trace-out", type=Path, default=None, metavar="PATH",
-                           help="the merged trace JSON (default: traces/RUN-OP-tpN.json beside "
-                                "--results)")
+            p.add_argument("--trace-out", type=path_arg, default=None, metavar="PATH",
+                           help="the merged trace JSON, a file that does not exist yet "
+                                "(default: traces/RUN-OP-tpN.json beside --results)")
             p.set_defaults(jobs=("correctness",), nightly=False)
         else:
             p.set_defaults(jobs=(name,), nightly=False)
@@ -687,13 +719,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                    "needed) and check its PTX")
     p = sub.add_parser("report", help="print a run from the results, or compare two")
     p.add_argument("runs", nargs="*", metavar="RUN_ID", help="none: the latest run; two: compare")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS)
     p.add_argument("--list", action="store_true", help="list the runs, newest first")
     p.add_argument("--all", action="store_true", help="every row, not only failing and timed ones")
     p.set_defaults(func=_report)
     p = sub.add_parser("regress", help="regression detection for one run in the results")
     if full("regress"):
-        p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+        p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS)
         p.add_argument("--run", default=None, help="run id (default: the latest run)")
         _add_rule_arguments(p)
     p.set_defaults(func=_regress)
@@ -704,8 +736,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         selfcheck.add_arguments(p)
     p.set_defaults(func=_selfcheck)
     p = sub.add_parser("compact", help="copy a results dataset as one Parquet file per run")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
-    p.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
+    p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS)
+    p.add_argument("--out", type=path_arg, required=True,
+                   help="a new (or empty) directory, not inside --results (nor it inside this)")
     p.set_defaults(func=_compact)
     p = sub.add_parser("schema", help="print the results columns (docs/results-schema.md)")
     p.set_defaults(func=_schema)
@@ -750,7 +783,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                                    "on 127.0.0.1 (or --host), free ports, and its job agent up "
                                    "before this returns (jobs/head.py).")
     p.add_argument("action", choices=("start", "stop"))
-    p.add_argument("--dir", type=Path, default=None,
+    p.add_argument("--dir", type=path_arg, default=None,
                    help=f"where the head's token, log and address live (default: "
                         f"${{{HEAD_DIR_ENV}}} or {DEFAULT_HEAD_DIR})")
     p.add_argument("--host", default="127.0.0.1", metavar="ADDR",
@@ -758,9 +791,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                         "%(default)s, this machine only); another one makes the head "
                         "reachable from the network, where its token file (0600, in --dir) "
                         "is all that keeps it yours")
-    p.add_argument("--num-cpus", type=int, default=None, metavar="N",
+    p.add_argument("--num-cpus", type=number("num_cpus"), default=None, metavar="N",
                    help="CPUs the head offers (default: this machine's, at least 2)")
-    p.add_argument("--wait", type=positive_seconds, default=180.0, metavar="S",
+    p.add_argument("--wait", type=number("wait_s"), default=180.0, metavar="S",
                    help="how long to wait for the job agent (default: %(default)s s)")
     p.set_defaults(func=_head)
     from jobs import pool
@@ -780,6 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     line too, never a traceback)."""
     from jobs.embedded import terminate_raises
     argv = sys.argv[1:] if argv is None else list(argv)
+    from jobs.results import ResultsError
     command = _command_of(argv)
     with terminate_raises():
         try:
@@ -795,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
             if hasattr(args, "func"):
                 return args.func(args)
             return _sweep(args, args.jobs, nightly=args.nightly)
-        except ConfigError as err:
+        except (ConfigError, ResultsError) as err:
             print(f"python -m jobs {command}: error: {err}", file=sys.stderr)
             return exits.USAGE
         except InfraError as err:

@@ -41,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
+from jobs import exits
 from jobs.options import add_results_arguments, int_list, open_results, report, str_list
 
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
@@ -84,6 +85,24 @@ def registered_ops() -> list[str]:
 def op_names() -> tuple[str, ...]:
     from cluster import ops
     return ops.names()
+
+
+def check_selection(ops: Sequence[str] | None, hiddens: Sequence[int],
+                    tps: Sequence[int]) -> None:
+    """ValueError/TypeError naming the first op without compile variants,
+    the first hidden size the Lamport consumers do not take
+    (:func:`kernels.validation.norm_threads`) or the first tp not in
+    ``TP_SIZES``: what the suite loader and the command line check before
+    anything is written or compiled."""
+    from kernels.validation import norm_threads, require_tp
+    unknown = [op for op in ops or () if op not in _PROVIDERS]
+    if unknown:
+        raise ValueError(f"ops: {unknown} have no compile variants; registered: "
+                         f"{registered_ops()}")
+    for hidden in hiddens:
+        norm_threads(hidden, "hidden")
+    for tp in tps:
+        require_tp("tp", tp)
 
 
 # ---------------------------------------------------------------- all_reduce_norm
@@ -555,14 +574,18 @@ def result_row(r: Row, environment: dict) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    writer, environment = open_results(args)
+    from jobs.config import ConfigError
+    try:
+        args = parse_args(argv)
+    except SystemExit as exit_:  # argparse: 2 on bad usage, 0 for --help
+        return int(exit_.code or 0)
     ops = args.ops if args.ops is not None else registered_ops()
-    for op in ops:
-        if op not in _PROVIDERS:
-            print(f"compile-check: unknown op {op!r}; registered: {registered_ops()}",
-                  file=sys.stderr)
-            return 2
+    try:
+        check_selection(ops, args.hidden, args.tp)
+        writer, environment = open_results(args)
+    except (ConfigError, TypeError, ValueError) as err:
+        print(f"compile-check: {err}", file=sys.stderr)
+        return exits.USAGE
     t_import = time.perf_counter()
     import cutlass  # noqa: F401  (import time reported apart from compiles)
     t_import = time.perf_counter() - t_import
@@ -570,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         variants = [v for op in ops for v in _PROVIDERS[op](args.hidden, args.tp)]
     except ValueError as exc:
         print(f"compile-check: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE
 
     tmp = None
     dump_root = args.dump_dir

@@ -66,13 +66,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import stat
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cluster import ops as registry
-from kernels.validation import require_lamport_hidden, require_name, require_number, require_tp
+from jobs.limits import LIMITS
+from kernels.validation import require_lamport_hidden, require_name, require_tp
 
 FORMAT = 1
 MAX_CONFIG_BYTES = 1 << 20
@@ -178,29 +181,18 @@ def _int(v):
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def _non_negative_int(v):
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _number(**rule):
-    """A check: a finite number meeting ``rule`` (require_number's keywords)."""
-    def check(v):
-        try:
-            require_number("value", v, **rule)
-        except (TypeError, ValueError):
-            return False
-        return True
-    return check
-
-
-_num = _number(positive=True)
-_non_negative = _number(nonnegative=True)
-
-
 def _kernel_rule(rule, key: str):
     """A check that raises the kernels' own error (ValueError/TypeError)."""
     def check(v):
         rule(key, v)
+        return True
+    return check
+
+
+def _limited(name: str):
+    """A check against ``jobs.limits.LIMITS[name]`` (raises what it must be)."""
+    def check(v):
+        LIMITS[name].check(v)
         return True
     return check
 
@@ -215,19 +207,23 @@ _SWEEP_KEYS: dict[str, tuple[Any, Any]] = {
     "tp": (None, _kernel_rule(require_tp, "tp")),
     "hidden": (None, _kernel_rule(require_lamport_hidden, "hidden")),
     "tokens": (None, _int),
-    "top_k": (None, _int),
-    "hc": (None, _int),
+    "top_k": (None, _limited("top_k")),
+    "hc": (None, _int),  # and the op's own rule (cluster.ops: 1..MAX_HC)
 }
 _SCALAR_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
-    "correctness": {"repeats": (1, _int), "inputs": (None, input_kinds),
-                    "budget_ms": (1000, _num), "timeout_s": (10.0, _num)},
-    "faults": {"repeats": (1, _int), "kinds": ("all", None), "rank": ("last", None),
-               "budget_ms": (200, _num), "timeout_s": (2.0, _num)},
-    "profile": {"repeats": (1, _int), "baselines": (None, baseline_names),
-                "calls": (50, _int), "replays": (200, _int), "watchdog_ns": (1_000_000_000, _int),
-                "rotate_mb": (120, _num), "timeout_s": (600.0, _num),
-                "min_replay_ms": (0.0, _non_negative),
-                "min_replays": (0, _non_negative_int)},
+    "correctness": {"repeats": (1, _limited("repeats")), "inputs": (None, input_kinds),
+                    "budget_ms": (1000, _limited("budget_ms")),
+                    "timeout_s": (10.0, _limited("timeout_s"))},
+    "faults": {"repeats": (1, _limited("repeats")), "kinds": ("all", None),
+               "rank": ("last", None), "budget_ms": (200, _limited("budget_ms")),
+               "timeout_s": (2.0, _limited("timeout_s"))},
+    "profile": {"repeats": (1, _limited("repeats")), "baselines": (None, baseline_names),
+                "calls": (50, _limited("calls")), "replays": (200, _limited("replays")),
+                "watchdog_ns": (1_000_000_000, _limited("watchdog_ns")),
+                "rotate_mb": (120, _limited("rotate_mb")),
+                "timeout_s": (600.0, _limited("timeout_s")),
+                "min_replay_ms": (0.0, _limited("min_replay_ms")),
+                "min_replays": (0, _limited("min_replays"))},
 }
 _TOP_KEYS = {"format", "name", "version", "description", "memory_limit_gb", "selfcheck",
              "compile_check", *JOBS}
@@ -275,8 +271,7 @@ def load_suite(path: str | Path) -> Suite:
     """Parse and validate one suite file; ConfigError says what is wrong."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = _read_regular(path, MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise ConfigError(f"config {path}: larger than {MAX_CONFIG_BYTES} bytes; "
                               "a suite file is a page of TOML")
@@ -287,6 +282,8 @@ def load_suite(path: str | Path) -> Suite:
         raise ConfigError(f"config {path}: cannot read: {err}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config {path}: not valid TOML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"config {path}: nested too deeply to be a suite file") from None
     where = f"config {path}"
     _no_unknown(data, _TOP_KEYS, where)
     if data.get("format") != FORMAT:
@@ -298,9 +295,8 @@ def load_suite(path: str | Path) -> Suite:
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err} (it names the results partition)") from None
     memory_limit_gb = data.get("memory_limit_gb")
-    if memory_limit_gb is not None and not _num(memory_limit_gb):
-        raise ConfigError(f"{where}: memory_limit_gb = {memory_limit_gb!r} must be a positive "
-                          "finite number of GiB")
+    if memory_limit_gb is not None:
+        _check(memory_limit_gb, _limited("memory_limit_gb"), f"{where}: memory_limit_gb")
     version = data.get("version")
     if not _int(version):
         raise ConfigError(f"{where}: version = {version!r} must be a positive integer")
@@ -316,10 +312,15 @@ def load_suite(path: str | Path) -> Suite:
             "tp": _int_list(compile_check.get("tp", [2]), f"{w} tp"),
             "ops": _str_list(compile_check.get("ops", []), f"{w} ops"),
         }
-        from jobs.compile_check import DEFAULT_ARCHS
+        from jobs.compile_check import DEFAULT_ARCHS, check_selection
         bad = [a for a in compile_check["arch"] if a not in DEFAULT_ARCHS]
         if bad:
             raise ConfigError(f"{w} arch: {bad} not supported; allowed: {list(DEFAULT_ARCHS)}")
+        try:
+            check_selection(compile_check["ops"] or None, compile_check["hidden"],
+                            compile_check["tp"])
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{w}: {err}") from None
     cases: list[Case] = []
     for job in JOBS:
         sweeps = data.get(job, [])
@@ -330,6 +331,28 @@ def load_suite(path: str | Path) -> Suite:
     return Suite(name=name, version=version, description=str(data.get("description", "")),
                  path=path, selfcheck=selfcheck, compile_check=compile_check, cases=tuple(cases),
                  memory_limit_gb=memory_limit_gb)
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of the regular file ``path``; ConfigError for
+    anything else (a FIFO would block the read for ever, a device never
+    end), checked on the open file, which is opened without blocking."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"config {path}: not a regular file (a FIFO, device or "
+                              f"directory); give a suite file")
+        os.set_blocking(fd, True)
+        chunks, size = [], 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _no_unknown(table: Mapping, known: Iterable[str], where: str) -> None:
@@ -372,10 +395,8 @@ def _check(value, check, where: str) -> None:
             ok = check(value)
         except (TypeError, ValueError) as err:  # a kernel rule: its own words
             raise ConfigError(f"{where} = {value!r}: {err}") from None
-        if not ok:
-            what = {_int: "a positive integer", _non_negative_int: "an integer >= 0",
-                    _non_negative: "a finite number >= 0"}.get(check, "a positive finite number")
-            raise ConfigError(f"{where} = {value!r} must be {what}")
+        if not ok:  # only _int answers False; the other checks say why
+            raise ConfigError(f"{where} = {value!r} must be a positive integer")
 
 
 def _values(sweep: Mapping, key: str, default, check, where: str, *, listable: bool) -> list:
@@ -400,6 +421,14 @@ def _op_axes(sweep: Mapping, op_values: list, where: str) -> dict[str, list]:
         if key not in declared:
             raise ConfigError(f"{where}: {key} does not apply to op(s) {op_values}; their "
                               f"fields: {sorted(declared)}")
+    for key in sorted(set(sweep) & set(COLUMN_FIELDS)):  # their own rule too (e.g. hc <= MAX_HC)
+        for op in op_values:
+            field = registry.get(op).fields.get(key)
+            for v in sweep[key] if isinstance(sweep[key], list) else [sweep[key]]:
+                try:
+                    field is None or field.validate(key, v, op)
+                except ValueError as err:
+                    raise ConfigError(f"{where}: {err}") from None
     axes = {}
     for key in sorted(set(sweep) & set(declared) - set(COLUMN_FIELDS)):
         value = sweep[key]

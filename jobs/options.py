@@ -4,7 +4,6 @@ the run."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -64,22 +63,44 @@ def pool_choice(text: str) -> str:
     return text
 
 
-def positive_seconds(text: str) -> float:
-    """A finite number of seconds > 0 (``inf`` and ``nan`` are refused: a
-    deadline must end)."""
-    return positive_number(text, "seconds")
+def number(name: str) -> Callable[[str], float | int]:
+    """An argparse type: a number within ``jobs.limits.LIMITS[name]`` (an
+    integer where the limit says so; ``inf``, ``nan`` and overflowing
+    values are refused: a deadline must end, a size must fit)."""
+    from jobs.limits import LIMITS
+    limit = LIMITS[name]
+
+    def parse(text: str) -> float | int:
+        try:
+            value = int(text) if limit.integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if limit.integer else 'a number'} in "
+                f"{limit.bounds()}, got {text!r}") from None
+        try:
+            return limit.check(value)
+        except (TypeError, ValueError) as err:
+            raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+    parse.__name__ = "number"  # argparse names the type in its messages
+    return parse
 
 
-def positive_number(text: str, what: str = "") -> float:
-    """A finite number > 0."""
+def name_arg(text: str) -> str:
+    """An argparse type: an ASCII word (:data:`kernels.validation.NAME_PATTERN`:
+    it names a file or a results partition)."""
+    from kernels.validation import require_name
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number{' of ' + what if what else ''}, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text!r}")
-    return value
+        return require_name("value", text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("value must be", "must be")) from None
+
+
+def path_arg(text: str) -> Path:
+    """An argparse type: a path, not empty (``''`` would be the current
+    directory) and without NUL."""
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return Path(text)
 
 
 MAX_GROUPS_PER_GPU = 8
@@ -128,20 +149,24 @@ def check_writable_dir(flag: str, path: Path) -> None:
 
 
 def add_results_arguments(p: argparse.ArgumentParser, *, suite: str) -> None:
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+    p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS,
                    help="results dataset directory (hive-partitioned Parquet; default: %(default)s)")
     p.add_argument("--no-results", action="store_true", help="print the table only, write no rows")
     p.add_argument("--trigger", default="adhoc", choices=("adhoc", "nightly", "ci"),
                    help="what started this run, recorded with every row (default: %(default)s)")
-    p.add_argument("--suite", default=suite, help="results partition (default: %(default)s)")
-    p.add_argument("--run-id", default=None, help="join an existing run (default: a new run id)")
+    p.add_argument("--suite", type=name_arg, default=suite,
+                   help="results partition (default: %(default)s)")
+    p.add_argument("--run-id", type=name_arg, default=None,
+                   help="join an existing run (default: a new run id)")
 
 
 def open_results(args: argparse.Namespace):
-    """``(writer or None, environment columns)`` for a job's rows."""
+    """``(writer or None, environment columns)`` for a job's rows; ConfigError
+    when ``--results`` cannot hold them (:func:`check_writable_dir`)."""
     from jobs.results import ResultsWriter, env_info
     if args.no_results:
         return None, {}
+    check_writable_dir("--results", args.results)
     from jobs.results import runs
     writer = ResultsWriter(args.results, suite=args.suite, trigger=args.trigger, run_id=args.run_id)
     environment = env_info()

@@ -51,6 +51,15 @@ class Rule:
 
     def validate(self) -> None:
         from jobs.config import ConfigError
+        from jobs.limits import LIMITS
+        for flag, name, value in (("--history", "history", self.history),
+                                  ("--min-history", "history", self.min_history),
+                                  ("--sigmas", "sigmas", self.sigmas),
+                                  ("--threshold", "threshold", self.threshold)):
+            try:
+                LIMITS[name].check(value)
+            except (TypeError, ValueError) as err:
+                raise ConfigError(f"{flag} {value!r}: {err}") from None
         if self.history < 1 or not 1 <= self.min_history <= self.history:
             raise ConfigError(f"--history {self.history} / --min-history {self.min_history}: "
                               f"need 1 <= min-history <= history")

@@ -1,22 +1,32 @@
 """How much memory a case needs, estimated before anything is allocated.
 
 A TP group's cases share one mailbox sized for their largest M (the
-capacity), so the estimate is per group key (``Case.group_key``):
+capacity), so the estimate is per group key (``Case.group_key``), from the
+case with the most bytes:
 
 - mailbox, per rank: ``[3, tp, capacity, hidden]`` BF16 (``mailbox_shape``)
   plus its header page;
 - inputs and outputs, per rank: every rank regenerates the group's partials
   ``[tp, M, hidden]`` BF16, the residual and three outputs ``[M, hidden]``
-  BF16, and the reference's FP32 sum ``[tp, M, hidden]``;
+  BF16, and the reference's FP32 sum ``[tp, M, hidden]``; with a MoE
+  finalize (``top_k`` routes a token: finalize_publish, all_reduce_mhc with
+  finalize) every rank's ``[M * top_k, hidden]`` BF16 rows and their FP32
+  products in the reference, for all tp ranks; with mHC (``hc`` streams) the
+  ``[M, hc, hidden]`` residual streams in and out (BF16) and their FP32
+  reference; for the profile, its input rotation (``rotate_mb``);
 - per node: all ``tp`` ranks of an emulated group share one host's
   shared memory (STRICT_PACK), as do those of a shared-GPU or virtual-rank
   group on one GPU's device memory; a process-per-GPU rank holds its own
-  GPU, so the per-node figure there is per device.
+  GPU, so the per-node figure there is per device (so for the profile,
+  which times only process-per-GPU groups).
 
 A group over the ceiling is refused (ConfigError, exit 2) before Ray
 starts. The ceiling, in GiB per node: ``--memory-limit-gb``, else
 LAMPORT_MEMORY_LIMIT_GB, else the suite's ``memory_limit_gb``, else half of
 this machine's smaller of RAM and ``/dev/shm`` (:func:`default_limit_bytes`).
+Time is bounded by the fields that multiply calls (``repeats``, ``calls``,
+``replays``), each within :data:`jobs.limits.LIMITS`, and every call by its
+host deadline (``timeout_s``, also bounded there).
 """
 
 from __future__ import annotations
@@ -28,9 +38,11 @@ import shutil
 from collections.abc import Iterable
 
 from jobs.config import Case, ConfigError
+from jobs.limits import LIMITS
 from kernels.lamport.protocol import mailbox_shape
 
 GIB = 1 << 30
+MIB = 1 << 20
 ENV = "LAMPORT_MEMORY_LIMIT_GB"
 BF16, FP32 = 2, 4
 HEADER_BYTES = 4096
@@ -57,7 +69,8 @@ class Estimate:
 
     def describe(self) -> str:
         c = self.case
-        return (f"{c.op} tp={c.tp} hidden={c.hidden} capacity={self.capacity} "
+        scale = "".join(f" {k}={v}" for k, v in (("top_k", _routes(c)), ("hc", c.hc)) if v)
+        return (f"{c.job} {c.op} tp={c.tp} hidden={c.hidden} capacity={self.capacity}{scale} "
                 f"(placement {c.placement}): mailbox [3, {c.tp}, {self.capacity}, {c.hidden}] "
                 f"BF16 = {self.mailbox_per_rank / GIB:.3g} GiB and inputs/outputs "
                 f"{self.io_per_rank / GIB:.3g} GiB per rank, {self.per_node / GIB:.3g} GiB per "
@@ -70,21 +83,51 @@ _DEVICE = ("process-per-gpu", "shared-gpu", "virtual-ranks")
 
 def estimate(cases: Iterable[Case]) -> list[Estimate]:
     """One Estimate per TP group of ``cases``, largest per-node first."""
-    groups: dict[tuple, Case] = {}
+    groups: dict[tuple, list[Case]] = {}
     for case in cases:
-        key = (case.job, *case.group_key)
-        if key not in groups or case.tokens > groups[key].tokens:
-            groups[key] = case
+        groups.setdefault((case.job, *case.group_key), []).append(case)
     out = []
-    for case in groups.values():
-        capacity, tp, hidden = case.tokens, case.tp, case.hidden
+    for members in groups.values():
+        capacity = max(c.tokens for c in members)
+        case = max(members, key=lambda c: (_io_bytes(c, capacity), c.tokens))
+        tp, hidden = case.tp, case.hidden
         mailbox = HEADER_BYTES + math.prod(mailbox_shape(tp, capacity, hidden)) * BF16
-        elements = capacity * hidden
-        io = (tp + 4) * elements * BF16 + tp * elements * FP32
         out.append(Estimate(case=case, capacity=capacity, mailbox_per_rank=mailbox,
-                            io_per_rank=io,
-                            ranks_per_node=1 if case.placement == "process-per-gpu" else tp))
+                            io_per_rank=_io_bytes(case, capacity),
+                            ranks_per_node=1 if _own_device(case) else tp))
     return sorted(out, key=lambda e: -e.per_node)
+
+
+def _io_bytes(case: Case, tokens: int) -> int:
+    """Inputs, outputs and reference intermediates of one rank for M = ``tokens``."""
+    tp, elements = case.tp, tokens * case.hidden
+    io = (tp + 4) * elements * BF16 + tp * elements * FP32
+    routes = _routes(case)
+    io += tp * routes * elements * (BF16 + FP32)  # every rank's MoE rows, FP32 products
+    if case.hc:
+        io += case.hc * elements * (2 * BF16 + FP32)  # streams in and out, FP32 reference
+    if case.job == "profile":
+        io += int(case.param("rotate_mb") * MIB)
+    return io
+
+
+def _own_device(case: Case) -> bool:
+    """Whether each rank of the case's group holds a device of its own: a
+    process-per-GPU placement, and the profile (it times only there; its
+    other placements are skipped rows)."""
+    return case.placement == "process-per-gpu" or case.job == "profile"
+
+
+def _routes(case: Case) -> int:
+    """Routes a token of the case's MoE finalize (0: none)."""
+    from cluster import ops
+    if "top_k" not in ops.get(case.op).fields:
+        return 0
+    if case.op == "all_reduce_mhc":
+        from cluster.ops.all_reduce_mhc import top_k
+        return top_k({"top_k": case.top_k,
+                      "finalize": case.op_fields().get("finalize", False)}) or 0
+    return case.top_k or 0
 
 
 def default_limit_bytes() -> int:
@@ -104,11 +147,10 @@ def limit_bytes(cli_gb: float | None, suite_gb: float | None) -> tuple[int, str]
     env = os.environ.get(ENV)
     if env:
         try:
-            value = float(env)
-        except ValueError:
-            value = float("nan")
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"{ENV}={env!r} must be a positive finite number of GiB")
+            value = LIMITS["memory_limit_gb"].check(float(env))
+        except (TypeError, ValueError) as err:
+            what = err if "must" in str(err) else "must be a number of GiB"
+            raise ConfigError(f"{ENV}={env!r}: {what}") from None
         return int(value * GIB), ENV
     if suite_gb is not None:
         return int(suite_gb * GIB), "the suite's memory_limit_gb"

@@ -16,13 +16,13 @@ rank too.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from jobs.config import Case, ConfigError, Suite
 from jobs.harness import ClusterView, Run, error_text, now
+from jobs.results.atomic import write_atomically
 
 
 def default_path(results: Path | None, run_id: str, case: Case) -> Path:
@@ -86,10 +86,14 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
                 print(f"trace: not written: {error_text(err)}")
                 run.count_external(Counter(error=1))
                 return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(trace))
-    os.replace(tmp, path)
+    try:  # a new file only: never over one this run did not write
+        write_atomically(path, lambda sink: sink.write(json.dumps(trace).encode()),
+                         overwrite=False)
+    except FileExistsError:
+        print(f"trace: not written: {path} appeared while the group ran; lamport-lab "
+              f"writes over no file it did not make")
+        run.count_external(Counter(error=1))
+        return None
     s = summary(trace)
     print(f"\ntrace: {path} ({len(s['tracks'])} rank tracks; open in https://ui.perfetto.dev)")
     for label, c in s["per_rank"].items():
