@@ -9,22 +9,32 @@ the key or flag named on stderr). Nothing may be accepted (no exception,
 or another one: for a host class that means validation let it through to
 the GPU allocation), nothing may hang (each call runs under an alarm).
 
-Targets: host classes' construction-time checks (AllReduceNorm,
+Classes: host classes' construction-time checks (AllReduceNorm,
 VirtualRanks, NormKernel, PublishKernel, MHCOptions), the references
 (rms_norm, all_reduce_sum's order, the input generators), the case builder
 (cluster.cases.make_case), TPGroup (before any actor starts: the placement
 group call is replaced by a tripwire), the emulated backend's setup, suite
-configs (TOML written to tmp files) and the CLI (in-process main(argv); the
-Ray session is replaced by a tripwire).
+configs (TOML written to tmp files), the CLI (in-process main(argv); the
+Ray session is replaced by a tripwire), and, each input listed: numbers
+beyond their bounds (jobs.limits; top_k, hc, repeats, calls, ... in suite
+files), [compile_check] sections, suite files that are not one (a FIFO, a
+device, 5000-deep nesting, binary), output paths that would harm something
+(``''``, /proc, a file, someone's site, outputs inside one another, an
+existing trace file), token files that are not one, cluster addresses that
+lead nowhere (malformed: exit 2; nothing listening: exit 3, infrastructure)
+and results files of no or a newer schema version (report, regress,
+compact).
 
-Deterministic (derandomize=True) and bounded (max_examples per target), so
-CI never flakes. The figures (tried / clean / accepted / hangs) are printed
-by the last test and written to $LAMPORT_FUZZ_FIGURES when set.
+Deterministic (derandomize=True, or a fixed list) and bounded (max_examples
+per hypothesis target), so CI never flakes. The figures (tried / clean /
+unnamed / tracebacks / accepted / hangs, in total and per class) are
+printed by the last test and written to $LAMPORT_FUZZ_FIGURES when set.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import io
 import json
 import math
@@ -42,9 +52,12 @@ pytestmark = pytest.mark.timeout(300)
 HANG_S = 10.0
 EXAMPLES = 60
 FIGURES: Counter = Counter()
+"""(class, outcome) -> count; outcome one of OUTCOMES."""
+OUTCOMES = ("tried", "clean", "unnamed", "tracebacks", "accepted", "hangs")
 TARGETS_RUN: set[str] = set()
 ALL_TARGETS = {"host classes", "references", "case builder", "TPGroup", "emulated backend",
-               "configs", "CLI"}
+               "configs", "CLI", "bounds", "compile check", "suite files", "output paths",
+               "token files", "cluster address", "results files"}
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -62,39 +75,44 @@ def _alarm(signum, frame):
     raise _Hang()
 
 
+def count(target: str, outcome: str) -> None:
+    FIGURES[target, outcome] += 1
+
+
 def refuse(target: str, name: str, call) -> None:
     """Run ``call``; it must raise ValueError/TypeError naming ``name``."""
     TARGETS_RUN.add(target)
-    FIGURES["tried"] += 1
+    count(target, "tried")
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, HANG_S)
     try:
         call()
     except _Hang:
-        FIGURES["hangs"] += 1
+        count(target, "hangs")
         pytest.fail(f"{target}: {name}: no answer within {HANG_S} s")
     except (ValueError, TypeError) as err:
         if name.lower() not in str(err).lower():
-            FIGURES["unnamed"] += 1
+            count(target, "unnamed")
             pytest.fail(f"{target}: {name}: the error does not name it: {type(err).__name__}: {err}")
-        FIGURES["clean"] += 1
+        count(target, "clean")
     except Exception as err:  # noqa: BLE001 (any other exception is a finding)
-        FIGURES["accepted"] += 1
+        count(target, "accepted")
         pytest.fail(f"{target}: {name}: accepted (got past validation: "
                     f"{type(err).__name__}: {str(err)[:200]})")
     else:
-        FIGURES["accepted"] += 1
+        count(target, "accepted")
         pytest.fail(f"{target}: {name}: accepted")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
 
-def exits_2(target: str, name: str, argv: list[str]) -> None:
-    """``python -m jobs`` in-process must exit 2 and name ``name`` on stderr."""
+def exits_2(target: str, name: str, argv: list[str], *, status: int = 2) -> None:
+    """``python -m jobs`` in-process must exit ``status`` (2: usage) and name
+    ``name`` in its last line on stderr, with no traceback."""
     from jobs.__main__ import main
     TARGETS_RUN.add(target)
-    FIGURES["tried"] += 1
+    count(target, "tried")
     err = io.StringIO()
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, HANG_S)
@@ -102,25 +120,29 @@ def exits_2(target: str, name: str, argv: list[str]) -> None:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = main(argv)
     except _Hang:
-        FIGURES["hangs"] += 1
+        count(target, "hangs")
         pytest.fail(f"{target}: {argv}: no answer within {HANG_S} s")
     except Tripwire:
-        FIGURES["accepted"] += 1
+        count(target, "accepted")
         pytest.fail(f"{target}: {argv}: accepted (Ray would have started)")
     except BaseException as exc:  # noqa: BLE001
-        FIGURES["accepted"] += 1
-        pytest.fail(f"{target}: {argv}: {type(exc).__name__}: {exc} instead of exit 2")
+        count(target, "tracebacks")
+        pytest.fail(f"{target}: {argv}: {type(exc).__name__}: {exc} instead of exit {status}")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     text = err.getvalue()
-    if code != 2:
-        FIGURES["accepted"] += 1
-        pytest.fail(f"{target}: {argv}: exit {code}, not 2: {text[-500:]}")
-    if name.lower() not in text.lower():
-        FIGURES["unnamed"] += 1
-        pytest.fail(f"{target}: {argv}: exit 2 but {name!r} is not named: {text[-500:]}")
-    FIGURES["clean"] += 1
+    if "Traceback" in text:
+        count(target, "tracebacks")
+        pytest.fail(f"{target}: {argv}: a traceback on stderr: {text[-500:]}")
+    if code != status:
+        count(target, "accepted")
+        pytest.fail(f"{target}: {argv}: exit {code}, not {status}: {text[-500:]}")
+    last = text.rstrip().splitlines()[-1] if text.strip() else ""
+    if name.lower() not in last.lower():
+        count(target, "unnamed")
+        pytest.fail(f"{target}: {argv}: exit {status} but {name!r} is not named: {text[-500:]}")
+    count(target, "clean")
 
 
 # ----------------------------------------------------------------- bad values
@@ -369,8 +391,13 @@ def test_suite_configs_with_a_bad_value_exit_2_before_ray(data, tmp_path_factory
 
 # ------------------------------------------------------------------------ CLI
 CLI_CASES = {
-    "--timeout": st.sampled_from(["inf", "nan", "-1", "0", "x", "1e400", "-inf", ""]),
-    "--memory-limit-gb": st.sampled_from(["inf", "nan", "0", "-2", "lots"]),
+    "--timeout": st.sampled_from(["inf", "nan", "-1", "0", "x", "1e400", "-inf", "", "1e308",
+                                  "86401"]),
+    "--memory-limit-gb": st.sampled_from(["inf", "nan", "0", "-2", "lots", "1e308", "2e6"]),
+    "--sigmas": st.sampled_from(["inf", "nan", "-1", "0", "1e309", "1001"]),
+    "--threshold": st.sampled_from(["inf", "-0.5", "1e309", "nan"]),
+    "--min-history": st.sampled_from(["0", "100000", "2.5"]),
+    "--groups-per-gpu": st.sampled_from(["0", "9", "x", "1.5"]),
     "--tp": st.sampled_from(["x", "0", "-1", "2,x", "1.5", ""]),
     "--hidden": st.sampled_from(["x", "0", "-256", "1e3"]),
     "--run-id": st.sampled_from(["a/b", "smøke", "", "../up", ".x", "x" * 80]),
@@ -387,7 +414,8 @@ CLI_CASES = {
 def test_bad_command_lines_exit_2(data, no_ray):
     flag = data.draw(st.sampled_from(sorted(CLI_CASES)))
     value = data.draw(CLI_CASES[flag])
-    command = "nightly" if flag == "--history" else "correctness"
+    command = "nightly" if flag in ("--history", "--min-history", "--sigmas",
+                                    "--threshold") else "correctness"
     argv = [command, "--backend", "emulated", "--no-results", flag, value]
     if flag == "--backend":
         argv = [command, "--no-results", flag, value]
@@ -400,16 +428,231 @@ def test_bad_command_lines_exit_2(data, no_ray):
     exits_2("CLI", name, argv)
 
 
+# ------------------------------------------------------------------ bounds
+SWEEP = {"op": "all_reduce_norm", "tp": 2, "hidden": 256, "tokens": 2}
+BOUNDS = [  # (job, key, value, op): a number beyond its bound (jobs.limits) or its op's rule
+    *(("correctness", "repeats", v, None) for v in (0, 10_001, 10**9, 2**63)),
+    *(("faults", "repeats", v, None) for v in (0, 10**6)),
+    *(("correctness", "timeout_s", v, None) for v in (1e300, 86_401, 1e-320 * 0, 10**20)),
+    *(("faults", "timeout_s", v, None) for v in (1e308, 99_999.5)),
+    *(("correctness", "budget_ms", v, None) for v in (1e-9, 1e300, 600_001, 1e-4)),
+    *(("faults", "budget_ms", v, None) for v in (1e-12, 1e30)),
+    *(("profile", k, v, None) for k, v in (
+        ("calls", 0), ("calls", 10_001), ("calls", 10**12), ("replays", 0),
+        ("replays", 10**9), ("min_replays", -1), ("min_replays", 10**7),
+        ("min_replay_ms", 1e9), ("min_replay_ms", -0.1), ("rotate_mb", 0), ("rotate_mb", 1e12),
+        ("rotate_mb", -5), ("watchdog_ns", 0), ("watchdog_ns", 10**18),
+        ("timeout_s", 1e300), ("repeats", 10**8))),
+    *(("correctness", "top_k", v, "finalize_publish") for v in (0, 129, 50_000, 2**40)),
+    *(("correctness", "hc", v, "all_reduce_mhc") for v in (0, 9, 64, 10**6)),
+    *(("top", "memory_limit_gb", v, None) for v in (1e308, 2e6, 0, -1)),
+]
+
+
+@pytest.mark.parametrize("job, key, value, op", BOUNDS)
+def test_numbers_beyond_their_bounds_exit_2_before_ray(job, key, value, op, tmp_path, no_ray):
+    top = {"format": 1, "name": "fuzz", "version": 1}
+    sweep = dict(SWEEP, op=op or SWEEP["op"])
+    if job == "top":
+        top[key], job = value, "correctness"
+    else:
+        sweep[key] = value
+    text = "".join(f"{k} = {_toml(v)}\n" for k, v in top.items()) + f"[[{job}]]\n" + \
+        "".join(f"{k} = {_toml(v)}\n" for k, v in sweep.items())
+    (tmp_path / "suite.toml").write_text(text)
+    exits_2("bounds", key, [job, "--config", str(tmp_path / "suite.toml"), "--backend",
+                            "emulated", "--no-results"])
+
+
+COMPILE = [("hidden", [12]), ("hidden", [1020]), ("hidden", [0]), ("hidden", [16384]),
+           ("hidden", ["2048"]), ("tp", [3]), ("tp", [16]), ("tp", [0]), ("tp", [2.0]),
+           ("ops", ["bogus"]), ("ops", ["all_reduce_norm", "x"]), ("ops", [1]),
+           ("arch", ["sm_80"]), ("arch", [""]), ("hidden", []), ("tp", [True])]
+
+
+@pytest.mark.parametrize("key, value", COMPILE)
+def test_compile_check_sections_exit_2_before_ray(key, value, tmp_path, no_ray):
+    text = (f"format = 1\nname = 'fuzz'\nversion = 1\n[compile_check]\n{key} = {_toml(value)}\n"
+            f"[[correctness]]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in SWEEP.items()))
+    (tmp_path / "suite.toml").write_text(text)
+    exits_2("compile check", key, ["nightly", "--config", str(tmp_path / "suite.toml"),
+                                   "--backend", "emulated", "--no-results"])
+
+
+SUITE_FILES = ["fifo", "directory", "/dev/zero", "/dev/null", "/proc/self/status", "deep list",
+               "deep table", "binary", "latin-1", "huge", "symlink to fifo", "empty",
+               "missing"]
+
+
+@pytest.mark.parametrize("kind", SUITE_FILES)
+def test_suite_files_that_are_not_one_exit_2_without_blocking(kind, tmp_path, no_ray):
+    path = tmp_path / "suite.toml"
+    if kind in ("fifo", "symlink to fifo"):
+        os.mkfifo(tmp_path / "fifo")
+        if kind == "fifo":
+            path = tmp_path / "fifo"
+        else:
+            path.symlink_to(tmp_path / "fifo")
+    elif kind == "directory":
+        path.mkdir()
+    elif kind.startswith("/"):
+        path = Path(kind)
+    elif kind == "deep list":
+        path.write_text("format = 1\nname = 'x'\nversion = 1\nx = " + "[" * 5000 + "]" * 5000)
+    elif kind == "deep table":
+        path.write_text("format = 1\nx = " + "{a = " * 3000 + "1" + "}" * 3000)
+    elif kind == "binary":
+        path.write_bytes(bytes(range(256)) * 8)
+    elif kind == "latin-1":
+        path.write_bytes("name = 'sm\xf8ke'".encode("latin-1"))
+    elif kind == "huge":
+        path.write_text("# " + "x" * (2 << 20))
+    elif kind == "empty":
+        path.write_text("")
+    exits_2("suite files", "config", ["correctness", "--config", str(path), "--no-results"])
+
+
+OUTPUTS = ["results empty", "results /proc/1", "results /proc/x/y", "results a file",
+           "site foreign", "site a file", "site inside results", "results inside site",
+           "site is results", "trace-out exists", "trace-out inside results",
+           "compact out inside", "compact out a file", "compact out is results",
+           "head dir empty", "results /dev/null"]
+
+
+@pytest.mark.parametrize("kind", OUTPUTS)
+def test_output_paths_that_would_harm_something_exit_2(kind, tmp_path, no_ray):
+    results, site = tmp_path / "results", tmp_path / "site"
+    (tmp_path / "file").write_text("mine")
+    quick = ["--suite", "smoke", "--ops", "all_reduce_norm", "--tp", "2", "--backend", "emulated"]
+    nightly = ["nightly", *quick, "--results", str(results), "--site", str(site)]
+    trace = ["trace", *quick, "--tokens", "3", "--inputs", "random", "--results", str(results)]
+    if kind.startswith("compact"):
+        from jobs.results import ResultsWriter
+        ResultsWriter(results, suite="s").append({"op": "x", "outcome": "pass",
+                                                  "started_at": dt.datetime.now(dt.timezone.utc)})
+    argv, name = {
+        "results empty": (["correctness", *quick, "--results", ""], "--results"),
+        "results /proc/1": (["correctness", *quick, "--results", "/proc/1"], "--results"),
+        "results /proc/x/y": (["correctness", *quick, "--results", "/proc/x/y"], "--results"),
+        "results a file": (["correctness", *quick, "--results", str(tmp_path / "file")],
+                           "--results"),
+        "results /dev/null": (["correctness", *quick, "--results", "/dev/null"], "--results"),
+        "site foreign": (nightly, "--site"),
+        "site a file": ([*nightly[:-1], str(tmp_path / "file")], "--site"),
+        "site inside results": ([*nightly[:-1], str(results / "site")], "overlap"),
+        "results inside site": ([*nightly[:-3], str(site / "r"), "--site", str(site)],
+                                "overlap"),
+        "site is results": ([*nightly[:-1], str(results)], "overlap"),
+        "trace-out exists": ([*trace, "--trace-out", str(tmp_path / "file")], "--trace-out"),
+        "trace-out inside results": ([*trace, "--trace-out", str(results / "t.json")],
+                                     "overlap"),
+        "compact out inside": (["compact", "--results", str(results), "--out",
+                                str(results / "c")], "overlap"),
+        "compact out a file": (["compact", "--results", str(results), "--out",
+                                str(tmp_path / "file")], "not a directory"),
+        "compact out is results": (["compact", "--results", str(results), "--out",
+                                    str(results)], "not empty"),
+        "head dir empty": (["head", "start", "--dir", ""], "--dir"),
+    }[kind]
+    if kind == "site foreign":
+        site.mkdir()
+        (site / "index.html").write_text("<p>mine</p>")
+    exits_2("output paths", name, argv)
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+TOKENS = ["notes", "loose", "group-writable", "directory", "fifo", "empty", "huge", "binary",
+          "two tokens", "symlink to notes", "dangling symlink"]
+
+
+@pytest.mark.parametrize("kind", TOKENS)
+def test_token_files_that_are_not_one_exit_2_untouched(kind, tmp_path, monkeypatch, no_ray):
+    path = tmp_path / "token"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dangling symlink":
+        path.symlink_to(tmp_path / "nowhere" / "x")
+    else:
+        content = {"notes": b"call the plumber\n", "loose": b"f" * 64,
+                   "group-writable": b"f" * 64, "empty": b"", "huge": b"f" * 10_000,
+                   "binary": bytes(range(64)), "two tokens": b"f" * 64 + b"\n" + b"e" * 64,
+                   "symlink to notes": b"not a token\n"}[kind]
+        target = tmp_path / "target" if kind == "symlink to notes" else path
+        target.write_bytes(content)
+        os.chmod(target, {"loose": 0o644, "group-writable": 0o620}.get(kind, 0o600))
+        if kind == "symlink to notes":
+            path.symlink_to(target)
+    monkeypatch.setenv("LAMPORT_RAY_TOKEN_FILE", str(path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    before = os.lstat(path)
+    exits_2("token files", "token file", ["correctness", "--suite", "smoke", "--ops",
+                                          "all_reduce_norm", "--backend", "emulated",
+                                          "--no-results"])
+    after = os.lstat(path)
+    assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns)
+
+
+ADDRESSES = ["nowhere", "127.0.0.1", "127.0.0.1:", ":6379", "127.0.0.1:0", "127.0.0.1:70000",
+             "127.0.0.1:x", "http://", "[::1]", "closed 127.0.0.1", "closed [::1]",
+             "closed ray://127.0.0.1"]
+
+
+@pytest.mark.parametrize("address", ADDRESSES)
+def test_cluster_addresses_that_lead_nowhere_exit_2_or_3_at_once(address):
+    """Malformed: exit 2 before Ray; well formed with nothing listening:
+    exit 3 (infrastructure), one line, at once."""
+    if address.startswith("closed "):
+        import socket
+        with socket.socket(socket.AF_INET6 if "[" in address else socket.AF_INET) as s:
+            s.bind(("::1" if "[" in address else "127.0.0.1", 0))
+            port = s.getsockname()[1]
+        address = f"{address.split()[1]}:{port}"
+        status, name = 3, address
+    else:
+        status, name = 2, "--address"
+    exits_2("cluster address", name, ["correctness", "--suite", "smoke", "--ops",
+                                      "all_reduce_norm", "--backend", "emulated",
+                                      "--no-results", "--address", address], status=status)
+
+
+RESULTS_FILES = [{}, {b"lamport_lab.schema_version": b"99"},
+                 {b"lamport_lab.schema_version": b"x"},
+                 {b"lamport_lab.schema_version": b"9" * 40}]
+
+
+@pytest.mark.parametrize("metadata", RESULTS_FILES)
+@pytest.mark.parametrize("command", ["report", "regress", "compact"])
+def test_results_files_of_no_or_a_newer_version_exit_2_naming_the_file(metadata, command,
+                                                                        tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    part = tmp_path / "r" / "date=2026-01-01" / "suite=s"
+    part.mkdir(parents=True)
+    name = f"part-1-{'b' * 32}.parquet"
+    pq.write_table(pa.table({"run_id": ["x"]}).replace_schema_metadata(metadata), part / name)
+    argv = [command, "--results", str(tmp_path / "r")]
+    exits_2("results files", name, argv + (["--out", str(tmp_path / "c")]
+                                           if command == "compact" else []))
+
+
 # -------------------------------------------------------------------- figures
 def test_zz_figures_every_bad_input_was_refused_cleanly():
     if TARGETS_RUN != ALL_TARGETS:
         pytest.skip(f"only {sorted(TARGETS_RUN)} ran (run the whole file for the figures)")
-    figures = {k: FIGURES[k] for k in ("tried", "clean", "unnamed", "accepted", "hangs")}
-    print(f"\nfigure: fuzz: {figures['tried']} bad inputs tried, {figures['clean']} clean "
-          f"errors naming the argument, {figures['unnamed']} unnamed, {figures['accepted']} "
-          f"accepted, {figures['hangs']} hangs")
+    total = {k: sum(n for (_, o), n in FIGURES.items() if o == k) for k in OUTCOMES}
+    print(f"\nfigure: fuzz: {total['tried']} bad inputs tried, {total['clean']} clean "
+          f"refusals naming the argument, {total['unnamed']} unnamed, {total['tracebacks']} "
+          f"tracebacks, {total['accepted']} accepted, {total['hangs']} hangs")
+    for target in sorted(ALL_TARGETS):
+        print(f"figure: fuzz: {target}: " + ", ".join(
+            f"{FIGURES[target, k]} {k}" for k in OUTCOMES if FIGURES[target, k] or k in
+            ("tried", "clean")))
     if os.environ.get("LAMPORT_FUZZ_FIGURES"):
-        Path(os.environ["LAMPORT_FUZZ_FIGURES"]).write_text(json.dumps(figures, indent=1))
-    assert figures["tried"] >= 300
-    assert figures["clean"] == figures["tried"]
-    assert figures["accepted"] == figures["hangs"] == figures["unnamed"] == 0
+        Path(os.environ["LAMPORT_FUZZ_FIGURES"]).write_text(json.dumps(
+            {"total": total, "classes": {t: {k: FIGURES[t, k] for k in OUTCOMES}
+                                         for t in sorted(ALL_TARGETS)}}, indent=1))
+    assert total["tried"] >= 500
+    assert total["clean"] == total["tried"]
+    assert total["accepted"] == total["hangs"] == total["unnamed"] == total["tracebacks"] == 0
