@@ -51,6 +51,10 @@ HEAD_DIR_ENV = "LAMPORT_HEAD_DIR"
 DEFAULT_HEAD_DIR = Path(".ray-head")
 TOKEN_FILE = "auth_token"
 STATE_FILE = "head.json"
+LOG_FILE = "head.log"
+LOG_HEADER = "# lamport-lab: log of `python -m jobs head start` (ray start --head)\n"
+"""The first line of every head log: a head.log without it is someone
+else's file, which ``start`` refuses to write over."""
 
 
 def head_dir(given: Path | None = None) -> Path:
@@ -209,9 +213,31 @@ def job_info(url: str, job_id: str, auth: Auth, timeout_s: float = 10.0) -> dict
 # --------------------------------------------------------------------- head
 def read_state(head: Path) -> dict | None:
     try:
-        return json.loads((head / STATE_FILE).read_text())
+        state = json.loads((head / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
+    return state if isinstance(state, dict) and {"pid", "dashboard"} <= set(state) else None
+
+
+def check_dir(head: Path) -> None:
+    """ConfigError unless ``start`` may write its files in ``head``: a
+    head.json or head.log there is one it wrote (a state it can read, a log
+    with its header), never someone else's."""
+    state, log = head / STATE_FILE, head / LOG_FILE
+    if (state.exists() or state.is_symlink()) and read_state(head) is None:
+        raise ConfigError(f"--dir {head}: {state} is not a head's state written by "
+                          f"`python -m jobs head start`; refusing to write over it (give "
+                          f"another --dir)")
+    if log.exists() or log.is_symlink():
+        try:
+            with open(log, "rb") as f:
+                ours = log.is_file() and f.read(len(LOG_HEADER)) == LOG_HEADER.encode()
+        except OSError:
+            ours = False
+        if not ours:
+            raise ConfigError(f"--dir {head}: {log} is not a head log written by `python -m "
+                              f"jobs head start`; refusing to write over it (give another "
+                              f"--dir)")
 
 
 def _alive(pgid: int | None) -> bool:
@@ -232,8 +258,9 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     (``dashboard``: the job server's URL, ``address``: the GCS address,
     ``pid``, ``temp_dir``, ``log``). ``host``: the address its servers
     listen on (:func:`check_host`). ConfigError when one recorded in
-    ``head`` still runs or the token file there is not one
-    (:mod:`jobs.ray_token`); InfraError (exit 3) when it does not come up
+    ``head`` still runs, the token file there is not one
+    (:mod:`jobs.ray_token`) or a head.json or head.log there is someone
+    else's (:func:`check_dir`); InfraError (exit 3) when it does not come up
     within ``wait_s`` (the end of Ray's log printed on stderr first)."""
     state = read_state(head)
     if state and _alive(state["pid"]):
@@ -242,6 +269,7 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     if num_cpus is not None and num_cpus < 1:
         raise ConfigError(f"--num-cpus {num_cpus}: must be >= 1")
     check_host(host)
+    check_dir(head)
     head.mkdir(parents=True, exist_ok=True)
     token_path = ray_token.ensure((head / TOKEN_FILE).resolve(), "the head's token file")
     # Ray's unix sockets live under the temp dir: keep its path short.
@@ -261,8 +289,10 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
         env.update(LOOPBACK_ENV)
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
-    log_path = (head / "head.log").resolve()
+    log_path = (head / LOG_FILE).resolve()
     with open(log_path, "w") as log:
+        log.write(LOG_HEADER)
+        log.flush()
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     where = url_host(host)

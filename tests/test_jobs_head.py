@@ -97,3 +97,11 @@ def test_a_token_file_that_is_not_one_is_refused_and_left_as_it_was(tmp_path):
     done = jobs("head", "start", "--dir", str(head), timeout=120)
     assert done.returncode == 2 and "does not hold a token" in done.stderr, done.stderr
     assert not (head / "head.json").exists()
+
+
+@pytest.mark.parametrize("name", ["head.log", "head.json"])
+def test_a_head_dir_holding_someone_elses_file_of_that_name_is_refused(tmp_path, name):
+    (tmp_path / name).write_text("my own notes\n")
+    done = jobs("head", "start", "--dir", str(tmp_path), timeout=120)
+    assert done.returncode == 2 and f"{tmp_path / name} is not a head" in done.stderr
+    assert (tmp_path / name).read_text() == "my own notes\n"
