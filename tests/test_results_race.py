@@ -16,7 +16,9 @@ choice; the moments it lands at are the machine's).
 Bounded: ``LAMPORT_RACE_S`` seconds of racing (default 20; e.g. 300 for a
 long run), longer only until two compactions have swapped and three reads
 ended (a slow machine), then a final read. The assertions do not depend on
-timing: 0 lost, 0 doubled, 0 phantom, whatever the interleaving.
+timing: 0 lost, 0 doubled, 0 phantom, and no process dying by itself (a
+reader or compaction that crashes is restarted, counted and fails the
+test), whatever the interleaving.
 """
 
 from __future__ import annotations
@@ -128,7 +130,9 @@ def test_writers_readers_and_compactions_killed_at_random_lose_and_double_nothin
     reads, plain = [], Counter()
     swaps: list[tuple[float, float]] = []
     kills: Counter = Counter()
+    crashes: Counter = Counter()  # children that died by themselves (a traceback on stderr)
     next_id = iter(range(1, 10_000))
+    stopping = False
     writers: list[int] = []
 
     def start(kind: str) -> Child:
@@ -166,6 +170,11 @@ def test_writers_readers_and_compactions_killed_at_random_lose_and_double_nothin
             now = time.monotonic()
             if not data:
                 selector.unregister(child.process.stdout)
+                if child in children:  # not one the test killed: it crashed
+                    children.remove(child)
+                    crashes[child.kind] += 1
+                    if not stopping:
+                        start(child.kind)
                 continue
             child.buffer += data
             *lines, child.buffer = child.buffer.split(b"\n")
@@ -173,10 +182,10 @@ def test_writers_readers_and_compactions_killed_at_random_lose_and_double_nothin
                 take(line.decode(), child, now)
 
     def kill(child: Child) -> None:
+        children.remove(child)
         child.process.send_signal(signal.SIGKILL)
         child.process.wait()
         pump(0)  # what it said before it died (the pipe's rest comes with EOF)
-        children.remove(child)
 
     root.mkdir()
     for kind, n in (("writer", 3), ("compactor", 2), ("reader", 2), ("plain", 1)):
@@ -202,6 +211,7 @@ def test_writers_readers_and_compactions_killed_at_random_lose_and_double_nothin
                 start(victim.kind)
                 next_kill = time.monotonic() + rng.uniform(0.3, 1.5)
     finally:
+        stopping = True
         for child in list(children):
             kill(child)
         while selector.get_map():
@@ -242,6 +252,7 @@ def test_writers_readers_and_compactions_killed_at_random_lose_and_double_nothin
     print(f"figure: race: {len(reads)} reads by read_results, {overlapped} of them while a "
           f"compaction ran that swapped a file in; reads missing a row committed before they began "
           f"{stale_reads}, holding a row twice {doubled_reads}, a phantom {phantom_reads}")
+    print(f"figure: race: crashed by themselves (a traceback): {dict(crashes) or 0}")
     print(f"figure: race: {len(swaps)} compactions swapped in; kill -9: {dict(kills)}; "
           f"{len(temps)} hidden temporary files left by kills mid-write, {leftovers} covered "
           f"files left by a compaction killed mid-swap (neither is read)")
@@ -249,5 +260,6 @@ def test_writers_readers_and_compactions_killed_at_random_lose_and_double_nothin
           f"row twice, {plain['errors']} failing (a file unlinked under them): plain readers "
           f"know no lock")
     assert (lost, doubled, phantom) == ([], [], [])
+    assert not crashes, f"processes that crashed: {dict(crashes)} (their tracebacks above)"
     assert stale_reads == doubled_reads == phantom_reads == 0
     assert len(committed) > 20 and sum(kills.values()) >= 3  # the race happened
