@@ -210,14 +210,14 @@ def read_results(root: str | os.PathLike[str], filters: Filters = None,
         late = {k: v for k, v in filters.items() if k in derived}
         filters = {k: v for k, v in filters.items() if k not in derived} or None
     expression = _as_expression(filters)
-    while True:
+    for attempt in range(2):
         try:
             with lock.shared(root) as held:
                 table = _read_live(root, expression, columns, derived)
         except lock.LockTimeout as err:
             raise ResultsError(f"cannot read {root}: {err}") from None
         if held or not lock.exists(root):
-            break  # unlocked only where no compaction can have begun meanwhile
+            break  # read unlocked only where no compaction can have begun meanwhile
     wanted = (list(columns) if columns is not None else
               [*READ_SCHEMA.names, *(n for n in table.column_names if n not in READ_SCHEMA.names)])
     table = _fill_run_columns(root, table, [c for c in wanted if c in derived])
@@ -318,7 +318,8 @@ def _only_run(metadata: pq.FileMetaData) -> str | None:
     """The one run_id of a file's rows, from its row groups' statistics."""
     ids = set()
     try:
-        column = metadata.schema.to_arrow_schema().get_field_index("run_id")
+        leaves = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+        column = leaves.index("run_id")
         for i in range(metadata.num_row_groups):
             stats = metadata.row_group(i).column(column).statistics
             if stats is None or not stats.has_min_max:
@@ -326,7 +327,7 @@ def _only_run(metadata: pq.FileMetaData) -> str | None:
             ids |= {stats.min, stats.max}
     except (pa.ArrowException, IndexError, ValueError):
         return None
-    return ids.pop() if len(ids) == 1 else None
+    return ids.pop() if len(ids) == 1 and isinstance(next(iter(ids)), str) else None
 
 
 def live(files: Sequence[DataFile]) -> list[DataFile]:
