@@ -95,10 +95,10 @@ def check_selection(ops: Sequence[str] | None, hiddens: Sequence[int],
     ``TP_SIZES``: what the suite loader and the command line check before
     anything is written or compiled."""
     from kernels.validation import norm_threads, require_tp
-    unknown = [op for op in ops or () if op not in _PROVIDERS]
-    if unknown:
-        raise ValueError(f"ops: {unknown} have no compile variants; registered: "
-                         f"{registered_ops()}")
+    for op in ops or ():
+        if op not in _PROVIDERS:
+            raise ValueError(f"ops: unknown op {op!r} (no compile variants); registered: "
+                             f"{registered_ops()}")
     for hidden in hiddens:
         norm_threads(hidden, "hidden")
     for tp in tps:

@@ -1,8 +1,9 @@
 """Ray's token files (token authentication): made when missing, otherwise
 only read, and checked before Ray is started or asked.
 
-A token file is one line: the token, ``TOKEN_PATTERN`` (the ones made here
-are 64 hex digits). lamport-lab never changes a file it finds: one that is
+A token file is one line: the token, ``TOKEN_PATTERN`` (printable ASCII
+without spaces; the ones made here are 64 hex digits), at least
+``MIN_PRIVATE`` characters in a file this side's cluster uses. lamport-lab never changes a file it finds: one that is
 not a regular file of yours, that others may read or write, or that holds
 anything else (a note, a key of another kind) is a :class:`ConfigError`
 (exit 2) naming the path and what to do, before anything starts. A FIFO or
@@ -19,7 +20,9 @@ from pathlib import Path
 
 from jobs.config import ConfigError
 
-TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_.~+/=-]{16,1024}")
+TOKEN_PATTERN = re.compile(r"[!-~]{1,1024}")
+MIN_PRIVATE = 16
+"""Fewest characters of a token the embedded cluster or a head is started with."""
 MAX_BYTES = 4096
 
 
@@ -68,8 +71,9 @@ def read(path: Path, what: str, *, private: bool = True) -> str:
     finally:
         os.close(fd)
     text = data.decode("ascii", "replace").strip()
-    if len(data) > MAX_BYTES or not TOKEN_PATTERN.fullmatch(text):
-        raise ConfigError(f"{what} {path} does not hold a token (one line of 16 to 1024 "
-                          f"letters, digits or _.~+/=-); point it at a token file, or at a "
-                          f"path that does not exist yet to have one made there")
+    shortest = MIN_PRIVATE if private else 1
+    if len(data) > MAX_BYTES or not TOKEN_PATTERN.fullmatch(text) or len(text) < shortest:
+        raise ConfigError(f"{what} {path} does not hold a token (one line of {shortest} to "
+                          f"1024 printable characters, no spaces); point it at a token file, "
+                          f"or at a path that does not exist yet to have one made there")
     return text

@@ -8,7 +8,8 @@ kernels, are built once), and the modules that start Ray clusters
 one worker, so two embedded clusters never compete for the cores
 mid-deadline; the README's Ray section (tests/readme_ray.py, run once for
 test_jobs_submit.py and test_jobs_nightly.py, group "ray-head", free ports
-and directories of its own) may run beside them.
+and directories of its own) may run beside them, and test_jobs_head.py's
+head after it, in the same group (one `ray start --head` at a time).
 If pytest-xdist cannot honour the groups (pytest 9 with xdist 3.8: see
 pyproject.toml), the run stops at collection instead of scattering them.
 Nothing here depends on the environment's Ray: RAY_ADDRESS is dropped, so

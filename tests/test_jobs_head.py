@@ -21,7 +21,9 @@ from tests.sockets import is_loopback, listening_sockets
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray-head")]
+"""With the README's Ray section (conftest): one Ray head starting at a time
+(two at once on the loaded 2-core box timed out in Ray's node start)."""
 
 ACTOR = """
 import os, ray, sys
