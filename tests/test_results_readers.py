@@ -201,17 +201,14 @@ def test_two_compactions_of_one_run_at_once_swap_one_file_in(dataset, monkeypatc
     assert pq.read_table(dataset).num_rows == 6
 
 
-def test_a_compaction_never_swaps_between_a_reads_listing_and_its_rows(dataset, monkeypatch):
-    """A read lists the files, then a compaction of the run comes to swap
-    its file in before the read has the rows: the compaction waits for the
-    read (it gives up here, after 0.3 s), so the read has every row once;
-    the next compaction, with no read in progress, swaps."""
+def _compaction_after_listing(monkeypatch, dataset, swapped: list) -> None:
+    """Every read lists the files, then a compaction of run r1 runs (in
+    another thread, waiting at most 0.3 s for the lock) before it reads them."""
     import threading
 
     import jobs.results.compaction as compaction
     import jobs.results.store as store
     real = store.live_files
-    swapped = []
 
     def listing_then_compaction(root):
         files = real(root)
@@ -222,11 +219,37 @@ def test_a_compaction_never_swaps_between_a_reads_listing_and_its_rows(dataset, 
         return files
 
     monkeypatch.setattr(store, "live_files", listing_then_compaction)
+
+
+def test_a_compaction_never_swaps_between_a_reads_listing_and_its_rows(dataset, monkeypatch):
+    """A read lists the files, then a compaction of the run comes to swap
+    its file in before the read has the rows: the compaction waits for the
+    read (it gives up here, after 0.3 s), so the read has every row once;
+    the next compaction, with no read in progress, swaps."""
+    import jobs.results.compaction as compaction
+    from jobs.results import lock
+    with lock.exclusive(dataset, 1.0):  # the lock files a first compaction makes
+        pass
+    swapped = []
+    _compaction_after_listing(monkeypatch, dataset, swapped)
     assert seqs(read_results(dataset)) == [0, 0, 1, 1, 2, 2]
     assert swapped == [[]] and not list(dataset.rglob("run-*.parquet"))
     assert not list(dataset.rglob(".*.tmp"))  # its written file went with it
     monkeypatch.undo()
     assert len(compaction.compact_run(dataset, "r1", wait_s=0.3)) == 2
+
+
+def test_a_reader_makes_no_file_and_reads_again_when_a_compaction_began(dataset, monkeypatch):
+    """Where no compaction has run there is no lock file, and a reader makes
+    none (a dataset in a checkout stays as it is): it reads unlocked, and if
+    a compaction made the lock and swapped meanwhile, it reads again, locked."""
+    before = sorted(p.name for p in dataset.iterdir())
+    assert seqs(read_results(dataset)) == [0, 0, 1, 1, 2, 2]
+    assert sorted(p.name for p in dataset.iterdir()) == before
+    swapped = []
+    _compaction_after_listing(monkeypatch, dataset, swapped)
+    assert seqs(read_results(dataset)) == [0, 0, 1, 1, 2, 2]
+    assert len(swapped[0]) == 2  # swapped under the first, unlocked read
 
 
 def test_readers_never_finish_a_compaction_or_read_its_leftovers(dataset):

@@ -9,6 +9,9 @@ never while it reads or writes rows; and ``ROOT/_compaction.turnstile``,
 which a compaction holds exclusively while it waits for the reads in
 progress to end, so that new reads wait behind it instead of starving it
 (readers pass the turnstile shared, for an instant, on their way in). The
+first compaction makes both files; a reader makes none (where they are
+missing it reads unlocked, and reads again, locked, if a compaction made
+them meanwhile: ``jobs.results.store.read_results``). The
 kernel drops a lock when its holder dies, ``kill -9`` included, so none is
 ever stale. Writers take neither: a new file appears by one rename, which
 a reader sees whole or not at all.
@@ -35,15 +38,13 @@ class LockTimeout(Exception):
     mid-swap, say)."""
 
 
-def _open(root: Path, name: str) -> int | None:
-    """A descriptor on a lock file (made when missing and allowed); None
-    when there is none and it cannot be made (a read-only dataset)."""
+def _open(root: Path, name: str, *, create: bool) -> int | None:
+    """A descriptor on a lock file (made when missing with ``create``);
+    None when there is none (a dataset no compaction has touched) or it
+    cannot be opened."""
     try:
-        return os.open(Path(root) / name, os.O_RDONLY | os.O_CLOEXEC | os.O_CREAT, 0o644)
-    except OSError:
-        pass
-    try:
-        return os.open(Path(root) / name, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(Path(root) / name,
+                       os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
     except OSError:
         return None
 
@@ -60,8 +61,8 @@ def _acquire(fd: int, mode: int, deadline: float) -> bool:
 
 
 @contextlib.contextmanager
-def _fds(root: Path) -> Iterator[tuple[int | None, int | None]]:
-    fds = (_open(root, TURNSTILE_FILE), _open(root, LOCK_FILE))
+def _fds(root: Path, *, create: bool) -> Iterator[tuple[int | None, int | None]]:
+    fds = (_open(root, TURNSTILE_FILE, create=create), _open(root, LOCK_FILE, create=create))
     try:
         yield fds
     finally:
@@ -73,10 +74,10 @@ def _fds(root: Path) -> Iterator[tuple[int | None, int | None]]:
 @contextlib.contextmanager
 def shared(root: Path, wait_s: float = READ_WAIT_S) -> Iterator[bool]:
     """Hold the lock shared for the block; yields whether it is held (False
-    only where the lock files do not exist and cannot be made: then no
-    compaction can run there either, and :func:`exists` tells a reader
-    whether one began meanwhile). LockTimeout after ``wait_s``."""
-    with _fds(root) as (turnstile, main):
+    where the lock files do not exist: no compaction has run there, and a
+    reader makes no file; :func:`exists` tells it afterwards whether one
+    began meanwhile). LockTimeout after ``wait_s``."""
+    with _fds(root, create=False) as (turnstile, main):
         if turnstile is None or main is None:
             yield False
             return
@@ -94,7 +95,7 @@ def exclusive(root: Path, wait_s: float) -> Iterator[bool]:
     """Hold the lock alone for the block; yields False (and holds nothing)
     when it was not had within ``wait_s``."""
     Path(root).mkdir(parents=True, exist_ok=True)
-    with _fds(root) as (turnstile, main):
+    with _fds(root, create=True) as (turnstile, main):
         deadline = time.monotonic() + wait_s
         yield (turnstile is not None and main is not None
                and _acquire(turnstile, fcntl.LOCK_EX, deadline)
