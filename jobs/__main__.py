@@ -175,7 +175,7 @@ def _plan(args, jobs: tuple[str, ...]):
             require_name("--run-id", args.run_id)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from None
-    _check_token(args)
+    _check_cluster(args)
     if args.run_id is not None and not args.no_results:
         from jobs.results import git_commit, runs
         try:
@@ -218,10 +218,15 @@ def _check_outputs(args) -> None:
     outputs.check_apart(where)
 
 
-def _check_token(args) -> None:
-    """An embedded cluster's token file (jobs.ray_token: made when missing,
-    else only read), before Ray starts."""
-    if not (args.address or os.environ.get("RAY_ADDRESS")):
+def _check_cluster(args) -> None:
+    """Before Ray starts: the cluster address's form
+    (:func:`jobs.harness.check_address`), or for an embedded cluster its
+    token file (:mod:`jobs.ray_token`: made when missing, else only read)."""
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        from jobs.harness import check_address
+        check_address(address)
+    else:
         from jobs.embedded import ensure_token, token_path
         ensure_token(token_path())
 

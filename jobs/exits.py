@@ -27,7 +27,8 @@ INTERRUPTED_SIGTERM = 143
 
 MEANING: dict[int, str] = {
     OK: "every case passed, or was skipped with its reason",
-    FAILED: "a wrong element, a hang, an error or a regression",
+    FAILED: "a wrong element, a hang, an error or a regression; or no case ran at all "
+            "(every one skipped, or none selected on this cluster) without --allow-empty",
     USAGE: "bad command line or config; checked before Ray starts, nothing ran or was written",
     INFRA: "infrastructure: Ray could not be started or reached (after a bounded retry), "
            "so nothing was tested",

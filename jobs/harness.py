@@ -165,6 +165,24 @@ GCS there) keeps ``ray.init`` in Ray's C++ client for ever, which no
 exception interrupts, so the process then ends with one line and exit 3."""
 
 
+def check_address(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a cluster address ``HOST:PORT`` (``ray://`` and
+    ``[V6]`` forms too), None for ``auto``; UsageError (exit 2) naming it
+    otherwise, a port outside 1..65535 included."""
+    from ray._private.services import parse_address
+    if address == "auto":
+        return None
+    try:
+        parsed = parse_address(address.removeprefix("ray://"))
+        host, port = parsed[0].strip("[]"), int(parsed[1])
+    except (TypeError, ValueError):
+        parsed = None
+    if parsed is None or not host or not 0 < port < 65536:
+        raise UsageError(f"--address {address!r}: give the GCS address HOST:PORT "
+                         f"(e.g. 10.0.0.1:6379) or 'auto'")
+    return host, port
+
+
 def _join(address: str) -> None:
     """``ray.init(address=...)``: a malformed address is a UsageError (exit
     2); a GCS that takes no connection within ``JOIN_PROBE_S``, a
@@ -178,19 +196,12 @@ def _join(address: str) -> None:
     import socket
 
     import ray
-    from ray._private.services import parse_address
 
     from jobs.embedded import LOOPBACK_ENV, _environment, init_with_retry
     loopback = False
-    if address != "auto":
-        try:
-            parsed = parse_address(address.removeprefix("ray://"))
-            host, port = parsed[0].strip("[]"), int(parsed[1])
-        except (TypeError, ValueError):
-            parsed = None
-        if parsed is None or not host or not 0 < port < 65536:
-            raise UsageError(f"--address {address!r}: give the GCS address HOST:PORT "
-                             f"(e.g. 10.0.0.1:6379) or 'auto'")
+    where = check_address(address)
+    if where is not None:
+        host, port = where
         try:
             loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
         except ValueError:

@@ -192,6 +192,10 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     "grep figure": Covered("tests/test_results_readers.py"),
     "timeout 300 .venv/bin/python -m pytest tests/test_embedded_cluster.py -q -s -k loopback \\| "
     "grep figure": Covered("tests/test_embedded_cluster.py"),
+    "timeout 300 .venv/bin/python -m pytest tests/test_jobs_head.py -q -s -k loopback_only \\| "
+    "grep figure": Covered("tests/test_jobs_head.py"),
+    "LAMPORT_RACE_S=300 timeout 1500 .venv/bin/python -m pytest tests/test_results_race.py -q -s "
+    "\\| grep figure": Covered("tests/test_results_race.py"),
     "python -m jobs.embedded --watch PID": Skip(SYNOPSIS + " (the watchdog the embedded cluster "
                                                 "starts; tests/test_embedded_cluster.py)"),
     "timeout 600 .venv/bin/python -m pytest tests/test_embedded_cluster.py -q -s -k killed \\| "

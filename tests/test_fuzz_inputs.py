@@ -525,7 +525,8 @@ def test_output_paths_that_would_harm_something_exit_2(kind, tmp_path, no_ray):
     (tmp_path / "file").write_text("mine")
     quick = ["--suite", "smoke", "--ops", "all_reduce_norm", "--tp", "2", "--backend", "emulated"]
     nightly = ["nightly", *quick, "--results", str(results), "--site", str(site)]
-    trace = ["trace", *quick, "--tokens", "3", "--inputs", "random", "--results", str(results)]
+    trace = ["trace", *quick, "--tokens", "3", "--inputs", "random", "--placement", "emulated",
+             "--results", str(results)]
     if kind.startswith("compact"):
         from jobs.results import ResultsWriter
         ResultsWriter(results, suite="s").append({"op": "x", "outcome": "pass",
@@ -600,9 +601,11 @@ ADDRESSES = ["nowhere", "127.0.0.1", "127.0.0.1:", ":6379", "127.0.0.1:0", "127.
 
 
 @pytest.mark.parametrize("address", ADDRESSES)
-def test_cluster_addresses_that_lead_nowhere_exit_2_or_3_at_once(address):
+def test_cluster_addresses_that_lead_nowhere_exit_2_or_3_at_once(address, monkeypatch):
     """Malformed: exit 2 before Ray; well formed with nothing listening:
-    exit 3 (infrastructure), one line, at once."""
+    exit 3 (infrastructure), one line, once the probe gives up (0.5 s here)."""
+    import jobs.harness as harness
+    monkeypatch.setattr(harness, "JOIN_PROBE_S", 0.5)
     if address.startswith("closed "):
         import socket
         with socket.socket(socket.AF_INET6 if "[" in address else socket.AF_INET) as s:

@@ -160,7 +160,7 @@ def _main(capsys, *argv):
     (["correctness", "--timeout", "1e308"], "'1e308': must be in (0, 86_400] s"),
     (["correctness", "--memory-limit-gb", "1e308"], "must be in (0, 1_048_576] GiB"),
     (["correctness", "--results", ""], "--results: expected a path, got ''"),
-    (["correctness", "--address", "nowhere"], "give the cluster's GCS address HOST:PORT"),
+    (["correctness", "--address", "nowhere"], "give the GCS address HOST:PORT"),
     (["nightly", "--sigmas", "inf"], "'inf': must be in (0, 1_000]"),
     (["selfcheck", "--suite", "../x"], "--suite: must be an ASCII word"),
     (["selfcheck", "--run-id", "../x"], "--run-id: must be an ASCII word"),

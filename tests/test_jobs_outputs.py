@@ -42,7 +42,7 @@ QUICK = ["--suite", "smoke", "--ops", "all_reduce_norm", "--tp", "2", "--backend
 
 
 def test_an_output_directory_that_cannot_be_written_is_refused(tmp_path, capsys, no_ray):
-    assert "cannot create files in /proc/1" in refused(
+    assert "--results /proc/1: cannot create a directory under /proc/1" in refused(
         capsys, "nightly", *QUICK, "--results", "/proc/1", "--site", str(tmp_path / "s"))
     assert "--results /proc/x" in refused(capsys, "correctness", *QUICK, "--results", "/proc/x")
     (tmp_path / "file").write_text("mine")
@@ -58,8 +58,8 @@ def test_outputs_inside_one_another_are_refused(tmp_path, capsys, no_ray):
         assert "overlap" in refused(capsys, "nightly", *QUICK, "--results", str(results),
                                     "--site", str(site))
     assert "--results" in refused(capsys, "trace", *QUICK, "--tokens", "3", "--inputs",
-                                  "random", "--results", str(results), "--trace-out",
-                                  str(results / "t.json"))
+                                  "random", "--placement", "emulated", "--results",
+                                  str(results), "--trace-out", str(results / "t.json"))
     assert not results.exists()
 
 
@@ -80,7 +80,7 @@ def test_an_existing_trace_file_is_never_overwritten(tmp_path, capsys, no_ray):
     mine = tmp_path / "mine.json"
     mine.write_text("{}")
     err = refused(capsys, "trace", *QUICK, "--tokens", "3", "--inputs", "random",
-                  "--no-results", "--trace-out", str(mine))
+                  "--placement", "emulated", "--no-results", "--trace-out", str(mine))
     assert f"--trace-out {mine} exists" in err and mine.read_text() == "{}"
 
 
