@@ -25,10 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import torch
 
 from cluster import ops
-from kernels.reference import numerics
 from kernels.validation import require_int, require_number
 
 DEFAULTS = {"op": "all_reduce_norm", "seed": 0, "eps": 1e-6, "budget_ns": 2_000_000_000}
@@ -74,22 +72,26 @@ def case_inputs(case: Mapping, *, tp: int, hidden: int, tokens: int | None = Non
 
 def bf16_from_bits(a: np.ndarray) -> torch.Tensor:
     """BF16 tensor (a copy) from a uint16 array of bit patterns."""
+    import torch
     return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(torch.bfloat16)
 
 
 def bits_from_bf16(t: torch.Tensor) -> np.ndarray:
     """uint16 array of the bit patterns of a BF16 tensor."""
+    import torch
     return t.contiguous().view(torch.int16).numpy().view(np.uint16).copy()
 
 
 def tensor_bits(t: torch.Tensor) -> np.ndarray:
     """The raw bits of any tensor as an unsigned numpy array of its width
     (BF16 -> uint16, FP32 -> uint32, FP8 -> uint8)."""
+    from kernels.reference import numerics
     width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[t.element_size()]
     return numerics.bits(t.detach().contiguous().cpu()).numpy().view(width).copy()
 
 
 def _from_bits(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    import torch
     signed = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[like.element_size()]
     raw = torch.from_numpy(np.ascontiguousarray(a).copy()).view(signed)
     return raw.view(like.dtype)
@@ -99,6 +101,9 @@ def compare(name: str, got_bits: np.ndarray | None, ref: torch.Tensor, bound: in
     """One output against its reference: ``bound`` 0 = bit for bit, n = within
     n BF16 ULP (BF16 outputs only); NaN never passes. ``got_bits`` None: the
     backend could not observe this output (reported, not deciding)."""
+    import torch
+
+    from kernels.reference import numerics
     if got_bits is None:
         return {"observed": False}
     if tuple(got_bits.shape) != tuple(ref.shape):

@@ -65,10 +65,10 @@ MAX_WORKERS_PER_SLOT = 128
 
 
 def gpu_worker_env() -> dict[str, str]:
-    """A GPU worker sees every GPU of its node (cluster.gpu.rank.ALL_GPUS_VISIBLE:
+    """A GPU worker sees every GPU of its node (cluster.gpu.ALL_GPUS_VISIBLE:
     it may be a process-per-GPU rank) and has enough hardware queues for the
     streams of tp virtual ranks (set before its CUDA context exists)."""
-    from cluster.gpu.rank import ALL_GPUS_VISIBLE
+    from cluster.gpu import ALL_GPUS_VISIBLE
     return {ALL_GPUS_VISIBLE: "1", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
 CONTROL_TIMEOUT_S = 30.0
 """Bound on one call to a standing pool's keeper and on reserving slots."""

@@ -112,7 +112,7 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
     saved_flag = constants.ENABLE_RAY_CLUSTER
     os.environ.update(env)
     constants.ENABLE_RAY_CLUSTER = False  # read at import; ray may be imported already
-    _reread_auth()
+    reread_auth()
     try:
         yield
     finally:
@@ -122,10 +122,10 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        _reread_auth()  # a later ray.init in this process (tests) must not keep token mode
+        reread_auth()  # a later ray.init in this process (tests) must not keep token mode
 
 
-def _reread_auth() -> None:
+def reread_auth() -> None:
     """Make Ray re-read its auth mode and token from the environment (both
     are cached in the process)."""
     try:

@@ -109,22 +109,24 @@ def ray_session(address: str | None) -> Iterator[str]:
         return
     _no_auto_connect()
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if address:
-        _join(address)
-        # The address Ray joined, not the one it was given (Ray rewrites a
-        # loopback one to this node's address unless _join kept it).
-        how = f"joined the Ray cluster at {ray.get_runtime_context().gcs_address}"
-    else:
+    if not address:
         from jobs.embedded import embedded_cluster
         with embedded_cluster(max(2, os.cpu_count() or 2)) as how:
             yield how
         return
     from jobs.embedded import terminate_raises
-    try:
-        with terminate_raises():
-            yield how
-    finally:
-        ray.shutdown()
+    from jobs.head import recorded_auth
+    with recorded_auth(address) as head_token:
+        _join(address)
+        # The address Ray joined, not the one it was given (Ray rewrites a
+        # loopback one to this node's address unless _join kept it).
+        how = (f"joined the Ray cluster at {ray.get_runtime_context().gcs_address}"
+               + (" (with the token of the head jobs head start recorded)" if head_token else ""))
+        try:
+            with terminate_raises():
+                yield how
+        finally:
+            ray.shutdown()
 
 
 @contextlib.contextmanager

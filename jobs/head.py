@@ -211,6 +211,36 @@ def job_info(url: str, job_id: str, auth: Auth, timeout_s: float = 10.0) -> dict
 
 
 # --------------------------------------------------------------------- head
+@contextlib.contextmanager
+def recorded_auth(address: str):
+    """For a session with the cluster at ``address`` (a GCS address): where
+    this side has no Ray token of its own (RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH) and ``address`` is the GCS of the head
+    ``python -m jobs head start`` recorded (``head_dir()``), that head's
+    token, in the environment for the block (Ray reads it there, and caches
+    it: jobs.embedded.reread_auth), so a user never sets Ray's auth
+    variables by hand for their own head. Yields whether it did."""
+    from jobs.embedded import reread_auth
+    state = read_state(head_dir())
+    if (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            or state is None or state.get("address") != address):
+        yield False
+        return
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": state["token_path"]}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    reread_auth()
+    try:
+        yield True
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        reread_auth()
+
+
 def read_state(head: Path) -> dict | None:
     try:
         state = json.loads((head / STATE_FILE).read_text())

@@ -45,21 +45,20 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-def connect_env(address: str | None) -> tuple[str, dict[str, str]]:
-    """The GCS address to join and the auth variables Ray needs for it:
-    ``address``, else RAY_ADDRESS (the caller's auth environment as it is),
-    else the recorded head's address and token."""
+def cluster_address(address: str | None) -> str:
+    """The GCS address to join: ``address``, else RAY_ADDRESS, else the
+    recorded head's (whose token ``jobs.harness.ray_session`` then uses)."""
     from jobs import head as hd
     given = address or os.environ.get("RAY_ADDRESS")
     if given:
-        return given, {}
+        return given
     where = hd.head_dir()
     state = hd.read_state(where)
     if state is None:
         raise ConfigError(f"a standing pool lives on a running cluster: give --address (or "
                           f"RAY_ADDRESS), or start a head first (python -m jobs head start; none "
                           f"is recorded in {where})")
-    return state["address"], {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": state["token_path"]}
+    return state["address"]
 
 
 def main(args) -> int:
@@ -70,8 +69,7 @@ def main(args) -> int:
         raise ConfigError(str(err)) from None
     if not 0 <= args.warm <= 64:
         raise ConfigError(f"--warm {args.warm}: must be in 0..64")
-    address, env = connect_env(args.address)
-    os.environ.update(env)
+    address = cluster_address(args.address)
     from jobs.harness import ray_session
     with ray_session(address):
         return {"start": _start, "status": _status, "stop": _stop}[args.action](args)

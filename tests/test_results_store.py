@@ -220,6 +220,24 @@ def test_env_info_fills_a_row():
     assert row["hostname"] and row["python"] and row["pyarrow"] == pa.__version__
 
 
+def test_env_info_imports_no_torch_and_reads_its_cuda_version(tmp_path):
+    """A driver that only submits work never pays torch's import for its
+    environment columns; torch's CUDA version comes from its version file."""
+    import subprocess
+    import sys
+
+    from jobs.results.environment import _torch_cuda
+    done = subprocess.run([sys.executable, "-c", "import sys; from jobs.results import env_info; "
+                           "info = env_info(); print('torch' in sys.modules, info['torch'])"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    imported, version = done.stdout.split()
+    assert imported == "False" and version != "None"
+    for text, cuda in (("cuda: Optional[str] = '13.0'\n", "13.0"), ("cuda = None\n", None),
+                       ('cuda: Optional[str] = "12.8"\n', "12.8")):
+        (tmp_path / "version.py").write_text("git_version = 'x'\n" + text)
+        assert _torch_cuda(tmp_path / "version.py") == cuda
+
+
 # --- several processes -------------------------------------------------------------------
 
 CONCURRENT_WRITER = """

@@ -9,11 +9,18 @@ Results from this backend are labelled ``backend=emulated`` and say nothing
 about GPU speed.
 """
 
-from cluster.emulated.rank import EmulatedRank
 from cluster.emulated.segment import (remove_driver_segments, segment_name, sweep_orphans,
                                       unlink_segment)
 
-Backend = EmulatedRank
+
+def __getattr__(name: str):
+    """``Backend`` (= ``EmulatedRank``) on first use: the driver imports this
+    package for its declarations and must not pay for the rank's imports
+    (torch, the references)."""
+    if name in ("Backend", "EmulatedRank"):
+        from cluster.emulated.rank import EmulatedRank
+        return EmulatedRank
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def release_rank(group_id: str, rank: int) -> None:

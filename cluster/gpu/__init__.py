@@ -5,11 +5,27 @@
 - :mod:`.ipc`: CUDA IPC handle export / exchange / peer table;
 - :mod:`.report`: the kernels' error buffer → the result contract's
   diagnosis fields (kernels.lamport.diagnosis makes the group view).
+
+This package itself holds only the backend's declarations (cluster.backend:
+rendezvous, faults it cannot inject, the rank actors' environment): the
+driver imports it without the ranks' torch and kernels.
 """
 
-from cluster.gpu.rank import ALL_GPUS_VISIBLE, UNSUPPORTED_INJECTIONS, GpuRank
+ALL_GPUS_VISIBLE = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+"""Set (to "1") in a process-per-GPU rank actor's environment (cluster.group):
+Ray then leaves every GPU of the node visible instead of narrowing
+CUDA_VISIBLE_DEVICES to the actor's, because torch symmetric memory's
+rendezvous tells peers apart by device index and opens their allocations
+by it (with each rank seeing only "its" cuda:0 it refuses: "allocations
+from overlapping devices from different ranks")."""
 
-Backend = GpuRank
+
+UNSUPPORTED_INJECTIONS = {
+    "unsanitized_lane": "the GPU publish always sanitizes; the consumer's unsanitized-lane "
+                        "report is covered at kernel level by tests/gpu/test_all_reduce_norm_gpu.py",
+}
+"""Fault injections the gpu backend refuses, each with why (cluster.injection)."""
+
 NEEDS_RENDEZVOUS = True
 """TPGroup passes ``master_addr`` / ``master_port`` (from rank 0's node) and
 the placement in the setup options."""
@@ -37,13 +53,23 @@ retired (cluster.pool)."""
 
 def actor_env(*, placement: str, tp: int) -> dict[str, str]:
     """Process per GPU with peers: keep every GPU visible (see
-    :data:`cluster.gpu.rank.ALL_GPUS_VISIBLE`)."""
+    :data:`ALL_GPUS_VISIBLE`)."""
     return {ALL_GPUS_VISIBLE: "1"} if placement == "process_per_gpu" and tp > 1 else {}
 
 
 def release_rank(group_id: str, rank: int) -> None:
     """Nothing to free: a dead process's device memory, CUDA IPC exports and
     sockets go with it (the driver and the kernel reclaim them)."""
+
+
+def __getattr__(name: str):
+    """``Backend`` (= ``GpuRank``) on first use: the driver imports this
+    package for its declarations (rendezvous, faults, environment) and must
+    not pay for the rank's imports (torch, the kernels)."""
+    if name in ("Backend", "GpuRank"):
+        from cluster.gpu.rank import GpuRank
+        return GpuRank
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Backend", "GpuRank", "actor_env", "NEEDS_RENDEZVOUS", "SUSPECT_AFTER_A_KILL",

@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from cluster import ops
 from cluster.cases import case_inputs, check_outputs
 from kernels.lamport.diagnosis import MailboxCheck
+from cluster.gpu import ALL_GPUS_VISIBLE, UNSUPPORTED_INJECTIONS
 from cluster.gpu.ipc import (check_handles, export_buffer, exports_for_peers, handles_for,
                              open_buffer, own_handle, peer_addresses)
 from cluster.gpu.report import result_fields
@@ -54,10 +55,6 @@ from cluster.phases import PhaseClock
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_INT16, mailbox_shape
 
 PLACEMENTS = ("process_per_gpu", "shared_gpu")
-UNSUPPORTED_INJECTIONS = {
-    "unsanitized_lane": "the GPU publish always sanitizes; the consumer's unsanitized-lane "
-                        "report is covered at kernel level by tests/gpu/test_all_reduce_norm_gpu.py",
-}
 OPTIONS = ("master_addr", "master_port", "placement", "transport")
 
 
@@ -400,15 +397,6 @@ class GpuRank:
         if self._mailbox is None:
             raise RuntimeError("this rank is not set up: call setup() first")
         return self._mailbox
-
-
-ALL_GPUS_VISIBLE = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
-"""Set (to "1") in a process-per-GPU rank actor's environment (cluster.group):
-Ray then leaves every GPU of the node visible instead of narrowing
-CUDA_VISIBLE_DEVICES to the actor's, because torch symmetric memory's
-rendezvous tells peers apart by device index and opens their allocations
-by it (with each rank seeing only "its" cuda:0 it refuses: "allocations
-from overlapping devices from different ranks")."""
 
 
 def device_memory(device) -> dict[str, int]:

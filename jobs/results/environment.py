@@ -24,9 +24,9 @@ def env_info(git_timeout_s: float = 2.0) -> dict[str, Any]:
 
     Keys (all results columns): git_commit, hostname, python, torch, pyarrow,
     ray, cute_dsl, cuda, gpu_count, gpu_model, driver. A value that cannot be
-    found is None. Package versions come from installed metadata (nothing is
-    imported for them); the CUDA fields come from torch when it is installed
-    (``gpu_count`` 0 when it sees no GPU) and the driver from
+    found is None. Package versions come from installed metadata and the CUDA
+    fields from torch's version file and nvidia-smi (nothing is imported;
+    ``gpu_count`` 0 where no GPU is listed), the driver from
     /proc/driver/nvidia/version. Cluster-wide columns (nodes, topology,
     multicast_supported) are left to the caller.
     """
@@ -72,19 +72,41 @@ def _version(distribution: str) -> str | None:
 
 
 def _cuda_info() -> dict[str, Any]:
-    """cuda, gpu_count, gpu_model, driver; {} when torch is not installed."""
-    if importlib.util.find_spec("torch") is None:
+    """cuda (the CUDA torch was built with), gpu_count, gpu_model (the GPUs
+    nvidia-smi lists on this host; 0 where it lists none) and driver; {}
+    when torch is not installed. Nothing is imported: a driver that only
+    submits work needs no torch (seconds of start-up; the cluster's own GPU
+    columns come from its topology)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
         return {}
-    import torch
+    info: dict[str, Any] = {"cuda": _torch_cuda(Path(spec.origin).with_name("version.py"))}
+    names = _gpu_names()
+    info["gpu_count"] = len(names)
+    if names:
+        info.update(gpu_model=names[0], driver=_driver_version())
+    return info
 
-    if not torch.cuda.is_available():
-        return {"cuda": torch.version.cuda, "gpu_count": 0}
-    return {
-        "cuda": torch.version.cuda,
-        "gpu_count": torch.cuda.device_count(),
-        "gpu_model": torch.cuda.get_device_name(0),
-        "driver": _driver_version(),
-    }
+
+_TORCH_CUDA = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", re.M)
+
+
+def _torch_cuda(version_py: Path) -> str | None:
+    """``torch.version.cuda`` read from torch's version.py (None: a CPU build)."""
+    try:
+        match = _TORCH_CUDA.search(version_py.read_text())
+    except OSError:
+        return None
+    return (match.group(1) or match.group(2)) if match else None
+
+
+def _gpu_names(timeout_s: float = 10.0) -> list[str]:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [n.strip() for n in done.stdout.splitlines() if n.strip()] if done.returncode == 0 else []
 
 
 def _driver_version() -> str | None:
