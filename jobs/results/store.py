@@ -250,9 +250,9 @@ def _read_live(root: Path, expression: pc.Expression | None, columns: Sequence[s
         pass  # a damaged file among them: file by file, to set it aside
     tables = []
     for fragment in fragments:
-        one = ds.dataset([fragment.path], schema=schema, format=_FORMAT,
-                         partitioning=_PARTITIONING, partition_base_dir=str(root))
         try:
+            one = ds.dataset([fragment.path], schema=schema, format=_FORMAT,
+                             partitioning=_PARTITIONING, partition_base_dir=str(root))
             tables.append(one.to_table(columns=read, filter=expression))
         except FileNotFoundError:
             continue  # another reader set it aside just now
