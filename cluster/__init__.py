@@ -14,5 +14,5 @@
   compile variants, baselines, fault kinds, workload name);
 - :mod:`cluster.cases`: the case dict, its inputs and its check (generic, over the registry);
 - :mod:`cluster.injection`, :mod:`cluster.faults`: per-rank fault injections and
-  DESIGN.md's fault table with expected outcomes.
+  the fault table with expected outcomes (docs/design.md, The fault table).
 """

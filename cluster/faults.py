@@ -1,7 +1,7 @@
-"""DESIGN.md's fault table as data, and the run that checks each expected outcome.
+"""The fault table of docs/design.md as data, and the run that checks each expected outcome.
 
 Each fault kind names the injection one rank gets (cluster.injection), the
-case overrides of the faulty call, DESIGN.md's expected outcome, and the
+case overrides of the faulty call, its expected outcome, and the
 predicate that decides whether the observed calls meet it. :func:`run_fault`
 makes the faulty call and then one clean call on the same group (the
 "next call bit-exact" half of most expectations) and returns a
@@ -133,7 +133,7 @@ def describe(c: GroupCall, n: GroupCall) -> str:
 def run_fault(group: TPGroup, kind: str, *, rank: int, tokens: int = 4, seed: int = 0,
               budget_ns: int = 200_000_000, fields: Mapping | None = None) -> FaultVerdict:
     """Inject fault ``kind`` into rank ``rank`` for one call, then make one
-    clean call; the verdict compares DESIGN.md's expected outcome with what
+    clean call; the verdict compares the kind's expected outcome with what
     happened. The clean call checks recovery, not the deadline: its watchdog
     budget is at least half the group's host deadline (a loaded host must not
     turn a recovered group into a timeout; on a GPU that is one more compiled

@@ -1,6 +1,6 @@
 """TPGroup: tp rank actors in one placement group, driven as one Lamport group.
 
-Hang handling in layers (DESIGN.md, "Hang detection"):
+Hang handling in layers (docs/design.md, Hang detection):
 1. every consumer has a watchdog (``case["budget_ns"]``) and still returns;
 2. the host deadline ``call_timeout_s`` bounds every rank's call;
 3. :func:`kernels.lamport.diagnosis.diagnose` names the culprits at group level;

@@ -2,7 +2,7 @@
 
 An injection is a plain dict ``{"kind": ..., **params}`` sent with the case
 to one rank (``case["fault"]``); every backend applies the same vocabulary.
-The fault campaign (:mod:`cluster.faults`) maps DESIGN.md's fault table onto
+The fault campaign (:mod:`cluster.faults`) maps the fault table (docs/design.md) onto
 these.
 
 =====================  ==============  ==========================================

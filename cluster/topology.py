@@ -62,7 +62,7 @@ class GpuInfo:
     memory_clock_mhz: int | None = None
     multicast_supported: bool | None = None
     """The device attribute as read (None: not readable). Never enough to
-    run multicast (DESIGN.md, "Multicast safety")."""
+    run multicast (docs/design.md, Multicast safety)."""
     fabric_cluster: str | None = None
     """NVLink fabric cluster UUID when the GPU is part of a multi-node NVLink
     domain (NVML fabric info / the driver), else None."""

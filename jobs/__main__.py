@@ -691,7 +691,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             ("smoke", "smoke", "adhoc", "the same as nightly --suite smoke"),
             ("correctness", "smoke", "adhoc", "the numerical contract through TP groups of "
                                               "rank actors"),
-            ("faults", "smoke", "adhoc", "DESIGN.md's fault table: expected vs seen, per kind, "
+            ("faults", "smoke", "adhoc", "docs/design.md's fault table: expected vs seen, per kind, "
                                          "op and tp"),
             ("profile", "smoke", "adhoc", "latency against same-run baselines (GPU only; "
                                           "skipped rows elsewhere)"),

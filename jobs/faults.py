@@ -1,4 +1,4 @@
-"""``python -m jobs faults``: DESIGN.md's fault table as a campaign.
+"""``python -m jobs faults``: the fault table (docs/design.md, The fault table) as a campaign.
 
 Each case injects one fault kind (``cluster.faults.FAULT_KINDS``) into one
 rank of a TP group for one call, then makes one clean call on the same group

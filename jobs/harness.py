@@ -289,7 +289,7 @@ class Placement:
     gpus_per_rank: float
     """Of one GPU, per rank actor; virtual ranks: the one task's share."""
     collective_speed: bool
-    """False where timings cannot be a collective's speed (DESIGN.md:
+    """False where timings cannot be a collective's speed (docs/design.md, Placements and transports:
     virtual ranks and shared-GPU placements land every peer store in one
     GPU's L2; emulated ranks are numpy)."""
 

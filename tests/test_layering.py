@@ -1,5 +1,5 @@
 """Layers import only downward: kernels <- cluster <- jobs <- dashboards
-(DESIGN.md, issue 15). Every .py file of those packages is parsed (ast) and
+(docs/architecture.md, issue 15). Every .py file of those packages is parsed (ast) and
 each import, at module level or inside a function, is checked: none may
 name a package above its own, nor ``benchmarks`` (commands over the
 harness, never imported by the service)."""

@@ -42,7 +42,7 @@ SPEC = OpSpec(
     workload="cluster.measure.workloads.all_reduce_norm",
 )
 COLLECTIVE_FAULTS = SPEC.faults
-"""Every fault kind of DESIGN.md's table: each applies to any op that
+"""Every fault kind of the fault table (docs/design.md, The fault table): each applies to any op that
 publishes into a Lamport mailbox (the protocol is the same)."""
 
 
@@ -128,7 +128,7 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
 
 
 class RankKernel:
-    """One rank's AllReduceNorm on a GPU mailbox (:mod:`cluster.ops.device`)."""
+    """One rank's AllReduceNorm on a GPU mailbox (driven by :class:`cluster.gpu.rank.GpuRank`)."""
 
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
                  watchdog_ns: int, case) -> None:
@@ -185,7 +185,7 @@ class RankKernel:
 
 class VirtualKernel:
     """tp AllReduceNorm ranks in one process (VirtualRanks) over static
-    buffers, capturable in a CUDA graph (:mod:`cluster.ops.device`)."""
+    buffers, capturable in a CUDA graph (driven by :mod:`cluster.gpu.virtual`)."""
 
     def __init__(self, *, tp: int, hidden: int, capacity: int, watchdog_ns: int, case) -> None:
         from kernels.lamport.all_reduce_norm import VirtualRanks

@@ -15,7 +15,7 @@ Inputs: ``x`` ``[M, K]`` BF16 (``K`` = the case's hidden), ``q`` ``[M, heads *
 - ``fused`` (M <= the fused kernel's limit): q FP8 bytes, scaled head
   weights and gate bit for bit against the projection kernel with the fused
   tactic plus :func:`kernels.reference.indexer.indexer_query`, normed key
-  within 1 BF16 ULP (DESIGN.md: the fused kernel equals the projection
+  within 1 BF16 ULP (docs/design.md, Numerical contract: the fused kernel equals the projection
   kernel with the same tactic bit for bit);
 - ``stage``: ``Indexer.forward`` inside a planned step (the stage picks the
   fused or two-step path) against the stock forward: gate within 1.5 BF16

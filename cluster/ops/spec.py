@@ -12,7 +12,7 @@ complete example):
     its own share, so no tensor crosses Ray);
 ``expected(case, inputs, *, tp, facts) -> dict[str, (tensor, bound)]``
     the torch reference per output, with its bound: ``0`` bit for bit, an
-    int ``n`` within n BF16 ULP (DESIGN.md, "Numerical contract"); the
+    int ``n`` within n BF16 ULP (docs/design.md, Numerical contract); the
     checks of a call's tp ranks may share one ``inputs`` dict, so what
     every rank's reference needs is computed once and kept there
     (:func:`shared`);
@@ -26,7 +26,7 @@ collective ops also
 and for GPUs
 ``RankKernel`` (one rank on a Lamport mailbox, :class:`cluster.gpu.rank.GpuRank`)
 and ``VirtualKernel`` (tp ranks in one process, :mod:`cluster.gpu.virtual`):
-see :mod:`cluster.ops.device` for their contract.
+their contract is what :class:`cluster.gpu.rank.GpuRank` and :mod:`cluster.gpu.virtual` call.
 """
 
 from __future__ import annotations

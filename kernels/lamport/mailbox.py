@@ -37,8 +37,8 @@ MULTICAST_KILL_SWITCHES = {
 
 def multicast_decision(*, opt_in: bool, multicast_ptr: int,
                        env: Mapping[str, str] | None = None) -> tuple[bool, str]:
-    """Whether the multicast transport may run, and why (DESIGN.md,
-    "Multicast safety"): an explicit opt-in, a non-zero 16-byte aligned
+    """Whether the multicast transport may run, and why (docs/design.md,
+    Multicast safety): an explicit opt-in, a non-zero 16-byte aligned
     multicast address from the rendezvous, and none of the kill switches
     set. A device attribute alone is never enough. Pure: no CUDA calls."""
     env = os.environ if env is None else env

@@ -1,6 +1,6 @@
 """Reference for ``AllReduceNorm.__call__``: TP all-reduce + residual add + RMSNorm.
 
-Contract (DESIGN.md, "Numerical contract"):
+Contract (docs/design.md, Numerical contract):
 - ``all_reduce_sum``: FP32 accumulation starting from +0.0, over the ranks in
   ``order`` (default 0..tp-1), rounded once to BF16. This is *not* what NCCL
   returns: NCCL's ring rounds to BF16 after every hop, in ring order.

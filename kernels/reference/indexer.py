@@ -2,7 +2,7 @@
 and its ``fused`` query epilogue. CPU and GPU; every function validates its
 arguments and raises ValueError naming the bad one.
 
-What is modelled, and how exactly (DESIGN.md, "Numerical contract"):
+What is modelled, and how exactly (docs/design.md, Numerical contract):
 
 Projection (``x @ weight.T`` over the concatenated ``[wk; weights_proj; gate]``
 rows, BF16 in, FP32 accumulation). Products of BF16 values are exact in FP32,

@@ -1,7 +1,7 @@
 """The numerical contract's tools: BF16 bits and ULPs, exact FMA emulation,
 output poisoning, and the input generators every test and job draws from.
 
-Conventions (see DESIGN.md, "Numerical contract"):
+Conventions (see docs/design.md, Numerical contract):
 - BF16 ULP distance counts representable BF16 values between two numbers
   (-0.0 and +0.0 are the same point); a NaN on either side is infinitely far,
   so NaN never passes a comparison.

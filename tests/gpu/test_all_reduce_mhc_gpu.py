@@ -7,7 +7,7 @@ protocol bug times out and is named there instead of hanging the sweep:
 
     timeout 900 python -m pytest -m gpu tests/gpu/test_all_reduce_mhc_gpu.py
 
-Contract checked (DESIGN.md, "Numerical contract"), stage by stage, each
+Contract checked (docs/design.md, Numerical contract), stage by stage, each
 stage fed with the kernel's own upstream output, and end to end:
 
 1. reduced sum: a probe call with ``post = 1, comb = 0`` makes every

@@ -92,7 +92,7 @@ def poisoned_fused_out(m, proj, padded, dtype):
     return (q_out,) + rest
 
 
-#: Key and gate vs the stock GEMMs, in BF16 ULPs of sum |x w| (DESIGN.md: the
+#: Key and gate vs the stock GEMMs, in BF16 ULPs of sum |x w| (docs/design.md, Numerical contract: the
 #: bound for sums whose order differs): both FP32 sums are within
 #: (gamma_30 + gamma_K) sum|xw| < 0.12 ULP(sum|xw|) of the exact value for
 #: K <= 7168, plus half a BF16 ULP of the result (<= sum|xw|) each side.
