@@ -201,6 +201,9 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     "timeout 600 .venv/bin/python -m pytest tests/test_embedded_cluster.py -q -s -k killed \\| "
     "grep figure": Covered("tests/test_embedded_cluster.py"),
     "python -m dashboards build --out DIR": Skip(SYNOPSIS),
+    # docs/architecture.md: redrawing the picture; --check draws it and compares, writing
+    # nothing (tests/test_architecture_picture.py also redraws it and compares).
+    ".venv/bin/python scripts/draw_architecture.py": Run(append="--check"),
     # docs/results-schema.md
     ".venv/bin/python -m jobs report --results results          # the latest run":
         Run(needs_results=True),
