@@ -31,8 +31,6 @@ from kernels.validation import require_int, require_number
 
 DEFAULTS = {"op": "all_reduce_norm", "seed": 0, "eps": 1e-6, "budget_ns": 2_000_000_000}
 """Generic field defaults (``inputs`` defaults to the op's first kind)."""
-NORM_MAX_ULP = 1
-"""docs/design.md, Numerical contract: RMSNorm outputs within 1 BF16 ULP of the FP32 reference."""
 
 
 def make_case(*, capacity: int, **fields) -> dict:

@@ -41,7 +41,7 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from cluster.measure.workloads import PROFILED_OPS
+from cluster import ops
 from jobs.config import Case, Suite
 from jobs.harness import ClusterView, Placement, Run, error_text, now
 
@@ -78,8 +78,8 @@ def skip_reason(backend: str, case: Case, where: Placement | str) -> str | None:
         return EMULATED_REASON
     if isinstance(where, str):
         return where
-    if case.op not in PROFILED_OPS:
-        return f"op {case.op}: no timing workload; profiled ops: {list(PROFILED_OPS)}"
+    if case.op not in ops.profiled():
+        return f"op {case.op}: no timing workload; profiled ops: {list(ops.profiled())}"
     if case.transport != "unicast":
         return "multicast needs tp >= 2 with NVLS and is never run on these machines"
     if case.tp > 1 and case.op in LOCAL_OPS:

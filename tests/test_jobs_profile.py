@@ -9,14 +9,14 @@ import pytest
 
 from cluster.measure.nvtx import NVTX_DOMAIN
 from cluster.measure.stats import stats
-from cluster.measure.workloads import PROFILED_OPS
+from cluster import ops
 from jobs import __main__ as cli
 
 pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", PROFILED_OPS)
+@pytest.mark.parametrize("op", ops.profiled())
 def test_measure_tp1_times_fused_and_baselines_on_one_gpu(op):
     from cluster.measure.harness import measure_tp1
     out = measure_tp1({"op": op, "hidden": 7168, "tokens": 8, "hc": 4, "top_k": 8,
@@ -261,7 +261,7 @@ def test_every_op_is_profiled_and_what_cannot_be_timed_says_why(tmp_path):
     from jobs.harness import Placement, Run
     from jobs.results import read_results
     suite = load_suite(suite_path("nightly"))
-    assert {c.op for c in suite.of("profile")} == set(PROFILED_OPS)
+    assert {c.op for c in suite.of("profile")} == set(ops.profiled())
     assert {c.tp for c in suite.of("profile") if c.op == "all_reduce_mhc"} == {1, 2, 4, 8}
     norm2 = next(c for c in suite.of("profile") if c.op == "all_reduce_norm" and c.tp == 2)
     idx2 = dataclasses.replace(next(c for c in suite.of("profile") if c.op == "indexer"), tp=2)

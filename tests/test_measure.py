@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from cluster import ops
 from cluster.measure import harness, workloads
 from cluster.measure.graph import (FIT_ROUNDS, MAX_FLOOR_FACTOR, MAX_SETS, floor_calls,
                                    graph_calls, refine_calls, rotating, rotation_sets,
@@ -22,6 +23,7 @@ from cluster.measure.graph import (FIT_ROUNDS, MAX_FLOOR_FACTOR, MAX_SETS, floor
 from cluster.measure.stats import bandwidth, max_over_ranks, median_p10_p90, stats
 from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
 from cluster.measure.workloads import flashinfer as fi
+from cluster.ops.spec import resolve
 
 SPEC = dict(op="all_reduce_norm", hidden=64, tokens=3, calls=4, replays=5, rotate_mb=0.01,
             eps=1e-6, baselines=["unfused"], seed=7, watchdog_ns=0)
@@ -147,7 +149,7 @@ CHECK = {"wrong": False}
 
 
 def fake_workload(ctx, spec) -> Workload:
-    """Stands in for cluster.measure.workloads.<op> (harness.time_case's workload=)."""
+    """Stands in for an op's declared workload builder (harness.time_case's workload=)."""
     def fused():
         return Call(lambda i: CALLS.append(("fused", i)))
 
@@ -324,8 +326,11 @@ def test_a_baseline_another_rank_cannot_run_is_skipped_on_every_rank(no_gpu, mon
 
 
 def test_unknown_op_is_a_clear_error():
-    with pytest.raises(ValueError, match="no timing workload for op 'nonesuch'"):
-        harness.builder("nonesuch")
+    with pytest.raises(ValueError, match="unknown op 'nonesuch'; known: "):
+        harness.time_case(FakeCtx(), {**SPEC, "op": "nonesuch"})
+    bare = ops.OpSpec(name="untimed", summary="", collective=False, impl="x", inputs=("random",))
+    with pytest.raises(ValueError, match="op untimed declares no timed workload"):
+        bare.workload_builder()
 
 
 def test_every_builder_survives_its_modules_being_imported():
@@ -337,8 +342,8 @@ def test_every_builder_survives_its_modules_being_imported():
 
     for info in pkgutil.iter_modules(workloads.__path__):
         importlib.import_module(f"{workloads.__name__}.{info.name}")
-    for op in workloads.PROFILED_OPS:
-        assert inspect.isfunction(workloads.builder(op)), op
+    for op in ops.profiled():
+        assert inspect.isfunction(ops.get(op).workload_builder()), op
 
 
 def test_a_workload_module_that_fails_to_import_says_why(monkeypatch, tmp_path):
@@ -346,9 +351,12 @@ def test_a_workload_module_that_fails_to_import_says_why(monkeypatch, tmp_path):
                                                  "def build(ctx, spec): ...\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModuleNotFoundError, match="nonexistent_dependency_xyz"):
-        workloads.builder("all_reduce_norm", "broken_workload.build")
-    with pytest.raises(ValueError, match="no timing workload for op 'x' at 'absent_mod_xyz.build'"):
-        workloads.builder("x", "absent_mod_xyz.build")
+        resolve("broken_workload.build", "timing workload of op 'all_reduce_norm'")
+    with pytest.raises(ValueError, match="timing workload of op 'x': nothing callable at "
+                                         "'absent_mod_xyz.build'"):
+        resolve("absent_mod_xyz.build", "timing workload of op 'x'")
+    with pytest.raises(ValueError, match="'build' is not a dotted"):
+        resolve("build", "timing workload of op 'x'")
 
 
 # ---------------------------------------------------------------- the workloads' checks
@@ -404,7 +412,7 @@ def test_each_op_checks_its_fused_outputs_against_the_reference(op, monkeypatch)
     ctx = RankContext(rank=0, tp=1, device=torch.device("cpu"), capacity=8, dist=False)
     spec = Spec.of({**SPEC, "op": op, "hc": 4, "top_k": 2,
                     "baselines": ["unfused"]})
-    work = workloads.builder(op)(ctx, spec)
+    work = ops.get(op).workload_builder()(ctx, spec)
     assert work.sets >= 2 and work.bytes_moved == spec.tokens * spec.hidden * 2
     call = work.fused()
     call.fn(0)
@@ -422,10 +430,11 @@ def test_each_op_checks_its_fused_outputs_against_the_reference(op, monkeypatch)
 def test_capacity_and_missing_op_parameters_are_refused():
     ctx = RankContext(rank=0, tp=1, device=torch.device("cpu"), capacity=2, dist=False)
     with pytest.raises(ValueError, match=r"tokens must be in 1..capacity=2, got 3"):
-        workloads.builder("all_reduce_norm")(ctx, Spec.of(SPEC))
+        ops.get("all_reduce_norm").workload_builder()(ctx, Spec.of(SPEC))
     ctx = RankContext(rank=0, tp=1, device=torch.device("cpu"), capacity=8, dist=False)
     with pytest.raises(ValueError, match="needs top_k"):
-        workloads.builder("finalize_publish")(ctx, Spec.of({**SPEC, "op": "finalize_publish"}))
+        ops.get("finalize_publish").workload_builder()(
+            ctx, Spec.of({**SPEC, "op": "finalize_publish"}))
     with pytest.raises(ValueError, match="tp=2 needs a torch.distributed group"):
         RankContext(rank=0, tp=2, device=None, capacity=8, dist=False)
 

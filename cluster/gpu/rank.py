@@ -316,7 +316,7 @@ class GpuRank:
         (the baselines need NCCL, and shared-GPU timings are no collective's
         speed). ``spec``: :data:`cluster.measure.workload.SPEC_KEYS` (+ ``hc``,
         ``top_k``; ``watchdog_ns`` 0: the plain consumer; ``workload``: the
-        builder's dotted name, default ``cluster.measure.workloads.<op>``)."""
+        builder's dotted name, default the op's ``OpSpec.workload``)."""
         import torch
 
         from cluster.measure.harness import time_case

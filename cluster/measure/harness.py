@@ -40,11 +40,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from cluster import ops
 from cluster.measure.clocks import gpu_state
 from cluster.measure.graph import fit_calls, graph_calls, rotating, scaled_replays, time_graph
 from cluster.measure.nvtx import nvtx_range, range_name
 from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
-from cluster.measure.workloads import builder
+from cluster.ops.spec import resolve
 
 
 class PeerFailed(AssertionError):
@@ -77,12 +78,15 @@ def baseline_impls(requested: str, work: Workload) -> list[str]:
 
 def time_case(ctx: RankContext, spec: Mapping, workload: str | None = None) -> dict:
     """See the module docstring. ``spec``: :data:`cluster.measure.workload.SPEC_KEYS`;
-    ``workload``: the builder's dotted name (default ``cluster.measure.workloads.<op>``)."""
+    ``workload``: the builder's dotted name (default: the op's declared one,
+    ``OpSpec.workload``)."""
     import torch
 
     s = Spec.of(spec)
     t0 = time.perf_counter()
-    work = builder(s.op, workload)(ctx, s)  # the rotation sets made here
+    build = (resolve(workload, f"timing workload of op {s.op!r}") if workload
+             else ops.get(s.op).workload_builder())
+    work = build(ctx, s)  # the rotation sets made here
     inputs_s = time.perf_counter() - t0
     calls = graph_calls(s.calls, work.sets)
     before = gpu_state()

@@ -49,6 +49,12 @@ def names() -> tuple[str, ...]:
     return tuple(OPS)
 
 
+def profiled() -> tuple[str, ...]:
+    """Names of the ops the profile job times: those that declare a timed
+    workload (``OpSpec.workload``)."""
+    return tuple(n for n, s in OPS.items() if s.workload)
+
+
 def collective() -> tuple[str, ...]:
     """Names of the ops that exchange data through a Lamport mailbox."""
     return tuple(n for n, s in OPS.items() if s.collective)
@@ -57,4 +63,5 @@ def collective() -> tuple[str, ...]:
 for _name in _MODULES:
     register(importlib.import_module(f"cluster.ops.{_name}").SPEC)
 
-__all__ = ["Field", "OPS", "OpSpec", "collective", "get", "names", "register", "unregister"]
+__all__ = ["Field", "OPS", "OpSpec", "collective", "get", "names", "profiled",
+           "register", "unregister"]

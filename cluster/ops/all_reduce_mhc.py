@@ -49,7 +49,7 @@ SPEC = OpSpec(
     compile_variants=("publish", "consumer"),
     baselines=("unfused", "symm_mem"),
     faults=arn.COLLECTIVE_FAULTS,
-    workload="cluster.measure.workloads.all_reduce_mhc",
+    workload="cluster.measure.workloads.mhc.all_reduce_mhc_workload",
 )
 
 

@@ -39,7 +39,7 @@ SPEC = OpSpec(
     faults=("skip_publish", "late_within_budget", "late_beyond_budget", "token_count_differs",
             "stage_out_of_bounds", "stage_stale", "negative_zero_payload", "unsanitized_lane",
             "dirty_mailbox", "stuck_rank"),
-    workload="cluster.measure.workloads.all_reduce_norm",
+    workload="cluster.measure.workloads.norm.all_reduce_norm_workload",
 )
 COLLECTIVE_FAULTS = SPEC.faults
 """Every fault kind of the fault table (docs/design.md, The fault table): each applies to any op that

@@ -29,7 +29,7 @@ SPEC = OpSpec(
     compile_variants=("publish", "consumer"),
     baselines=("unfused",),
     faults=arn.COLLECTIVE_FAULTS,
-    workload="cluster.measure.workloads.embed_norm",
+    workload="cluster.measure.workloads.embed.embed_norm_workload",
 )
 VOCAB_PER_RANK = 16
 

@@ -35,7 +35,7 @@ SPEC = OpSpec(
     compile_variants=("publish",),
     baselines=("unfused", "one_shot"),  # one_shot: owner mode's
     faults=arn.COLLECTIVE_FAULTS,
-    workload="cluster.measure.workloads.finalize_publish",
+    workload="cluster.measure.workloads.norm.finalize_publish_workload",
 )
 HELD = 0.7
 """Probability that a route of the random kinds is held by the rank."""

@@ -38,7 +38,7 @@ SPEC = OpSpec(
     compile_variants=("proj16x1", "proj8x4", "fusedf32", "fusedbf16"),
     baselines=("stock",),
     faults=(),
-    workload="cluster.measure.workloads.indexer",
+    workload="cluster.measure.workloads.projection.indexer_workload",
     needs_gpu="needs a GPU: not a collective; runs on each rank actor's GPU",
     virtual_ranks=False,
 )

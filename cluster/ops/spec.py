@@ -72,6 +72,26 @@ class Field:
         return value
 
 
+def resolve(path: str, what: str) -> Callable:
+    """The callable at dotted ``path`` (``package.module.attr``), its module
+    imported now. ValueError naming ``what`` and ``path`` when the module or
+    the attribute does not exist or is not callable; a module that exists
+    but fails to import raises its own error (a missing dependency says
+    which)."""
+    if not isinstance(path, str) or "." not in path:
+        raise ValueError(f"{what}: {path!r} is not a dotted 'package.module.attr' name")
+    module, _, attr = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), attr, None)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module == err.name or module.startswith(err.name + ".")):
+            raise  # the module exists; something it imports does not
+        found = None
+    if not callable(found):
+        raise ValueError(f"{what}: nothing callable at {path!r}")
+    return found
+
+
 def positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -101,8 +121,9 @@ class OpSpec:
     faults: tuple[str, ...] = ()
     """cluster.faults kinds whose expected outcome applies to this op."""
     workload: str = ""
-    """Dotted name of its timed workload builder (``cluster.measure.workloads.<op>``,
-    contract :mod:`cluster.measure.workload`); empty: the op is not timed."""
+    """Dotted name of its timed workload builder, ``package.module.function``
+    (e.g. ``cluster.measure.workloads.norm.all_reduce_norm_workload``; contract
+    :mod:`cluster.measure.workload`); empty: the op is not timed."""
     needs_gpu: str | None = None
     """Why the emulated backend cannot carry it (None: it can)."""
     virtual_ranks: bool = True
@@ -120,12 +141,11 @@ class OpSpec:
         return importlib.import_module(self.impl)
 
     def workload_builder(self) -> Callable:
-        """The timed workload builder named by ``workload``, resolved when
-        asked for (:func:`cluster.measure.workloads.builder`)."""
+        """The timed workload builder named by ``workload``, imported when
+        asked for (:func:`resolve`); ValueError if the op declares none."""
         if not self.workload:
             raise ValueError(f"op {self.name} declares no timed workload")
-        from cluster.measure.workloads import builder
-        return builder(self.name, self.workload)
+        return resolve(self.workload, f"timing workload of op {self.name!r}")
 
     def case_fields(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The op fields of a case: defaults overlaid with ``given`` (only

@@ -18,6 +18,11 @@ import torch
 
 from kernels.validation import require_int, require_number
 
+#: The numerical contract's bound on RMSNorm outputs: within this many BF16
+#: ULP of the FP32 reference (sums and residuals are bit-exact, bound 0). Op
+#: declarations' references and the timed workloads' checks both use it.
+NORM_MAX_ULP = 1
+
 #: BF16 negative zero: the Lamport sentinel's bit pattern.
 BF16_NEG_ZERO_BITS = 0x8000
 #: Negative BF16 subnormals: payload values that look almost like the sentinel.

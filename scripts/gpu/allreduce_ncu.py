@@ -106,10 +106,9 @@ def _rank(rank: int, args, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from cluster.cases import NORM_MAX_ULP
     from cluster.measure.workload import Unavailable
     from kernels.reference.allreduce import all_reduce_norm
-    from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
+    from kernels.reference.numerics import NORM_MAX_ULP, assert_bit_exact, assert_within_ulp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device("cuda", rank)

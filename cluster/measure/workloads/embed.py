@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from cluster.cases import NORM_MAX_ULP
 from cluster.measure.graph import rotation_sets
 from cluster.measure.workload import Call, RankContext, Spec, Workload
 from cluster.measure.workloads.common import (BF16, all_reduce_baselines, all_reduce_factor,
                                               check_capacity, generators, randn)
-from kernels.reference.numerics import assert_within_ulp
+from kernels.reference.numerics import NORM_MAX_ULP, assert_within_ulp
 
 VOCAB_ROWS = 4096
 """Rows of the vocabulary each rank owns in the timed workload."""

@@ -2,7 +2,8 @@
 
 Per rotation set: this rank's partial x, the hc residual streams, post /
 comb / pre mixes (FP32) and outputs; norm weight shared. Check: residual
-streams bit-exact, layer input within ``cluster.cases.NORM_MAX_ULP`` of
+streams bit-exact, layer input within
+``kernels.reference.numerics.NORM_MAX_ULP`` of
 :func:`kernels.reference.mhc.all_reduce_mhc` with the op's rank lanes (its
 reduction order) over every rank's partial.
 """
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from cluster.cases import NORM_MAX_ULP
 from cluster.measure.graph import rotation_sets
 from cluster.measure.workload import Call, RankContext, Spec, Workload
 from cluster.measure.workloads.common import (BF16, all_reduce_baselines, all_reduce_factor,
                                               check_capacity, generators, randn)
-from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
+from kernels.reference.numerics import NORM_MAX_ULP, assert_bit_exact, assert_within_ulp
 
 
 def torch_mhc(x, residual, post, comb, pre, weight, eps):

@@ -3,7 +3,8 @@ MoE output finalized inside the publish).
 
 Per rotation set: this rank's partial (or its MoE output: every route held,
 TP-sharded experts), the residual and outputs; norm weight shared. Check:
-residual_out bit-exact, norm_out within ``cluster.cases.NORM_MAX_ULP`` of
+residual_out bit-exact, norm_out within
+``kernels.reference.numerics.NORM_MAX_ULP`` of
 the reference over every rank's inputs (finalize: the exact-FMA finalize
 reference, :func:`kernels.reference.moe.all_reduce_norm_finalize`).
 
@@ -19,12 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from cluster.cases import NORM_MAX_ULP
 from cluster.measure.graph import rotation_sets
 from cluster.measure.workload import Call, RankContext, Spec, Workload
 from cluster.measure.workloads.common import (BF16, all_reduce_baselines, all_reduce_factor,
                                               check_capacity, generators, randn)
-from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
+from kernels.reference.numerics import NORM_MAX_ULP, assert_bit_exact, assert_within_ulp
 
 
 def _kernel(ctx: RankContext, spec: Spec, **kw):
