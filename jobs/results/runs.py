@@ -45,8 +45,10 @@ from typing import Any
 
 from cluster.procs import process_start
 from jobs.results.atomic import write_atomically
+# where manifests live and how they are read (also this module's public names)
+from jobs.results.run_files import (RUN_FACTS, RUNS_DIR, manifest_path, read_manifest,
+                                    read_manifests)
 
-RUNS_DIR = "_runs"
 STATUSES = ("running", "finished", "interrupted", "incomplete", "unrecorded")
 BASELINE_STATUSES = ("finished", "unrecorded")
 """Runs whose rows may serve as regression history."""
@@ -54,40 +56,9 @@ STALE_AFTER_S = 2 * 3600.0
 """A driver on another host with no heartbeat for this long is gone."""
 HEARTBEAT_EVERY_S = 30.0
 
-RUN_FACTS = ("git_commit", "nodes", "gpu_model", "gpu_count", "driver", "cuda", "torch",
-             "cute_dsl", "ray", "pyarrow", "python", "hostname", "topology",
-             "multicast_supported")
-"""Results columns that are facts of the run, stored once in its manifest."""
-
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat()
-
-
-def manifest_path(root: str | os.PathLike[str], run_id: str) -> Path:
-    from kernels.validation import require_name
-    return Path(root) / RUNS_DIR / f"{require_name('run_id', run_id)}.json"
-
-
-def read_manifest(root: str | os.PathLike[str], run_id: str) -> dict | None:
-    """The run's manifest, or None (none written, or unreadable)."""
-    try:
-        return json.loads(manifest_path(root, run_id).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def read_manifests(root: str | os.PathLike[str]) -> dict[str, dict]:
-    """Every readable manifest under ``root``, by run id."""
-    out = {}
-    for path in sorted((Path(root) / RUNS_DIR).glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and isinstance(data.get("run_id"), str):
-            out[data["run_id"]] = data
-    return out
 
 
 def _write(root: str | os.PathLike[str], run_id: str, data: dict, *, table: bool = True) -> Path:

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.results.atomic import write_atomically
+from jobs.results.run_files import RUN_FACTS, RUNS_DIR, read_manifests
 from jobs.results.schema import COLUMNS
 
 TABLE_NAME = "runs.pq"
@@ -44,7 +45,6 @@ _TS = pa.timestamp("us", tz="UTC")
 def table_schema() -> pa.Schema:
     """The runs table's columns: the run's identity and status, then the
     per-run facts with their results column types."""
-    from jobs.results.runs import RUN_FACTS
     types = {c.name: c.type for c in COLUMNS}
     return pa.schema([pa.field("run_id", pa.string(), nullable=False),
                       pa.field("trigger", pa.string()), pa.field("status", pa.string()),
@@ -53,7 +53,6 @@ def table_schema() -> pa.Schema:
 
 
 def table_path(root: str | os.PathLike[str]) -> Path:
-    from jobs.results.runs import RUNS_DIR
     return Path(root) / RUNS_DIR / TABLE_NAME
 
 
@@ -102,7 +101,6 @@ def build(manifests: dict[str, dict]) -> pa.Table:
 def write(root: str | os.PathLike[str]) -> Path:
     """Rewrite ``ROOT/_runs/runs.pq`` from every manifest (see the
     module doc); returns its path."""
-    from jobs.results.runs import read_manifests
     with _locked(root):
         table = build(read_manifests(root))
         return write_atomically(table_path(root), lambda sink: pq.write_table(table, sink))
