@@ -312,7 +312,7 @@ def load_suite(path: str | Path) -> Suite:
             "tp": _int_list(compile_check.get("tp", [2]), f"{w} tp"),
             "ops": _str_list(compile_check.get("ops", []), f"{w} ops"),
         }
-        from jobs.compile_check import DEFAULT_ARCHS, check_selection
+        from jobs.compile_selection import DEFAULT_ARCHS, check_selection
         bad = [a for a in compile_check["arch"] if a not in DEFAULT_ARCHS]
         if bad:
             raise ConfigError(f"{w} arch: {bad} not supported; allowed: {list(DEFAULT_ARCHS)}")

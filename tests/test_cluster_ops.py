@@ -3,6 +3,7 @@ consistent with what the jobs enumerate; and a newcomer's sixth op picked
 up by the suite loader, the filters, the case validation and the emulated
 backend from its declaration alone."""
 
+import dataclasses
 import subprocess
 import sys
 import uuid
@@ -60,13 +61,29 @@ def test_each_declaration_is_complete(name):
     assert callable(getattr(__import__(ref_module, fromlist=[ref_name]), ref_name))
 
 
-def test_compile_variants_are_what_compile_check_enumerates():
-    import jobs.compile_check as cc
-    assert cc.registered_ops() == list(ops.names())
+def test_every_op_names_its_compile_variants():
+    """Each declaration's provider yields variants of that op only, and the
+    compile check enumerates exactly the registered ops' variants."""
+    from jobs import compile_selection
+    assert compile_selection.registered_ops() == list(ops.names()) == list(ops.compiled())
     for name in ops.names():
-        kinds = {v.kernel for v in cc._PROVIDERS[name]([2048], [2])}
-        assert set(ops.get(name).compile_variants) <= kinds, name
-        assert {v.op for v in cc._PROVIDERS[name]([2048], [2])} == {name}
+        variants = ops.get(name).variants([2048], [2])
+        assert variants and {v.op for v in variants} == {name}, name
+    assert len(compile_selection.variants(["embed_norm"], [2048], [2])) == len(
+        ops.get("embed_norm").variants([2048], [2]))
+
+
+def test_a_provider_returning_another_ops_variants_is_refused(monkeypatch):
+    import kernels.lamport.compile_variants as cv
+    monkeypatch.setattr(cv, "embed_norm_variants", lambda hiddens, tps: [
+        dataclasses.replace(v, op="other") for v in cv.all_reduce_norm_variants(hiddens, tps)])
+    with pytest.raises(ValueError, match=r"op embed_norm: its provider "
+                                         r"'kernels.lamport.compile_variants.embed_norm_variants' "
+                                         r"returned variants of ops \['other'\]"):
+        ops.get("embed_norm").variants([2048], [2])
+    spec = OpSpec(name="bare", summary="", collective=False, impl="x", inputs=("random",))
+    with pytest.raises(ValueError, match="op bare declares no compile variants"):
+        spec.variants([2048], [2])
 
 
 def test_every_op_names_its_timed_workload():

@@ -4,7 +4,10 @@ for sm_90a and sm_100a, PTX checks, and input validation."""
 import pytest
 import torch
 
+from cluster import ops
 from jobs import compile_check as cc
+from kernels import ptx_checks as ptx
+from kernels.lamport import compile_variants as cv
 from kernels.lamport.all_reduce_norm import validate_embedding_inputs, validate_embedding_shard
 
 H, CAP = 7168, 16
@@ -13,7 +16,7 @@ H, CAP = 7168, 16
 @pytest.fixture(scope="module", params=["sm_90a", "sm_100a"])
 def rows(request, tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ptx"))
-    variants = cc._embed_variants([H], [2])
+    variants = ops.get("embed_norm").variants([H], [2])
     out = [cc.run_variant(v, request.param, root, i) for i, v in enumerate(variants)]
     cc.check_pairs(out)
     return {(r.variant.kernel, r.variant.transport, r.variant.watchdog_ns): r for r in out}
@@ -39,8 +42,8 @@ def test_embed_publish_gathers_after_the_wait(rows):
 
 def test_embed_norm_order_and_watchdog(rows):
     plain = rows[("consumer", "-", 0)]
-    wd = rows[("consumer", "-", cc.WATCHDOG_CHECK_NS)]
-    assert not cc.check_consumer(plain.lines, plain.variant)
+    wd = rows[("consumer", "-", cv.WATCHDOG_CHECK_NS)]
+    assert not ptx.check_consumer(plain.lines, plain.variant)
     assert any("%globaltimer" in ln for ln in wd.lines)
     assert not any("%globaltimer" in ln for ln in plain.lines)
     # enorm/hnorm before the wait; previous and positions after it
@@ -53,7 +56,7 @@ def test_embed_norm_order_and_watchdog(rows):
     assert sum(ln.startswith("st.global.v4") and "{s, s" not in ln for ln in plain.lines) == 2
     # mutation: a spin on plain loads is caught
     mutated = [ln.replace("ld.volatile.global.v4", "ld.global.v4") for ln in plain.lines]
-    assert cc.check_consumer(mutated, plain.variant)
+    assert ptx.check_consumer(mutated, plain.variant)
 
 
 # ---------------------------------------------------------------- validation

@@ -6,7 +6,9 @@ import dataclasses
 import pytest
 import torch
 
+from cluster import ops
 from jobs import compile_check as cc
+from kernels.lamport import compile_variants as cv
 from kernels.lamport.all_reduce_norm import validate_inputs, validate_moe
 from kernels.lamport.finalize_publish import FinalizeTuning, check_finalize_options
 from kernels.moe import MoEOutput, RoutedExperts
@@ -20,14 +22,14 @@ def test_compile_check_finalize(arch, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     # every option combination, unicast and multicast twins, and owner mode
-    assert out.count(" ok ") == (2 * len(cc.FINALIZE_CHECK_CONFIGS)
-                                 + len(cc.FINALIZE_OWNER_CHECK_CONFIGS)), out
+    assert out.count(" ok ") == (2 * len(cv.FINALIZE_CHECK_CONFIGS)
+                                 + len(cv.FINALIZE_OWNER_CHECK_CONFIGS)), out
 
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ptx"))
-    variants = cc._PROVIDERS["finalize_publish"]([], [4])
+    variants = ops.get("finalize_publish").variants([], [4])
     out = {}
     for i, v in enumerate(variants):
         key = (v.detail, v.transport)

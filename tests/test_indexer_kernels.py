@@ -5,6 +5,7 @@ the host-side fused weights and slot codes, the stage's stock path."""
 import pytest
 import torch
 
+from cluster import ops
 from jobs import compile_check as cc
 from kernels.indexer import checks
 from kernels.indexer.layout import DIM, ROWS, Tactic, fused_layout, slot_codes
@@ -23,7 +24,7 @@ def test_compile_check_both_archs(capsys):
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ptx"))
-    variants = cc._PROVIDERS["indexer"]([], [])
+    variants = ops.get("indexer").variants([], [])
     return {(v.kernel, v.detail): cc.run_variant(v, "sm_90a", root, i)
             for i, v in enumerate(variants)}
 

@@ -3,7 +3,10 @@ their PTX (a representative subset; `python -m jobs compile-check` runs all)."""
 
 import pytest
 
+from cluster import ops
 from jobs import compile_check as cc
+from kernels import ptx_checks as ptx
+from kernels.lamport import compile_variants as cv
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -30,7 +33,7 @@ def test_bad_hidden_is_rejected(capsys):
 @pytest.fixture(scope="module")
 def ptx_rows(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ptx"))
-    variants = cc._PROVIDERS["all_reduce_norm"]([2560], [2])
+    variants = ops.get("all_reduce_norm").variants([2560], [2])
     # one-shot variants only: the owner ones share (kernel, transport, watchdog)
     return {(v.kernel, v.transport, v.watchdog_ns): cc.run_variant(v, "sm_90a", root, i)
             for i, v in enumerate(variants) if v.mode != "owner"}
@@ -45,14 +48,14 @@ def test_checks_catch_mutations(ptx_rows):
     swapped = [ln.replace("griddepcontrol.wait", "X").replace(
         "griddepcontrol.launch_dependents", "griddepcontrol.wait").replace(
         "X", "griddepcontrol.launch_dependents") for ln in uni.lines]
-    assert cc.check_publish(swapped, uni.variant)
+    assert ptx.check_publish(swapped, uni.variant)
     # a multimem.st sneaking into a unicast build or a consumer
-    assert cc.check_publish(uni.lines + ["multimem.st.relaxed.sys.global.v4.bf16x2 [x], {a};"],
-                            uni.variant)
-    assert cc.check_consumer(norm.lines + ["multimem.st.x"], norm.variant)
+    assert ptx.check_publish(uni.lines + ["multimem.st.relaxed.sys.global.v4.bf16x2 [x], {a};"],
+                             uni.variant)
+    assert ptx.check_consumer(norm.lines + ["multimem.st.x"], norm.variant)
     # a consumer spinning with non-volatile loads
     plain = [ln.replace("ld.volatile.global.v4", "ld.global.v4") for ln in norm.lines]
-    assert any("volatile" in e for e in cc.check_consumer(plain, norm.variant))
+    assert any("volatile" in e for e in ptx.check_consumer(plain, norm.variant))
     # publish twins differing beyond their stores
     mutated = cc.Row(mc.variant, mc.arch, lines=mc.lines + ["membar.sys;"])
     rows = [cc.Row(uni.variant, uni.arch, lines=uni.lines), mutated]
@@ -61,7 +64,7 @@ def test_checks_catch_mutations(ptx_rows):
 
 
 def test_watchdog_variant_reads_globaltimer(ptx_rows):
-    wd = ptx_rows[("consumer", "-", cc.WATCHDOG_CHECK_NS)]
+    wd = ptx_rows[("consumer", "-", cv.WATCHDOG_CHECK_NS)]
     assert not wd.errors and any("%globaltimer" in ln for ln in wd.lines)
     assert any("atom.global.add" in ln for ln in wd.lines)
 

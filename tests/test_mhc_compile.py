@@ -6,7 +6,10 @@ import dataclasses
 
 import pytest
 
+from cluster import ops
 from jobs import compile_check as cc
+from kernels import ptx_checks as ptx
+from kernels.lamport import compile_variants as cv
 from kernels.lamport import mhc_checks as mc
 from kernels.lamport.mhc import MHCConfig
 
@@ -24,7 +27,7 @@ def test_compile_check_subset_sm90a(capsys):
 
 
 def test_registered():
-    assert "all_reduce_mhc" in cc.registered_ops()
+    assert "all_reduce_mhc" in ops.compiled()
 
 
 @pytest.fixture(scope="module", params=["sm_90a", "sm_100a"])
@@ -33,16 +36,16 @@ def rows(request, tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ptx"))
     configs = {
         "lanes_wd": MHCConfig(hidden=7168, tp=8, hc=4, cluster_size=7, threads=256, rank_lanes=2,
-                              watchdog_ns=cc.WATCHDOG_CHECK_NS),
+                              watchdog_ns=cv.WATCHDOG_CHECK_NS),
         "one_cta": MHCConfig(hidden=4096, tp=2, hc=4, cluster_size=1, threads=128, rank_lanes=1),
     }
     out = {}
     for i, (name, config) in enumerate(configs.items()):
-        v = cc.Variant("all_reduce_mhc", "consumer", "MHCKernel",
-                       lambda arch, dump, c=config: mc.compile_mhc(
-                           dataclasses.replace(c, arch=arch), dump_dir=dump),
-                       watchdog_ns=config.watchdog_ns, hidden=config.hidden, tp=config.tp,
-                       check=lambda lines, v, c=config: mc.check_mhc_consumer(lines, v, config=c))
+        v = ptx.Variant("all_reduce_mhc", "consumer", "MHCKernel",
+                        lambda arch, dump, c=config: mc.compile_mhc(
+                            dataclasses.replace(c, arch=arch), dump_dir=dump),
+                        watchdog_ns=config.watchdog_ns, hidden=config.hidden, tp=config.tp,
+                        check=lambda lines, v, c=config: mc.check_mhc_consumer(lines, v, config=c))
         out[name] = (cc.run_variant(v, request.param, root, i), config)
     return out
 

@@ -7,7 +7,10 @@ owner kernels' PTX (and that the checks catch mutations)."""
 import pytest
 import torch
 
+from cluster import ops
 from jobs import compile_check as cc
+from kernels import ptx_checks as ptx
+from kernels.lamport import compile_variants as cv
 from kernels.lamport import protocol as P
 from kernels.lamport.all_reduce_norm import (AllReduceNorm, AllReduceNormOptions, VirtualRanks,
                                              validate_inputs)
@@ -216,14 +219,14 @@ def test_owner_mailbox_rows():
 @pytest.fixture(scope="module")
 def owner_rows_ptx(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ptx"))
-    variants = [v for v in cc._PROVIDERS["all_reduce_norm"]([2560], [4])
-                + cc._PROVIDERS["finalize_publish"]([], [4]) if v.mode == "owner"]
+    variants = [v for v in ops.get("all_reduce_norm").variants([2560], [4])
+                + ops.get("finalize_publish").variants([], [4]) if v.mode == "owner"]
     return [cc.run_variant(v, "sm_90a", root, i) for i, v in enumerate(variants)]
 
 
 def test_owner_variants_compile_and_pass(owner_rows_ptx):
     # 1 publish + 2 consumers + the finalize owner configs
-    assert len(owner_rows_ptx) == 3 + len(cc.FINALIZE_OWNER_CHECK_CONFIGS)
+    assert len(owner_rows_ptx) == 3 + len(cv.FINALIZE_OWNER_CHECK_CONFIGS)
     assert all(not r.errors for r in owner_rows_ptx), [r.errors for r in owner_rows_ptx]
 
 
@@ -234,11 +237,11 @@ def test_owner_publish_stores_once(owner_rows_ptx):
         stores = [ln for ln in row.lines if ln.startswith("st.relaxed.sys")]
         assert len(stores) == 1, (row.variant.detail, stores)
         # The same lines checked as a one-shot publish of tp=4 fail: one store, not 4.
-        one_shot = cc.Variant(row.variant.op, "publish", row.variant.entry, None,
-                              transport="unicast", tp=4)
+        one_shot = ptx.Variant(row.variant.op, "publish", row.variant.entry, None,
+                               transport="unicast", tp=4)
         if row.variant.check is None:
-            assert cc.check_publish(row.lines, one_shot)
-            assert cc.check_publish(row.lines + [stores[0]], row.variant)
+            assert ptx.check_publish(row.lines, one_shot)
+            assert ptx.check_publish(row.lines + [stores[0]], row.variant)
         else:
             assert row.variant.check(row.lines + [stores[0]], row.variant)
 
@@ -246,12 +249,12 @@ def test_owner_publish_stores_once(owner_rows_ptx):
 def test_owner_consumer_order_and_watchdog(owner_rows_ptx):
     consumers = {r.variant.watchdog_ns: r for r in owner_rows_ptx
                  if r.variant.kernel == "consumer"}
-    assert set(consumers) == {0, cc.WATCHDOG_CHECK_NS}
-    wd = consumers[cc.WATCHDOG_CHECK_NS]
+    assert set(consumers) == {0, cv.WATCHDOG_CHECK_NS}
+    wd = consumers[cv.WATCHDOG_CHECK_NS]
     assert any("%globaltimer" in ln for ln in wd.lines)
     assert not any("%globaltimer" in ln for ln in consumers[0].lines)
     plain = [ln.replace("ld.volatile.global.v4", "ld.global.v4") for ln in wd.lines]
-    assert any("volatile" in e for e in cc.check_consumer(plain, wd.variant))
+    assert any("volatile" in e for e in ptx.check_consumer(plain, wd.variant))
 
 
 # ---------------------------------------------------------------- crossover benchmark

@@ -55,6 +55,11 @@ def profiled() -> tuple[str, ...]:
     return tuple(n for n, s in OPS.items() if s.workload)
 
 
+def compiled() -> tuple[str, ...]:
+    """Names of the ops with compile-check variants (``OpSpec.compile_variants``)."""
+    return tuple(n for n, s in OPS.items() if s.compile_variants)
+
+
 def collective() -> tuple[str, ...]:
     """Names of the ops that exchange data through a Lamport mailbox."""
     return tuple(n for n, s in OPS.items() if s.collective)
@@ -63,5 +68,5 @@ def collective() -> tuple[str, ...]:
 for _name in _MODULES:
     register(importlib.import_module(f"cluster.ops.{_name}").SPEC)
 
-__all__ = ["Field", "OPS", "OpSpec", "collective", "get", "names", "profiled",
+__all__ = ["Field", "OPS", "OpSpec", "collective", "compiled", "get", "names", "profiled",
            "register", "unregister"]

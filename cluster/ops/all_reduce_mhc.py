@@ -46,7 +46,7 @@ SPEC = OpSpec(
                            f"a positive int (finalize routes per token; default "
                            f"{DEFAULT_TOP_K} with finalize)")},
     reference="kernels.reference.mhc:all_reduce_mhc",
-    compile_variants=("publish", "consumer"),
+    compile_variants="kernels.lamport.mhc_checks.mhc_variants",
     baselines=("unfused", "symm_mem"),
     faults=arn.COLLECTIVE_FAULTS,
     workload="cluster.measure.workloads.mhc.all_reduce_mhc_workload",

@@ -35,7 +35,7 @@ SPEC = OpSpec(
     fields={"heads": Field(64, (32, 64), "indexer heads"),
             "path": Field("fused", ("projection", "fused", "stage"), "which indexer path")},
     reference="kernels.reference.indexer:indexer_fused",
-    compile_variants=("proj16x1", "proj8x4", "fusedf32", "fusedbf16"),
+    compile_variants="kernels.indexer.checks.indexer_variants",
     baselines=("stock",),
     faults=(),
     workload="cluster.measure.workloads.projection.indexer_workload",

@@ -72,6 +72,18 @@ class Field:
         return value
 
 
+def import_if_present(name: str) -> ModuleType | None:
+    """Module ``name`` imported, or None when there is no such module; a
+    module that exists but fails to import raises its own error (a missing
+    dependency says which)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (name == err.name or name.startswith(err.name + ".")):
+            raise  # the module exists; something it imports does not
+        return None
+
+
 def resolve(path: str, what: str) -> Callable:
     """The callable at dotted ``path`` (``package.module.attr``), its module
     imported now. ValueError naming ``what`` and ``path`` when the module or
@@ -81,12 +93,7 @@ def resolve(path: str, what: str) -> Callable:
     if not isinstance(path, str) or "." not in path:
         raise ValueError(f"{what}: {path!r} is not a dotted 'package.module.attr' name")
     module, _, attr = path.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module), attr, None)
-    except ModuleNotFoundError as err:
-        if err.name is None or not (module == err.name or module.startswith(err.name + ".")):
-            raise  # the module exists; something it imports does not
-        found = None
+    found = getattr(import_if_present(module), attr, None)
     if not callable(found):
         raise ValueError(f"{what}: nothing callable at {path!r}")
     return found
@@ -112,10 +119,12 @@ class OpSpec:
     """Op-specific case fields (top_k, hc, finalize, ...)."""
     reference: str = ""
     """The torch reference, ``module:function`` (for docs and rows)."""
-    compile_variants: tuple[str, ...] = ()
-    """Kernel kinds ``python -m jobs compile-check`` must compile and check
-    for this op (its provider's ``Variant.kernel`` values: these at least,
-    tuning candidates may add more; a CPU test holds the two together)."""
+    compile_variants: str = ""
+    """Dotted name of the kernel-side provider of what ``python -m jobs
+    compile-check`` compiles and checks for this op, ``provider(hiddens,
+    tps) -> list[kernels.ptx_checks.Variant]`` (e.g.
+    ``kernels.lamport.compile_variants.all_reduce_norm_variants``); empty:
+    the op has no compile variants. Called through :meth:`variants`."""
     baselines: tuple[str, ...] = ()
     """What the profile compares the fused kernel with."""
     faults: tuple[str, ...] = ()
@@ -146,6 +155,21 @@ class OpSpec:
         if not self.workload:
             raise ValueError(f"op {self.name} declares no timed workload")
         return resolve(self.workload, f"timing workload of op {self.name!r}")
+
+    def variants(self, hiddens, tps) -> list:
+        """The op's compile-check variants for the requested hidden sizes and
+        tp values (its ``compile_variants`` provider, imported now: the
+        kernels and CuTe DSL); ValueError if the op declares none, or if the
+        provider returns a variant of another op."""
+        if not self.compile_variants:
+            raise ValueError(f"op {self.name} declares no compile variants")
+        out = list(resolve(self.compile_variants,
+                           f"compile variants of op {self.name!r}")(hiddens, tps))
+        other = sorted({v.op for v in out} - {self.name})
+        if other:
+            raise ValueError(f"op {self.name}: its provider {self.compile_variants!r} returned "
+                             f"variants of ops {other}")
+        return out
 
     def case_fields(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The op fields of a case: defaults overlaid with ``given`` (only

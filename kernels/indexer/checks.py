@@ -23,6 +23,8 @@ Checks on the kernel's instruction lines:
 
 from __future__ import annotations
 
+from kernels.ptx_checks import Variant
+
 CHECK_K = 7168
 CHECK_SHAPE = dict(key=128, heads=64, gate=128)
 #: (name, tokens, warps, split) of the projection variants.
@@ -112,8 +114,10 @@ def check_fused(lines: list[str], v) -> list[str]:
     return errs
 
 
-def indexer_variants(Variant) -> list:
-    """The variants, built with compile_check's ``Variant`` class."""
+def indexer_variants(hiddens, tps) -> list[Variant]:
+    """The compile-check variants (the indexer's declaration's
+    ``compile_variants``): see the module docstring; the shapes are fixed,
+    ``hiddens`` and ``tps`` are not used (the indexer is no collective)."""
     from kernels.indexer.compile import (FusedConfig, ProjectionConfig, compile_fused,
                                          compile_projection)
     from kernels.indexer.layout import FusedVariant, Tactic, padded_heads

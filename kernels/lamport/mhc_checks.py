@@ -48,6 +48,9 @@ import dataclasses
 import functools
 import re
 
+from kernels.ptx_checks import Variant
+
+from .compile_variants import WATCHDOG_CHECK_NS, finalize_publish_variant, publish_variant
 from .mhc import MHCConfig, compile_mhc
 from .mhc_tuning import ARCHS, MHCTuning, tuning_for
 from .protocol import MAX_THREADS, VEC_BF16
@@ -201,10 +204,10 @@ def consumer_configs(hiddens, tps, *, watchdog_ns: int) -> list[MHCConfig]:
     return out
 
 
-def mhc_variants(Variant, hiddens, tps, *, watchdog_ns: int, check_finalize_publish) -> list:
-    """``jobs.compile_check`` Variants of ``all_reduce_mhc``."""
-    from .compile import (FinalizePublishConfig, PublishConfig, compile_finalize_publish,
-                          compile_publish)
+def mhc_variants(hiddens, tps, *, watchdog_ns: int = WATCHDOG_CHECK_NS) -> list[Variant]:
+    """The compile-check variants of ``all_reduce_mhc`` (its declaration's
+    ``compile_variants``): see the module docstring."""
+    from .compile import FinalizePublishConfig
 
     out = []
     for config in consumer_configs(hiddens, tps, watchdog_ns=watchdog_ns):
@@ -216,23 +219,14 @@ def mhc_variants(Variant, hiddens, tps, *, watchdog_ns: int, check_finalize_publ
                            detail=_detail(config)))
     for tp in tps:
         for transport in ("unicast", "multicast"):
-            def build(arch, dump, tp=tp, transport=transport):
-                return compile_publish(PublishConfig(tp=tp, transport=transport, arch=arch),
-                                       dump_dir=dump)
-            out.append(Variant("all_reduce_mhc", "publish", "PublishKernel", build,
-                               transport=transport, tp=tp, pair_key=("mhc_publish", tp)))
+            out.append(publish_variant("all_reduce_mhc", tp, transport,
+                                       pair_key=("mhc_publish", tp)))
             fin = FinalizePublishConfig(tp=tp, top_k=MHC_FINALIZE_TOP_K, elements_per_thread=4,
                                         fp32_weights=True, routed_scaling_factor=1.0,
                                         shared="after", prefetch_group=None,
                                         transport=transport)
-
-            def build_fin(arch, dump, fin=fin):
-                return compile_finalize_publish(dataclasses.replace(fin, arch=arch),
-                                                dump_dir=dump)
-            out.append(Variant(
-                "all_reduce_mhc", "publish", "FinalizePublishKernel", build_fin,
-                transport=transport, tp=tp,
+            out.append(finalize_publish_variant(
+                "all_reduce_mhc", fin,
                 pair_key=("finalize", "mhc", dataclasses.replace(fin, transport="-")),
-                check=functools.partial(check_finalize_publish, config=fin),
                 detail=f"finalize E=4,f32w,k={MHC_FINALIZE_TOP_K},sh=after"))
     return out

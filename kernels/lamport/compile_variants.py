@@ -1,0 +1,175 @@
+"""The compile-check variants of the ops built on :class:`AllReduceNorm`'s
+kernels: ``all_reduce_norm`` (one-shot and owner mode), ``embed_norm`` and
+``finalize_publish``. Each provider is ``provider(hiddens, tps) ->
+list[Variant]`` (:class:`kernels.ptx_checks.Variant`), named by its op's
+declaration (``OpSpec.compile_variants``); a kernel that takes tp or hidden
+at run time is not multiplied by them. ``all_reduce_mhc``'s provider is
+:func:`kernels.lamport.mhc_checks.mhc_variants`, the indexer's
+:func:`kernels.indexer.checks.indexer_variants`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from kernels.ptx_checks import Variant, check_finalize_publish
+
+WATCHDOG_CHECK_NS = 1_000_000
+"""The watchdog budget of the watchdog builds (any nonzero budget compiles
+the same code)."""
+
+
+def publish_variant(op: str, tp: int, transport: str, *, pair_key: tuple) -> Variant:
+    """The variant of the plain one-shot Lamport publish
+    (:class:`kernels.lamport.compile.PublishConfig`) for ``tp`` and
+    ``transport``, checked as a publish; ``pair_key`` pairs its unicast and
+    multicast builds."""
+    from kernels.lamport.compile import PublishConfig, compile_publish
+
+    def build(arch, dump):
+        return compile_publish(PublishConfig(tp=tp, transport=transport, arch=arch),
+                               dump_dir=dump)
+    return Variant(op, "publish", "PublishKernel", build, transport=transport, tp=tp,
+                   pair_key=pair_key)
+
+
+def all_reduce_norm_variants(hiddens, tps) -> list[Variant]:
+    """``AllReduceNorm`` (one-shot): the publish for every tp and both
+    transports (unicast/multicast twins), the consumer for every (hidden,
+    tp), plain and watchdog; then the owner-mode builds."""
+    from kernels.lamport.compile import NormConfig, compile_norm
+    from kernels.lamport.norm import norm_threads
+
+    out = [publish_variant("all_reduce_norm", tp, transport, pair_key=("publish", tp))
+           for tp in tps for transport in ("unicast", "multicast")]
+    for hidden in hiddens:
+        norm_threads(hidden)  # ValueError for an unsupported hidden
+        for tp in tps:
+            for wd in (0, WATCHDOG_CHECK_NS):
+                def build(arch, dump, hidden=hidden, tp=tp, wd=wd):
+                    return compile_norm(NormConfig(hidden=hidden, tp=tp, watchdog_ns=wd,
+                                                   arch=arch), dump_dir=dump)
+                out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
+                                   watchdog_ns=wd, hidden=hidden, tp=tp))
+    return out + _owner_variants(hiddens, tps)
+
+
+def _owner_variants(hiddens, tps) -> list[Variant]:
+    """``AllReduceNorm(mode="owner")``: the owner publish (unicast only, one
+    store a fragment) and the owner consumer (plain and watchdog)."""
+    from kernels.lamport.compile import NormConfig, PublishConfig, compile_norm, compile_publish
+
+    out = []
+    for tp in tps:
+        def build(arch, dump, tp=tp):
+            return compile_publish(PublishConfig(tp=tp, arch=arch, mode="owner"), dump_dir=dump)
+        out.append(Variant("all_reduce_norm", "publish", "PublishKernel", build,
+                           transport="unicast", tp=tp, detail="owner", mode="owner"))
+    for hidden in hiddens:
+        for tp in tps:
+            for wd in (0, WATCHDOG_CHECK_NS):
+                def build(arch, dump, hidden=hidden, tp=tp, wd=wd):
+                    return compile_norm(NormConfig(hidden=hidden, tp=tp, watchdog_ns=wd,
+                                                   arch=arch, mode="owner"), dump_dir=dump)
+                out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
+                                   watchdog_ns=wd, hidden=hidden, tp=tp, detail="owner",
+                                   mode="owner"))
+    return out
+
+
+def embed_norm_variants(hiddens, tps) -> list[Variant]:
+    """``AllReduceNorm.embed_norm``: the embedding publish (runtime hidden,
+    shard and rank; checked like a publish) and the embed-norm consumer
+    (plain and watchdog; checked like a consumer)."""
+    from kernels.lamport.compile import (EmbedNormConfig, EmbedPublishConfig,
+                                         compile_embed_norm, compile_embed_publish)
+
+    out = []
+    for tp in tps:
+        for transport in ("unicast", "multicast"):
+            def build(arch, dump, tp=tp, transport=transport):
+                return compile_embed_publish(
+                    EmbedPublishConfig(tp=tp, transport=transport, arch=arch), dump_dir=dump)
+            out.append(Variant("embed_norm", "publish", "EmbedPublishKernel", build,
+                               transport=transport, tp=tp, pair_key=("embed_publish", tp),
+                               detail="embed"))
+    for hidden in hiddens:
+        for tp in tps:
+            for wd in (0, WATCHDOG_CHECK_NS):
+                def build(arch, dump, hidden=hidden, tp=tp, wd=wd):
+                    return compile_embed_norm(EmbedNormConfig(hidden=hidden, tp=tp,
+                                                              watchdog_ns=wd, arch=arch),
+                                              dump_dir=dump)
+                out.append(Variant("embed_norm", "consumer", "EmbedNormKernel", build,
+                                   watchdog_ns=wd, hidden=hidden, tp=tp, detail="embed"))
+    return out
+
+
+FINALIZE_CHECK_CONFIGS = (
+    # (elements_per_thread, fp32_weights, top_k, shared, prefetch_group, routed_scaling_factor)
+    (8, True, 8, "after", None, 1.0),
+    (4, False, 8, "after", None, 1.0),
+    (4, True, 6, "before", 1, 2.5),
+    (8, False, 6, "none", 4, 2.5),
+    (4, True, 1, "after", 1, 1.0),
+)
+"""Every option of the finalize publish at least once: 8/16-byte fragments,
+FP32/BF16 weights, top_k 1/6/8, shared expert absent/before/after the PDL
+wait, prefetch groups 1 / uneven / all, with and without a routed scaling
+factor; each for every tp and both transports."""
+
+FINALIZE_OWNER_CHECK_CONFIGS = FINALIZE_CHECK_CONFIGS[:4]
+"""Owner mode (unicast only): 8/16-byte fragments, FP32/BF16 weights, shared
+expert absent/before/after the wait, for every tp."""
+
+
+def _finalize_detail(c) -> str:
+    return (f"E={c.elements_per_thread},{'f32' if c.fp32_weights else 'bf16'}w,k={c.top_k},"
+            f"sh={c.shared},pg={c.prefetch_group or c.top_k},s={c.routed_scaling_factor:g}")
+
+
+def finalize_publish_variant(op: str, config, *, detail: str,
+                             pair_key: tuple | None = None) -> Variant:
+    """The variant of one finalize publish build (``config``: a
+    :class:`kernels.lamport.compile.FinalizePublishConfig`, compiled for the
+    requested arch), checked by :func:`kernels.ptx_checks.check_finalize_publish`;
+    its transport, tp and mode are the config's."""
+    from kernels.lamport.compile import compile_finalize_publish
+
+    def build(arch, dump):
+        return compile_finalize_publish(dataclasses.replace(config, arch=arch), dump_dir=dump)
+    return Variant(op, "publish", "FinalizePublishKernel", build, transport=config.transport,
+                   tp=config.tp, pair_key=pair_key,
+                   check=functools.partial(check_finalize_publish, config=config),
+                   detail=detail, mode=config.mode)
+
+
+def finalize_publish_variants(hiddens, tps) -> list[Variant]:
+    """The finalize publish in every :data:`FINALIZE_CHECK_CONFIGS` for every
+    tp and both transports, and in every :data:`FINALIZE_OWNER_CHECK_CONFIGS`
+    (owner mode, unicast); hidden is a runtime argument: not multiplied."""
+    from kernels.lamport.compile import FinalizePublishConfig
+
+    out = []
+    for e, fp32, top_k, shared, group, scale in FINALIZE_CHECK_CONFIGS:
+        for tp in tps:
+            for transport in ("unicast", "multicast"):
+                config = FinalizePublishConfig(
+                    tp=tp, top_k=top_k, elements_per_thread=e, fp32_weights=fp32,
+                    routed_scaling_factor=scale, shared=shared, prefetch_group=group,
+                    transport=transport)
+
+                out.append(finalize_publish_variant(
+                    "finalize_publish", config,
+                    pair_key=("finalize", dataclasses.replace(config, transport="-")),
+                    detail=_finalize_detail(config)))
+    for e, fp32, top_k, shared, group, scale in FINALIZE_OWNER_CHECK_CONFIGS:
+        for tp in tps:
+            config = FinalizePublishConfig(
+                tp=tp, top_k=top_k, elements_per_thread=e, fp32_weights=fp32,
+                routed_scaling_factor=scale, shared=shared, prefetch_group=group,
+                mode="owner")
+            out.append(finalize_publish_variant(
+                "finalize_publish", config, detail="owner," + _finalize_detail(config)))
+    return out
