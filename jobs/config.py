@@ -15,10 +15,11 @@ A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
     arch = ["sm_90a"]
     hidden = [2048]
     tp = [2]
-    ops = []                      # empty = every registered op
+    ops = "*"                     # "*" or [] (the default) = every op with compile variants
 
     [[correctness]]               # any number of sweeps per job
-    op = "all_reduce_norm"        # every sweep key takes a value or a list;
+    op = "all_reduce_norm"        # every sweep key takes a value or a list ("*": every
+                                  # registered op the job applies to, job_ops);
     variant = "watchdog"          # lists multiply (a cartesian product)
     transport = "unicast"
     placement = "auto"
@@ -95,6 +96,26 @@ in ``Case.op_args`` (and the rows' extra)."""
 
 def op_names() -> tuple[str, ...]:
     return registry.names()
+
+
+EVERY_OP = "*"
+"""``op = "*"`` in a sweep, ``ops = "*"`` in ``[compile_check]``: every
+registered op the job applies to (:func:`job_ops`), read from the registry
+when the suite is loaded, so a newly registered op joins without an edit."""
+
+
+def job_ops(job: str) -> tuple[str, ...]:
+    """The registered ops ``op = "*"`` selects in a ``job`` sweep: every op
+    for correctness, those that declare fault kinds (``OpSpec.faults``) for
+    faults, those that declare a timed workload for profile; ValueError
+    naming ``job`` if it is none of :data:`JOBS`."""
+    if job == "correctness":
+        return registry.names()
+    if job == "faults":
+        return tuple(n for n, s in registry.OPS.items() if s.faults)
+    if job == "profile":
+        return registry.profiled()
+    raise ValueError(f"job = {job!r} is not one of {list(JOBS)}")
 
 
 def input_kinds() -> tuple[str, ...]:
@@ -310,7 +331,8 @@ def load_suite(path: str | Path) -> Suite:
             "arch": _str_list(compile_check.get("arch", ["sm_90a"]), f"{w} arch"),
             "hidden": _int_list(compile_check.get("hidden", [2048]), f"{w} hidden"),
             "tp": _int_list(compile_check.get("tp", [2]), f"{w} tp"),
-            "ops": _str_list(compile_check.get("ops", []), f"{w} ops"),
+            "ops": ([] if compile_check.get("ops") == EVERY_OP
+                    else _str_list(compile_check.get("ops", []), f"{w} ops")),
         }
         from jobs.compile_selection import DEFAULT_ARCHS, check_selection
         bad = [a for a in compile_check["arch"] if a not in DEFAULT_ARCHS]
@@ -460,6 +482,11 @@ def _expand(job: str, sweep: Mapping, where: str) -> list[Case]:
     for required in ("op", "tp", "hidden", "tokens"):
         if required not in sweep:
             raise ConfigError(f"{where}: {required} is required")
+    if sweep["op"] == EVERY_OP:
+        sweep = {**sweep, "op": list(job_ops(job))}
+        if not sweep["op"]:
+            raise ConfigError(f"{where}: op = {EVERY_OP!r} selects no registered op "
+                              f"({job} applies to none)")
     axes = {k: _values(sweep, k, d, c, where, listable=True) for k, (d, c) in _SWEEP_KEYS.items()}
     op_axes = _op_axes(sweep, axes["op"], where)
     params: dict[str, Any] = {}

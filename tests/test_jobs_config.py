@@ -53,6 +53,30 @@ def test_bundled_suites_load_and_expand():
     assert tp2 == [1, 3, 8, 2]
 
 
+def test_every_op_selector_reads_the_registry(tmp_path):
+    """``op = "*"``: every registered op the job applies to (correctness:
+    all; faults: those with fault kinds; profile: those with a workload),
+    read when the suite loads; ``ops = "*"`` in [compile_check] is every op
+    with compile variants (the empty default)."""
+    from cluster import ops
+    from jobs.config import job_ops
+    path = tmp_path / "every.toml"
+    path.write_text("format = 1\nname = 'every'\nversion = 1\n[compile_check]\nops = '*'\n"
+                    "[[correctness]]\nop = '*'\ntp = 1\nhidden = 2048\ntokens = 1\n"
+                    "[[faults]]\nop = '*'\ntp = 2\nhidden = 1024\ntokens = 4\n"
+                    "kinds = ['skip_publish']\n")
+    suite = load_suite(path)
+    assert suite.compile_check["ops"] == []
+    assert {c.op for c in suite.of("correctness")} == set(ops.names())
+    faulted = {n for n in ops.names() if ops.get(n).faults}
+    assert {c.op for c in suite.of("faults")} == faulted == set(job_ops("faults"))
+    assert job_ops("profile") == ops.profiled()
+    with pytest.raises(ValueError, match=r"job = 'bogus' is not one of \['correctness'"):
+        job_ops("bogus")
+    nightly = load_suite(suite_path("nightly"))
+    assert {c.op for c in nightly.of("faults")} == faulted
+
+
 def test_every_repro_command_selects_exactly_its_case():
     parser = cli.build_parser()  # one parser, as a process has (each parse is fresh)
     for name in ("smoke", "nightly"):

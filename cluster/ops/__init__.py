@@ -4,9 +4,14 @@ Every job, suite filter, row and page reads op facts from here (the case
 fields and their validation, input kinds, reference and check, the emulated
 payload and epilogue, the GPU rank and virtual-rank kernels, compile
 variants, baselines, applicable fault kinds, the timed workload's name).
-Adding an op is one module with its declaration (``SPEC``) plus its
-kernel and reference, and one line in ``_MODULES``; :func:`register` adds
-one at run time (tests, plug-ins).
+Adding an op is one module in this package with its declaration (``SPEC``),
+plus its kernel and reference (docs/adding-an-op.md): every module here
+that defines ``SPEC`` is registered on import, in module-name order;
+:func:`register` adds one at run time (tests, plug-ins). An op declared
+outside this package reaches every process of a run (the driver and its
+rank actors, which import this package anew) through
+``LAMPORT_OP_MODULES``: comma-separated module names, imported after the
+package's own ops, each of which calls :func:`register` on import.
 
 Importing this package imports no torch: declarations are plain data, and
 the torch-side functions live behind ``OpSpec.module()``.
@@ -15,10 +20,10 @@ the torch-side functions live behind ``OpSpec.module()``.
 from __future__ import annotations
 
 import importlib
+import os
+import pkgutil
 
-from cluster.ops.spec import Field, OpSpec
-
-_MODULES = ("all_reduce_norm", "finalize_publish", "embed_norm", "all_reduce_mhc", "indexer")
+from cluster.ops.spec import Field, OpSpec, import_if_present
 
 OPS: dict[str, OpSpec] = {}
 
@@ -65,8 +70,37 @@ def collective() -> tuple[str, ...]:
     return tuple(n for n, s in OPS.items() if s.collective)
 
 
-for _name in _MODULES:
-    register(importlib.import_module(f"cluster.ops.{_name}").SPEC)
+def _declared() -> list[OpSpec]:
+    """The ``SPEC`` of every module of this package that defines one, in
+    module-name order (``spec`` holds the declaration type, no op)."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        spec = getattr(module, "SPEC", None)
+        if spec is not None:
+            if not isinstance(spec, OpSpec):
+                raise TypeError(f"{module.__name__}.SPEC is a {type(spec).__name__}, "
+                                f"not an OpSpec")
+            found.append(spec)
+    return found
+
+
+PLUGINS_ENV = "LAMPORT_OP_MODULES"
+"""Environment variable: modules that register ops of their own (module docstring)."""
+
+
+def _plugins() -> None:
+    """Import each module ``PLUGINS_ENV`` names (they register their ops);
+    ImportError naming the variable and the module when one is missing."""
+    for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
+        if import_if_present(name) is None:
+            raise ImportError(f"{PLUGINS_ENV}: no module {name!r} on sys.path (is its folder "
+                              f"on PYTHONPATH?)")
+
+
+for _spec in _declared():
+    register(_spec)
+_plugins()
 
 __all__ = ["Field", "OPS", "OpSpec", "collective", "compiled", "get", "names", "profiled",
            "register", "unregister"]
