@@ -1,7 +1,8 @@
 """The one measurement harness (shaped like nccl-tests): an op supplies a
 :class:`~cluster.measure.workload.Workload` (its rotating inputs, the fused
 call, the check, the baselines, the bytes moved) built by
-``cluster.measure.workloads.<op>``; the harness (:mod:`cluster.measure.harness`)
+the builder its declaration names (``OpSpec.workload``, in
+:mod:`cluster.measure.workloads`); the harness (:mod:`cluster.measure.harness`)
 owns the rest:
 
 - input rotation over more than the L2 (:func:`cluster.measure.graph.rotation_sets`,

@@ -1,5 +1,6 @@
 """What an op hands the harness: :class:`Workload`, built on one rank by
-``cluster.measure.workloads.<op>(ctx, spec)`` from a :class:`RankContext`
+the builder the op's declaration names (``OpSpec.workload``: ``builder(ctx,
+spec)``) from a :class:`RankContext`
 (who this rank is, its group) and a :class:`Spec` (the case).
 
 Contract of a builder:
