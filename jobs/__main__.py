@@ -147,11 +147,12 @@ def _plan(args, jobs: tuple[str, ...]):
         cases = select(suite, jobs, filters)
         if suite.selfcheck and "selfcheck" in jobs:
             # only here: the golden cases import the torch references (seconds)
-            from kernels.reference.cases import GOLDEN_CASES
-            unknown = sorted(set(suite.selfcheck["cases"]) - set(GOLDEN_CASES))
+            from cluster.ops import golden_cases
+            known = golden_cases()
+            unknown = sorted(set(suite.selfcheck["cases"]) - set(known))
             if unknown:
                 raise ConfigError(f"config {path}: [selfcheck] cases: unknown golden case(s) "
-                                  f"{unknown}; known: {sorted(GOLDEN_CASES)}")
+                                  f"{unknown}; known: {sorted(known)}")
         for case in cases:
             timeout = args.timeout or case.param("timeout_s")
             budget_s = (case.param("budget_ms") or 0) / 1e3

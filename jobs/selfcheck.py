@@ -13,7 +13,7 @@ import time
 
 from jobs.results import ResultsWriter, make_row
 from jobs.table import Col, Table
-from kernels.reference.cases import GOLDEN_CASES
+from cluster.ops import golden_cases
 
 COLUMNS = [Col("case", 34), Col("op", 20), Col("elements", 9, "d"), Col("#wrong", 7, "d"),
            Col("max_ulp", 8, ".0f"), Col("ms", 7, ".1f"), Col("result", 6)]
@@ -21,21 +21,23 @@ COLUMNS = [Col("case", 34), Col("op", 20), Col("elements", 9, "d"), Col("#wrong"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--case", action="append", metavar="NAME",
-                   help=f"only this golden case (repeatable); known: {', '.join(sorted(GOLDEN_CASES))}")
+                   help=f"only this golden case (repeatable); known: "
+                        f"{', '.join(sorted(golden_cases()))}")
 
 
 def run(args: argparse.Namespace, writer: ResultsWriter | None, environment: dict) -> int:
     """Check the cases, print the table, append a row per case; returns the
     number of cases that did not pass."""
     from kernels.reference import golden  # torch: imported when the check runs, not for --help
-    names = args.case or sorted(GOLDEN_CASES)
-    unknown = sorted(set(names) - set(GOLDEN_CASES))
+    cases = golden_cases()
+    names = args.case or sorted(cases)
+    unknown = sorted(set(names) - set(cases))
     if unknown:
-        raise SystemExit(f"unknown golden case(s) {unknown}; known: {sorted(GOLDEN_CASES)}")
+        raise SystemExit(f"unknown golden case(s) {unknown}; known: {sorted(cases)}")
     table = Table(COLUMNS)
     failures = 0
     for name in names:
-        case = GOLDEN_CASES[name]
+        case = cases[name]
         started = dt.datetime.now(dt.timezone.utc)
         t0 = time.perf_counter()
         try:

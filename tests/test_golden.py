@@ -1,10 +1,13 @@
-"""Every registered golden case is pinned by its committed file, and a
+"""Every registered golden case (those of every registered op's ``golden``
+module, cluster.ops.golden_cases) is pinned by its committed file, and a
 mutated reference fails against it."""
 
 import pytest
 
 from kernels.reference import golden
-from kernels.reference.cases import GOLDEN_CASES
+from cluster.ops import golden_cases
+
+GOLDEN_CASES = golden_cases()
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in GOLDEN_CASES.items() if c.make))
@@ -33,6 +36,22 @@ def test_reversed_rank_order_fails_golden():
 def test_every_registered_case_has_a_committed_file():
     missing = [n for n in GOLDEN_CASES if not golden.golden_path(n).exists()]
     assert not missing
+
+
+def test_every_op_names_its_golden_module():
+    from cluster import ops
+    from cluster.ops.spec import OpSpec
+    assert {c.op for c in GOLDEN_CASES.values()} >= {"all_reduce_norm", "finalize_publish",
+                                                     "embed_norm", "all_reduce_mhc"}
+    bad = OpSpec(name="golden_toy", summary="", collective=False, impl="x", inputs=("random",),
+                 golden="no_such_golden_module")
+    ops.register(bad)
+    try:
+        with pytest.raises(ValueError, match="op golden_toy: golden = 'no_such_golden_module' "
+                                             "is no module"):
+            ops.golden_cases()
+    finally:
+        ops.unregister(bad.name)
 
 
 def test_hex_round_trip_keeps_bits():

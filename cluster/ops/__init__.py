@@ -65,6 +65,17 @@ def compiled() -> tuple[str, ...]:
     return tuple(n for n, s in OPS.items() if s.compile_variants)
 
 
+def golden_cases() -> dict:
+    """Every golden case (``kernels.reference.cases.GOLDEN_CASES``, by name)
+    once each registered op's ``golden`` module is imported (torch: the
+    references); ValueError naming the op when its module does not exist."""
+    from kernels.reference.cases import GOLDEN_CASES
+    for name, spec in OPS.items():
+        if spec.golden and import_if_present(spec.golden) is None:
+            raise ValueError(f"op {name}: golden = {spec.golden!r} is no module")
+    return GOLDEN_CASES
+
+
 def collective() -> tuple[str, ...]:
     """Names of the ops that exchange data through a Lamport mailbox."""
     return tuple(n for n, s in OPS.items() if s.collective)
@@ -102,5 +113,5 @@ for _spec in _declared():
     register(_spec)
 _plugins()
 
-__all__ = ["Field", "OPS", "OpSpec", "collective", "compiled", "get", "names", "profiled",
-           "register", "unregister"]
+__all__ = ["Field", "OPS", "OpSpec", "collective", "compiled", "get", "golden_cases", "names",
+           "profiled", "register", "unregister"]

@@ -46,6 +46,7 @@ SPEC = OpSpec(
                            f"a positive int (finalize routes per token; default "
                            f"{DEFAULT_TOP_K} with finalize)")},
     reference="kernels.reference.mhc:all_reduce_mhc",
+    golden="kernels.reference.cases",
     compile_variants="kernels.lamport.mhc_checks.mhc_variants",
     baselines=("unfused", "symm_mem"),
     faults=arn.COLLECTIVE_FAULTS,

@@ -34,6 +34,7 @@ SPEC = OpSpec(
             "mode": Field("one_shot", MODES, "one_shot (all-reduce) or owner (reduce-scatter)",
                           kernel_only=True)},
     reference="kernels.reference.allreduce:all_reduce_norm",
+    golden="kernels.reference.cases",
     compile_variants="kernels.lamport.compile_variants.all_reduce_norm_variants",
     baselines=("unfused", "symm_mem", "flashinfer", "one_shot"),  # one_shot: owner mode's
     faults=("skip_publish", "late_within_budget", "late_beyond_budget", "token_count_differs",

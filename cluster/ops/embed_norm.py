@@ -26,6 +26,7 @@ SPEC = OpSpec(
     impl=__name__,
     inputs=("random", "shard_edges", "sentinel_pattern"),
     reference="kernels.reference.embed:embed_norm",
+    golden="kernels.reference.cases",
     compile_variants="kernels.lamport.compile_variants.embed_norm_variants",
     baselines=("unfused",),
     faults=arn.COLLECTIVE_FAULTS,

@@ -32,6 +32,7 @@ SPEC = OpSpec(
     fields={"top_k": Field(8, positive_int, "a positive int (routes per token)"),
             "residual": arn.SPEC.fields["residual"], "mode": arn.SPEC.fields["mode"]},
     reference="kernels.reference.moe:all_reduce_norm_finalize",
+    golden="kernels.reference.cases",
     compile_variants="kernels.lamport.compile_variants.finalize_publish_variants",
     baselines=("unfused", "one_shot"),  # one_shot: owner mode's
     faults=arn.COLLECTIVE_FAULTS,

@@ -35,6 +35,7 @@ SPEC = OpSpec(
     fields={"heads": Field(64, (32, 64), "indexer heads"),
             "path": Field("fused", ("projection", "fused", "stage"), "which indexer path")},
     reference="kernels.reference.indexer:indexer_fused",
+    golden="kernels.reference.cases",
     compile_variants="kernels.indexer.checks.indexer_variants",
     baselines=("stock",),
     faults=(),

@@ -125,6 +125,11 @@ class OpSpec:
     tps) -> list[kernels.ptx_checks.Variant]`` (e.g.
     ``kernels.lamport.compile_variants.all_reduce_norm_variants``); empty:
     the op has no compile variants. Called through :meth:`variants`."""
+    golden: str = ""
+    """Dotted name of the kernel-side module whose import registers this op's
+    golden cases (:func:`kernels.reference.cases.register`, files under
+    tests/golden/); empty: none. :func:`cluster.ops.golden_cases` imports them
+    for the self-check and tests/test_golden.py."""
     baselines: tuple[str, ...] = ()
     """What the profile compares the fused kernel with."""
     faults: tuple[str, ...] = ()
