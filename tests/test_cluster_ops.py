@@ -63,10 +63,13 @@ def test_each_declaration_is_complete(name):
 
 def test_every_op_names_its_compile_variants():
     """Each declaration's provider yields variants of that op only, and the
-    compile check enumerates exactly the registered ops' variants."""
+    compile check enumerates exactly the variants of the ops that declare a
+    provider (the five shipped ops all do)."""
     from jobs import compile_selection
-    assert compile_selection.registered_ops() == list(ops.names()) == list(ops.compiled())
-    for name in ops.names():
+    assert compile_selection.registered_ops() == list(ops.compiled())
+    assert set(ops.compiled()) >= {"all_reduce_norm", "finalize_publish", "embed_norm",
+                                   "all_reduce_mhc", "indexer"}
+    for name in ops.compiled():
         variants = ops.get(name).variants([2048], [2])
         assert variants and {v.op for v in variants} == {name}, name
     assert len(compile_selection.variants(["embed_norm"], [2048], [2])) == len(
