@@ -216,6 +216,13 @@ def _check_outputs(args) -> None:
             where["--site"] = outputs.check_site("--site", args.site)
     if getattr(args, "trace_out", None) is not None:
         where["--trace-out"] = outputs.check_new_file("--trace-out", args.trace_out)
+    if getattr(args, "notify", None) or getattr(args, "summary_md", None) is not None:
+        if args.no_results:
+            raise ConfigError("--notify / --summary-md: the alert is made from the run's rows; "
+                              "drop --no-results")
+        if args.summary_md is not None:
+            from jobs.alerts import check_summary_path
+            where["--summary-md"] = check_summary_path("--summary-md", args.summary_md)
     outputs.check_apart(where)
 
 
@@ -247,6 +254,8 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
         if opened:
             opened[0].interrupted(stop, compact=nightly,
                                   resume=resume_command(args.argv, opened[0].run_id))
+            if nightly:  # within the signal's grace (jobs.embedded.TERM_GRACE_S)
+                _alert_part(args, opened[0], rule, stop.code, budget_s=ALERT_BUDGET_STOPPED_S)
 
     try:
         with ray_session(args.address) as how:
@@ -269,8 +278,27 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
         print(f"\nno case ran: every case of this run was skipped (the reasons above) or none "
               f"was selected on this cluster; exit {exits.FAILED}, since a job that tests "
               f"nothing is not green (--allow-empty: exit 0 for such a run)", flush=True)
-        return exits.FAILED
-    return exits.FAILED if failing or regressed else exits.OK
+        status = exits.FAILED
+    else:
+        status = exits.FAILED if failing or regressed else exits.OK
+    if nightly:
+        _alert_part(args, run, rule, status)
+    return status
+
+
+ALERT_BUDGET_STOPPED_S = 5.0
+"""The alert's delivery budget when a signal stopped the run (its grace is short)."""
+
+
+def _alert_part(args, run, rule, status: int, *, budget_s: float | None = None) -> None:
+    """``--notify`` / ``--summary-md`` (jobs.alerts), once per run; never
+    fails the run."""
+    if getattr(args, "_alerted", False) or run.results is None:
+        return
+    args._alerted = True
+    from jobs import alerts
+    alerts.notify(args, run.run_id, rule=rule, exit_status=status,
+                  budget_s=alerts.BUDGET_S if budget_s is None else budget_s)
 
 
 def resume_command(argv: list[str], run_id: str) -> str:
@@ -708,6 +736,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             p.add_argument("--site", type=path_arg, default=DEFAULT_SITE,
                            help="dashboard output directory (default: %(default)s)")
             p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard")
+            from jobs.alerts import check_url
+            p.add_argument("--notify", type=check_url, action="append", default=None,
+                           metavar="URL",
+                           help="post the run's alert (generic webhook JSON: counts, worst "
+                                "cases with repro commands, page links; docs/alerts.md) to URL "
+                                "when it has something to say (regressions, failures, hangs, "
+                                "a run not finished); repeatable; retried with backoff, never "
+                                "failing the run")
+            p.add_argument("--notify-on", choices=("news", "always"), default="news",
+                           help="post when the run has something to say (news, the default) "
+                                "or after every run (always: a green run's message too)")
+            p.add_argument("--summary-md", type=path_arg, default=None, metavar="FILE",
+                           help="write the same alert as Markdown (a CI job summary): a new "
+                                "file, or an existing empty one")
+            p.add_argument("--site-url", default=None, metavar="URL",
+                           help="where --site is served, for the alert's links (default: "
+                                "file:// links to --site)")
             p.add_argument("--jobs", type=str_list(NIGHTLY_JOBS), default=NIGHTLY_JOBS,
                            metavar="A,B",
                            help=f"the suite's jobs to run, comma-separated (default: all: "

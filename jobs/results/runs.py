@@ -19,6 +19,8 @@ what is true of the whole run once, instead of on every row:
                                        wall time, cases, timed work, overhead
 ``facts``                              the per-run columns (``RUN_FACTS``: commit,
                                        versions, host, GPUs, topology)
+``notify``                             the nightly's alert deliveries (jobs.alerts):
+                                       headline, per URL delivered or not, attempts
 
 A run's *effective* status (:func:`effective_status`) is ``finished``,
 ``interrupted``, ``running``, or ``incomplete`` when the manifest still says ``running`` but
@@ -162,6 +164,16 @@ def add_accounting(root, run_id: str, entry: dict) -> None:
     data = read_manifest(root, run_id)
     if data and owns(data):
         data["accounting"] = list(data.get("accounting") or []) + [dict(entry)]
+        _write(root, run_id, data, table=False)
+
+
+def record_notify(root, run_id: str, entry: dict) -> None:
+    """Append what the run's alert delivery did (``jobs.alerts``: the
+    headline and, per URL, delivered or not, attempts, error) to its
+    manifest's ``notify`` list (only the run's driver writes)."""
+    data = read_manifest(root, run_id)
+    if data and owns(data):
+        data["notify"] = list(data.get("notify") or []) + [dict(entry)]
         _write(root, run_id, data, table=False)
 
 
