@@ -38,6 +38,9 @@ Result contract of :meth:`RankBackend.run_case` (a plain dict):
                                      all_reduce_norm) as bit arrays (NaN where
                                      not computed)
 ``publish_ns``, ``consume_ns``       wall time of the two phases
+``publish_start_ns`` (optional)      ``time.monotonic_ns()`` as the publish began
+                                     (the mark ``publish_ns`` counts from;
+                                     :mod:`cluster.stragglers`)
 ``host_ns`` (optional)               the call's host time by phase
                                      (:mod:`cluster.phases`: inputs, load,
                                      call, readback, check), ns

@@ -87,6 +87,9 @@ class GroupCall:
     phases_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """The slowest rank's host time of each phase of this call
     (:func:`cluster.phases.slowest`; empty where no rank reported it)."""
+    publish_offsets_us: tuple[float | None, ...] | None = None
+    """Per rank, its publish start after the group's first, us
+    (:func:`cluster.stragglers.call_offsets`; None: fewer than two marks)."""
 
 
 PLACEMENTS = ("cpu", "process_per_gpu", "shared_gpu")
@@ -634,7 +637,8 @@ class TPGroup:
         return GroupCall(seq=self._seq, case=case, outcome=outcome, diagnosis=diagnosis,
                          results=tuple(results), checks=checks, errors=errors, recovery=recovery,
                          rebuilt=rebuilt, start_diagnosis=self.start_diagnosis if rebuilt else None,
-                         wall_s=time.monotonic() - started, phases_s=phases_s)
+                         wall_s=time.monotonic() - started, phases_s=phases_s,
+                         publish_offsets_us=_offsets(results))
 
     def recover(self) -> tuple[MailboxCheck, ...]:
         """Group recovery: every rank scrubs its mailbox and resets its stage
@@ -772,3 +776,9 @@ def _process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def _offsets(results) -> tuple[float | None, ...] | None:
+    from cluster.stragglers import call_offsets
+    offsets = call_offsets(results)
+    return None if offsets is None else tuple(offsets)

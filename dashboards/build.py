@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dashboards import model
 from dashboards.pages import (Site, compare, correctness, environment, faults, latency,
-                              overview, trends)
+                              overview, stragglers, trends)
 from dashboards.regression import judge_all
 from jobs.outputs import SITE_MARKER, site_refusal
 
@@ -31,7 +31,7 @@ MARKER = SITE_MARKER
 """The file that marks a directory as a site this builder made (its name
 and the rule for replacing a site live in jobs.outputs, which the nightly
 checks before it starts)."""
-PAGES = (overview, trends, latency, correctness, faults, environment, compare)
+PAGES = (overview, trends, latency, correctness, faults, stragglers, environment, compare)
 
 
 def plotly_js() -> Path:

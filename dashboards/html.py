@@ -26,6 +26,7 @@ NAV = (
     ("latency.html", "Latency"),
     ("correctness.html", "Correctness"),
     ("faults.html", "Faults & hangs"),
+    ("stragglers.html", "Stragglers"),
     ("environment.html", "Environment"),
     ("compare.html", "Compare runs"),
 )

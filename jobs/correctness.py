@@ -224,6 +224,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
     tally = Tally(case)
     outcome, reason, call = "pass", None, None
     phases_before = dict(group.phases_s)
+    offsets = []  # per call, each rank's publish start after the first's (cluster.stragglers)
     for repeat, fields in enumerate(case_calls(run, case)):
         try:
             call = group.run(group.case(**fields))
@@ -231,6 +232,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
             outcome, reason = "error", f"{type(err).__name__}: {err}"
             break
         tally.add(call.checks)
+        offsets.append(call.publish_offsets_us)
         if call.outcome != "pass":
             outcome = call.outcome
             reason = _reason(call, repeat)
@@ -242,6 +244,9 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
         if d.first_record is not None:
             fields.update(fault_token=d.first_record.token, fault_fragment=d.first_record.fragment,
                           fault_stage=d.first_record.stage)
+    from cluster.stragglers import summarize
+    fields.update(summarize(offsets))
+    by_call = [list(o) for o in offsets if o is not None]
     return run.record(
         case, suite, outcome=outcome, started_at=started, reason=reason, placement=where.name,
         **tally.fields(), **fields,
@@ -253,6 +258,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
                "replaced_ranks": sorted(group.replaced_ranks) or None,
                # host time by phase, slowest rank, summed over the repeats
                "phases_s": rounded(since(phases_before, group.phases_s)) or None,
+               "publish_offsets_us_by_call": by_call or None,
                **(extra or {})})
 
 

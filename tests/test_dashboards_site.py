@@ -26,7 +26,7 @@ from jobs.results import ResultsWriter, read_results
 from tests import dashboards_sample as sample
 
 TOP_PAGES = ("index.html", "trends.html", "latency.html", "correctness.html", "faults.html",
-             "environment.html", "compare.html")
+             "stragglers.html", "environment.html", "compare.html")
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
         "track", "wbr"}
 

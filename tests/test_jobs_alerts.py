@@ -18,7 +18,7 @@ import pytest
 
 from jobs import __main__ as cli
 from jobs import alerts
-from jobs.results import ResultsWriter, make_row
+from jobs.results import ResultsWriter, make_row, read_results
 from jobs.results import runs as runs_mod
 
 REPO = Path(__file__).resolve().parents[1]
@@ -255,3 +255,11 @@ def test_a_nightly_stays_green_and_on_time_with_a_silent_webhook(tmp_path, silen
     (entry,) = manifest["notify"]
     assert [d["ok"] for d in entry["deliveries"]] == [False, True]
     assert took < 300, took
+    # the run's own rows carry the straggler columns, and its site their section
+    rows = read_results(tmp_path / "results").to_pylist()
+    ranked = [r for r in rows if r["job"] == "correctness"]
+    assert len(ranked) == 2 and all(r["publish_skew_us"] is not None and
+                                    len(r["publish_offsets_us"]) == 2 and
+                                    r["last_rank"] in (0, 1) for r in ranked)
+    page = (tmp_path / "site" / "stragglers.html").read_text()
+    assert "all_reduce_norm tp=2 hidden=256 emulated" in page and "2 case(s), 2 call(s)" in page

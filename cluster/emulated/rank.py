@@ -166,6 +166,7 @@ class EmulatedRank:
             "mailbox_clean": after.non_sentinel == 0 and after.headers_set == 0,
             "outputs": outputs,
             "publish_ns": consume_from - started, "consume_ns": done - consume_from,
+            "publish_start_ns": started,  # CLOCK_MONOTONIC: cluster.stragglers
             "check": check, "host_ns": clock.ns,
         }
 

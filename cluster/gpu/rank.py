@@ -272,7 +272,8 @@ class GpuRank:
         result = result_fields(errors, seq=seq, tokens=tokens, expected_stage=expected_stage,
                                next_stage_before=next_before, published=published)
         result.update({"mailbox_clean": box.is_all_sentinel(), "outputs": outputs,
-                       "publish_ns": consume_from - started, "consume_ns": done - consume_from})
+                       "publish_ns": consume_from - started, "consume_ns": done - consume_from,
+                       "publish_start_ns": started})  # cluster.stragglers
         clock.mark("readback")
         result["check"] = check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
                                         facts=kernel.facts(), rank=self._rank,

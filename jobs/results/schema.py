@@ -25,11 +25,13 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: the ``job`` column. 3: files leave out ``suite`` (the partition key
 gives it) and the per-run facts (``runs.RUN_FACTS``, kept once in the run
 manifest); readers fill both in, so ``read_results`` returns the same
-columns as for version 2."""
+columns as for version 2. 4: the straggler columns (``publish_skew_us``,
+``publish_skew_max_us``, ``last_rank``, ``last_rank_share``,
+``publish_offsets_us``); null in the rows of older files."""
 SCHEMA_VERSION_KEY = b"lamport_lab.schema_version"
 
 OUTCOMES = ("pass", "fail", "hang", "error", "skipped")
@@ -101,6 +103,17 @@ COLUMNS: tuple[Column, ...] = (
     Column("t_stdev_us", pa.float64(), "us", "sample standard deviation"),
     Column("t_max_over_ranks_median_us", pa.float64(), "us",
            "median over iterations of the slowest rank's time"),
+    # Stragglers over the case's calls (cluster.stragglers): each rank's publish start
+    # after the group's first rank's, from the mark its publish timing starts at.
+    Column("publish_skew_us", pa.float64(), "us", "median over calls of the last rank's "
+           "publish start after the first's"),
+    Column("publish_skew_max_us", pa.float64(), "us", "the largest such skew of a call"),
+    Column("last_rank", pa.int32(), "rank id", "the rank that started publishing last most "
+           "often (the lowest of a tie)"),
+    Column("last_rank_share", pa.float64(), "fraction", "of the calls, how often last_rank "
+           "was last"),
+    Column("publish_offsets_us", pa.list_(pa.float64()), "us", "per rank (index = rank), the "
+           "median over calls of its publish start after the group's first"),
     Column("baseline", pa.string(), "-", "name of what the timing is compared with"),
     Column("baseline_median_us", pa.float64(), "us", "the baseline's median iteration"),
     Column("ratio", pa.float64(), "-", "t_median_us / baseline_median_us (< 1 is faster)"),
