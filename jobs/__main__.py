@@ -847,9 +847,58 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--wait", type=number("wait_s"), default=180.0, metavar="S",
                    help="how long to wait for the job agent (default: %(default)s s)")
     p.set_defaults(func=_head)
+    p = sub.add_parser("bisect", help="find the commit that turned a case red: each candidate "
+                                      "in a git worktree of its own, only that case run "
+                                      "through the service (jobs/bisect.py)",
+                       description="Bisect one case between a good and a bad commit "
+                                   "(default: its newest green and red nightly runs in "
+                                   "--results). Exit 0: found; 1: the range does not "
+                                   "reproduce; 2: bad usage; 3: Ray did not start.",
+                       epilog=f"exit status:\n{exits.help_text()}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    if full("bisect"):
+        from jobs import bisect
+        p.add_argument("--case", required=True, metavar="KEY",
+                       help="the case's key, as its rows' extra.case_key holds it: "
+                            + "|".join(bisect.KEY_FIELDS))
+        p.add_argument("--good", default=None, metavar="COMMIT",
+                       help="a commit where the case is green (default: its newest green "
+                            "nightly before the red one)")
+        p.add_argument("--bad", default=None, metavar="COMMIT",
+                       help="a commit where it is red (default: its newest red nightly)")
+        p.add_argument("--repo", type=path_arg, default=Path("."),
+                       help="the git repository (default: the current directory); its "
+                            "checkout is never touched, each commit gets a worktree of its own")
+        p.add_argument("--suite", type=name_arg, default="smoke",
+                       help="the suite the case's parameters come from and the rows' "
+                            "partition (default: %(default)s)")
+        p.add_argument("--kind", choices=bisect.KINDS, default="auto",
+                       help="wrong: a wrong result or hang, one run per commit; latency: a "
+                            "regression, good rerun beside each candidate; auto (default): "
+                            "from the red night, else from a first run of bad")
+        p.add_argument("--parallel", type=number("parallel"), default=None, metavar="N",
+                       help="candidates run at once (default: what the cluster has room for)")
+        p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS,
+                       help="where the nights are read and the verdict rows written "
+                            "(default: %(default)s)")
+        p.add_argument("--no-results", action="store_true", help="write no rows")
+        p.add_argument("--address", default=None,
+                       help="Ray cluster to join (default: RAY_ADDRESS, else an embedded one "
+                            "started once for every candidate)")
+        p.add_argument("--pool", type=pool_choice, default="job", metavar="job|off",
+                       help="the candidates' rank processes: job (a pool per candidate run, "
+                            "default) or off; a standing pool runs its own tree's code and is "
+                            "refused")
+        _add_rule_arguments(p)
+    p.set_defaults(func=_bisect)
     from jobs import pool
     pool.add_parser(sub)
     return parser
+
+
+def _bisect(args) -> int:
+    from jobs import bisect
+    return bisect.run_bisect(args)
 
 
 def _command_of(argv: list[str]) -> str:

@@ -224,6 +224,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
     tally = Tally(case)
     outcome, reason, call = "pass", None, None
     phases_before = dict(group.phases_s)
+    calls_s = []  # per call, the slowest rank's call phase (jobs.bisect's latency samples)
     offsets = []  # per call, each rank's publish start after the first's (cluster.stragglers)
     for repeat, fields in enumerate(case_calls(run, case)):
         try:
@@ -232,6 +233,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
             outcome, reason = "error", f"{type(err).__name__}: {err}"
             break
         tally.add(call.checks)
+        calls_s.append(round(call.phases_s.get("call", 0.0), 6))
         offsets.append(call.publish_offsets_us)
         if call.outcome != "pass":
             outcome = call.outcome
@@ -258,6 +260,8 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
                "replaced_ranks": sorted(group.replaced_ranks) or None,
                # host time by phase, slowest rank, summed over the repeats
                "phases_s": rounded(since(phases_before, group.phases_s)) or None,
+               # the same, call by call: the call phase of each repeat, s
+               "calls_s": calls_s or None,
                "publish_offsets_us_by_call": by_call or None,
                **(extra or {})})
 

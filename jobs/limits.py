@@ -77,6 +77,8 @@ LIMITS: dict[str, Limit] = {
                       integer=True),
     "history": Limit(1, 1_000, "", "regression: nightly runs compared with (--history, "
                      "--min-history)", integer=True),
+    "parallel": Limit(1, 1_024, "", "bisect: candidates run at once (--parallel)",
+                      integer=True),
     "sigmas": Limit(0, 1_000, "", "regression: standard deviations (--sigmas)", open_low=True),
     "threshold": Limit(0, 1_000, "", "regression: fraction worse (--threshold)"),
 }

@@ -207,6 +207,8 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     # docs/alerts.md: a webhook that refuses (nothing on port 9): retried, logged, still exit 0.
     ".venv/bin/python -m jobs nightly --suite smoke --notify http://127.0.0.1:9/hook "
     "--summary-md summary.md": Run(append=SMALL, creates=("summary.md",), ray=True),
+    # README: the bisect, in prose (tests/test_jobs_bisect.py runs it on a repo of ten commits).
+    "python -m jobs bisect --case KEY": Skip(SYNOPSIS),
     # docs/results-schema.md
     ".venv/bin/python -m jobs report --results results          # the latest run":
         Run(needs_results=True),

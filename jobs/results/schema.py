@@ -43,8 +43,9 @@ TRIGGERS = (NIGHTLY, "adhoc", "ci")
 #: cpu-reference: torch references only; compile: kernels compiled for an
 #: arch and their PTX checked, nothing launched.
 BACKENDS = ("gpu", "emulated", "cpu-reference", "compile")
-#: The job that wrote a row (``python -m jobs <job>``; the nightly runs each).
-JOBS = ("selfcheck", "compile-check", "correctness", "faults", "profile")
+#: The job that wrote a row (``python -m jobs <job>``; the nightly runs the
+#: first five; ``bisect`` writes a verdict per commit it tried, jobs/bisect.py).
+JOBS = ("selfcheck", "compile-check", "correctness", "faults", "profile", "bisect")
 
 
 @dataclass(frozen=True)
