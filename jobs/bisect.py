@@ -42,6 +42,14 @@ dataset. The verdict per commit:
   counts as good. A run that does not pass (a host deadline missed on a
   loaded machine) is run once more; twice, the commit is ``skip``.
 
+Where the candidates' code lives: the worktrees are on this machine, and a
+candidate's rank actors find its tree through Ray's driver path (the
+driver's working directory, put first on its workers' ``sys.path``). On a
+cluster of several nodes that path must be there on every node the ranks
+may land on (a shared filesystem, or ``--repo`` on one); elsewhere the
+ranks would import that node's installed copy. Shipping each tree with the
+job (``ray job submit --working-dir`` per candidate) is not done yet.
+
 ``--kind auto`` (default) takes the kind from the red night, else from a
 first run of bad (a failing row: wrong; passing: latency). Where the
 cluster has room (``--parallel``, default: its CPUs or GPUs over what one
