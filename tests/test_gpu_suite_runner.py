@@ -77,7 +77,8 @@ def test_an_unknown_file_is_refused(capsys):
     assert exit_.value.code == 2 and "tests/nonesuch.py" in capsys.readouterr().err
 
 
-def test_lanes_run_parts_at_once_and_exclusive_ones_alone(tmp_path, monkeypatch, capsys):
+def test_lanes_run_parts_at_once_the_ray_ones_one_at_a_time_and_timed_ones_alone(
+        tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("OUT", raising=False)
     monkeypatch.setattr(suite, "gpus", lambda: [])
@@ -90,9 +91,23 @@ def test_lanes_run_parts_at_once_and_exclusive_ones_alone(tmp_path, monkeypatch,
         return {"part": path, "exit": 0, "wall_s": 0.3, "passed": 1, "failed": 0, "skipped": 0,
                 "errors": 0, "slowest": []}
     monkeypatch.setattr(suite, "run_part", fake)
-    parts = [PART, "tests/test_reference_mhc.py", "tests/gpu/test_timing_gpu.py"]
-    assert suite.main([*parts, "--lanes", "2"]) == 0
-    (a0, a1), (b0, b1), (x0, x1) = (spans[p] for p in parts)
-    assert a0 < b1 and b0 < a1  # the two shared parts overlapped
-    assert x0 >= max(a1, b1)  # the exclusive one ran after them, alone
-    assert "2 lane(s)" in capsys.readouterr().out
+    shared = [PART, "tests/test_reference_mhc.py"]
+    serial = ["tests/gpu/test_cluster_gpu.py", "tests/gpu/test_pool_gpu.py"]
+    timed = "tests/gpu/test_timing_gpu.py"
+    assert set(serial) <= set(suite.ONE_AT_A_TIME) and timed in suite.ALONE
+    assert suite.main([*shared, *serial, timed, "--lanes", "3"]) == 0
+
+    def overlap(p, q):
+        return spans[p][0] < spans[q][1] and spans[q][0] < spans[p][1]
+    assert overlap(*shared)  # kernel parts side by side
+    assert overlap(serial[0], shared[0]) and overlap(serial[0], shared[1])  # beside the chain
+    assert not overlap(*serial)  # the Ray parts one after another
+    assert spans[timed][0] >= max(t1 for _, t1 in (spans[p] for p in [*shared, *serial]))
+    assert "3 lane(s)" in capsys.readouterr().out
+
+    spans.clear()  # one lane: every part in turn, in the order given
+    monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state1"))
+    assert suite.main([*shared, *serial, timed]) == 0
+    order = sorted(spans, key=lambda p: spans[p][0])
+    assert order == [*shared, *serial, timed]
+    assert all(not overlap(p, q) for p, q in zip(order, order[1:]))

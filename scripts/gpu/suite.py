@@ -45,11 +45,17 @@ PART_TIMEOUT_S = 420
 """One part's limit (its pytest is killed past it; its tests count as errors)."""
 MIN_PART_S = 45
 """Under this much of --budget left, no further part is started."""
-EXCLUSIVE = ("tests/gpu/test_cluster_gpu.py", "tests/gpu/test_cluster_ops_gpu.py",
-             "tests/gpu/test_pool_gpu.py", "tests/gpu/test_timing_gpu.py",
-             "tests/test_jobs_profile.py")
-"""Parts that time calls or race watchdog budgets and host deadlines across
-Ray processes: with ``--lanes`` > 1 they still run alone, after the others."""
+ALONE = ("tests/gpu/test_timing_gpu.py", "tests/test_jobs_profile.py")
+"""Parts that time calls: with ``--lanes`` > 1 they run alone, after every
+other part (a neighbour's kernels would time-slice the GPU under them)."""
+ONE_AT_A_TIME = ("tests/gpu/test_cluster_gpu.py", "tests/gpu/test_cluster_ops_gpu.py",
+                 "tests/gpu/test_pool_gpu.py")
+"""Parts whose Ray clusters form GPU groups against host deadlines and
+watchdog budgets: with ``--lanes`` > 1 they run one after another in a lane
+of their own (started first: it is the longest), beside the kernel parts in
+the other lanes, never beside each other. A neighbour's kernels slow their
+calls by time slices of milliseconds, far inside those deadlines (seconds);
+two of them at once would also double the worker processes starting."""
 
 
 def gpu_files(root: Path = ROOT, marks: tuple[str, ...] = ("gpu", "multigpu")) -> list[str]:
@@ -158,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part-timeout", type=float, default=PART_TIMEOUT_S,
                     help="seconds one part may run (default %(default)s)")
     ap.add_argument("--lanes", type=int, default=1,
-                    help="parts run at once (default %(default)s); the EXCLUSIVE ones "
-                         "always alone (their kernels then time-slice the GPU with the "
-                         "other lanes' kernels: correctness only)")
+                    help="parts run at once (default %(default)s): the ONE_AT_A_TIME parts "
+                         "in one lane, the others beside them (their kernels then "
+                         "time-slice the GPU: correctness only), the ALONE parts last")
     args = ap.parse_args(argv)
     if not 1 <= args.lanes <= 16:
         ap.error(f"--lanes must be in 1..16, got {args.lanes}")
@@ -203,12 +209,15 @@ def main(argv: list[str] | None = None) -> int:
             print(line(c), flush=True)
             (left if c.get("cut") else results).append(path if c.get("cut") else c)
 
-    shared = [f for f in files if f not in EXCLUSIVE or args.lanes == 1]
+    serial = [f for f in files if f in ONE_AT_A_TIME] if args.lanes > 1 else []
+    alone = [f for f in files if f in ALONE] if args.lanes > 1 else []
+    shared = [f for f in files if f not in serial and f not in alone]
     with ThreadPoolExecutor(max_workers=args.lanes) as lanes:
+        chain = lanes.submit(lambda: [one(path) for path in serial])
         list(lanes.map(one, shared))
-    for path in files:
-        if path not in shared:
-            one(path)
+        chain.result()
+    for path in alone:
+        one(path)
     elapsed = time.monotonic() - started
     total = {k: sum(c[k] for c in results) for k in ("passed", "failed", "skipped", "errors")}
     wall = round(sum(c["wall_s"] for c in results), 1)
