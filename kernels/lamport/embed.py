@@ -33,9 +33,8 @@ from kernels.validation import require_tp
 
 from . import primitives as prim
 from .norm import NormKernel
-from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS,
-                       NEXT_STAGE, VEC_BF16, slot_index)
-from .publish import PUBLISH_THREADS, TRANSPORTS
+from .protocol import LAMPORT_GENERATIONS, NEXT_STAGE, VEC_BF16
+from .publish import PUBLISH_THREADS, TRANSPORTS, load_peers, record_stage, store_payload
 
 
 class EmbedPublishKernel:
@@ -53,6 +52,7 @@ class EmbedPublishKernel:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.tp = tp
         self.transport = transport
+        self.owner = False
         self.threads = PUBLISH_THREADS
 
     @cute.jit
@@ -74,10 +74,7 @@ class EmbedPublishKernel:
         column = Int64(cta * self.threads + tidx) * VEC_BF16
         hidden64 = Int64(hidden)
 
-        peers = []
-        if cutlass.const_expr(self.transport == "unicast"):
-            for p in cutlass.range_constexpr(self.tp):
-                peers.append(prim.load_u64(destination + p * 8))
+        peers = load_peers(self, destination, token)
 
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
@@ -94,18 +91,9 @@ class EmbedPublishKernel:
                 for i in cutlass.range_constexpr(4):
                     words[i] = loaded[i]
             payload = [words[i] for i in range(4)]
-            if stage_ok:
-                offset = slot_index(Int64(stage), self.tp, Int64(rank), Int64(capacity),
-                                    Int64(token), hidden64, column) * 2
-                if cutlass.const_expr(self.transport == "unicast"):
-                    for p in cutlass.range_constexpr(self.tp):
-                        prim.store_relaxed_sys_u32x4(peers[p] + offset, payload)
-                else:
-                    prim.store_multicast_bf16x8(destination + offset, payload)
-        if (cta == 0) & (token == 0) & (tidx == 0):
-            prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
-            if not stage_ok:
-                prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
+            store_payload(self, payload, stage, stage_ok, peers, destination, rank, capacity,
+                          token, hidden64, column)
+        record_stage(stage, stage_ok, stage_state, error, (cta == 0) & (token == 0) & (tidx == 0))
 
 
 class EmbedNormKernel(NormKernel):

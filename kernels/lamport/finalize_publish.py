@@ -77,9 +77,9 @@ import cuda.bindings.driver as cuda
 from kernels.validation import require_tp
 
 from . import primitives as prim
-from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, LAMPORT_GENERATIONS, NEXT_STAGE,
-                       owner_slot_index, slot_index)
-from .publish import TRANSPORTS, check_owner_transport, publish_grid_tokens
+from .protocol import LAMPORT_GENERATIONS, NEXT_STAGE
+from .publish import (TRANSPORTS, check_owner_transport, load_peers, publish_grid_tokens,
+                      record_stage, store_payload)
 
 FINALIZE_THREADS = 128
 ELEMENTS_PER_THREAD = (4, 8)
@@ -147,18 +147,6 @@ class FinalizePublishKernel:
             return prim.load_u32x4(address)
         return prim.load_u32x2(address)
 
-    def _store_unicast(self, address, words):
-        if self.elements == 8:
-            prim.store_relaxed_sys_u32x4(address, words)
-        else:
-            prim.store_relaxed_sys_u32x2(address, words)
-
-    def _store_multicast(self, address, words):
-        if self.elements == 8:
-            prim.store_multicast_bf16x8(address, words)
-        else:
-            prim.store_multicast_bf16x4(address, words)
-
     @cute.jit
     def __call__(self, routed: Int64, weights: Int64, indices: Int64, shared: Int64,
                  routed_rows: Int32, stage_state: Int64, destination: Int64, error: Int64,
@@ -178,12 +166,7 @@ class FinalizePublishKernel:
         column = Int64(cta * self.threads + tidx) * self.elements
         hidden64 = Int64(hidden)
 
-        peers = []
-        if cutlass.const_expr(self.owner):
-            peers.append(prim.load_u64(destination + Int64(token % self.tp) * 8))
-        elif cutlass.const_expr(self.transport == "unicast"):
-            for p in cutlass.range_constexpr(self.tp):
-                peers.append(prim.load_u64(destination + p * 8))
+        peers = load_peers(self, destination, token)
         # Owner mode publishes tokens M .. tp-1 (M < tp) as +0.0.
         real = Boolean(True)
         if cutlass.const_expr(self.owner):
@@ -267,24 +250,9 @@ class FinalizePublishKernel:
                     acc[2 * w + 1] = prim.add_rn_f32(acc[2 * w + 1], hi)
             words = [prim.sanitize_u32(prim.f32x2_to_bf16x2_rn(acc[2 * w], acc[2 * w + 1]))
                      for w in range(self.words)]
-            if stage_ok:
-                if cutlass.const_expr(self.owner):
-                    offset = owner_slot_index(Int64(stage), self.tp, Int64(rank),
-                                              Int64(capacity), Int64(token), hidden64,
-                                              column) * 2
-                    self._store_unicast(peers[0] + offset, words)
-                else:
-                    offset = slot_index(Int64(stage), self.tp, Int64(rank), Int64(capacity),
-                                        Int64(token), hidden64, column) * 2
-                    if cutlass.const_expr(self.transport == "unicast"):
-                        for p in cutlass.range_constexpr(self.tp):
-                            self._store_unicast(peers[p] + offset, words)
-                    else:
-                        self._store_multicast(destination + offset, words)
-        if (cta == 0) & (token == 0) & (tidx == 0):
-            prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
-            if not stage_ok:
-                prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
+            store_payload(self, words, stage, stage_ok, peers, destination, rank, capacity,
+                          token, hidden64, column)
+        record_stage(stage, stage_ok, stage_state, error, (cta == 0) & (token == 0) & (tidx == 0))
 
 
 @dataclasses.dataclass(frozen=True)

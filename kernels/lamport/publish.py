@@ -95,14 +95,7 @@ class PublishKernel:
         column = Int64(cta * self.threads + tidx) * VEC_BF16
         hidden64 = Int64(hidden)
 
-        # The peer table is written once at construction: load it into
-        # registers before the wait and before the store loop.
-        peers = []
-        if cutlass.const_expr(self.owner):
-            peers.append(prim.load_u64(destination + Int64(token % self.tp) * 8))
-        elif cutlass.const_expr(self.transport == "unicast"):
-            for p in cutlass.range_constexpr(self.tp):
-                peers.append(prim.load_u64(destination + p * 8))
+        peers = load_peers(self, destination, token)
 
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
@@ -123,22 +116,76 @@ class PublishKernel:
             else:
                 payload = prim.sanitize_u32x4(
                     prim.load_u32x4(x + (Int64(token) * hidden64 + column) * 2))
-            if stage_ok:
-                if cutlass.const_expr(self.owner):
-                    offset = owner_slot_index(Int64(stage), self.tp, Int64(rank),
-                                              Int64(capacity), Int64(token), hidden64,
-                                              column) * 2
-                    prim.store_relaxed_sys_u32x4(peers[0] + offset, payload)
-                else:
-                    offset = slot_index(Int64(stage), self.tp, Int64(rank),
-                                        Int64(capacity), Int64(token), hidden64,
-                                        column) * 2
-                    if cutlass.const_expr(self.transport == "unicast"):
-                        for p in cutlass.range_constexpr(self.tp):
-                            prim.store_relaxed_sys_u32x4(peers[p] + offset, payload)
-                    else:
-                        prim.store_multicast_bf16x8(destination + offset, payload)
-        if (cta == 0) & (token == 0) & (tidx == 0):
-            prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
-            if not stage_ok:
-                prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
+            store_payload(self, payload, stage, stage_ok, peers, destination, rank, capacity,
+                          token, hidden64, column)
+        record_stage(stage, stage_ok, stage_state, error, (cta == 0) & (token == 0) & (tidx == 0))
+
+
+@cute.jit
+def load_peers(kernel, destination: Int64, token) -> list:
+    """The peer table a publish stores through (see :func:`store_payload`),
+    loaded into registers. The table is written once, at construction, so
+    every publish loads it before ``griddepcontrol.wait`` and before its
+    store loop: tp addresses in unicast, the owner of ``token`` alone in
+    owner mode, none in multicast (``destination`` is the address)."""
+    peers = []
+    if cutlass.const_expr(kernel.owner):
+        peers.append(prim.load_u64(destination + Int64(token % kernel.tp) * 8))
+    elif cutlass.const_expr(kernel.transport == "unicast"):
+        for p in cutlass.range_constexpr(kernel.tp):
+            peers.append(prim.load_u64(destination + p * 8))
+    return peers
+
+
+@cute.jit
+def store_payload(kernel, payload, stage, stage_ok, peers, destination: Int64, rank: Int32,
+                  capacity: Int32, token, hidden64: Int64, column: Int64) -> None:
+    """The publish's stores, shared by every publish kernel: ``payload``
+    (4 words, one 16-byte fragment, or 2, its half) goes to slot ``(stage,
+    rank, token)`` of every rank's mailbox, or, owner mode, to slot ``(stage,
+    rank, token // tp)`` of the owner's only; nothing where ``stage_ok`` is
+    False. ``kernel`` supplies ``tp``, ``transport`` and ``owner`` (compile
+    time); ``peers`` is the peer table loaded from ``destination`` in
+    unicast and owner mode (the owner's address alone in owner mode);
+    multicast stores through ``destination`` itself. Stores are
+    ``st.relaxed.sys`` a peer or one ``multimem.st``
+    (:mod:`kernels.lamport.protocol`)."""
+    if stage_ok:
+        if cutlass.const_expr(kernel.owner):
+            offset = owner_slot_index(Int64(stage), kernel.tp, Int64(rank), Int64(capacity),
+                                      Int64(token), hidden64, column) * 2
+            _store_unicast(peers[0] + offset, payload)
+        else:
+            offset = slot_index(Int64(stage), kernel.tp, Int64(rank), Int64(capacity),
+                                Int64(token), hidden64, column) * 2
+            if cutlass.const_expr(kernel.transport == "unicast"):
+                for p in cutlass.range_constexpr(kernel.tp):
+                    _store_unicast(peers[p] + offset, payload)
+            else:
+                _store_multicast(destination + offset, payload)
+
+
+@cute.jit
+def record_stage(stage, stage_ok, stage_state: Int64, error: Int64, first) -> None:
+    """The end of every publish, by one thread (``first``): the stage it
+    published at into ACTIVE_STAGE for this rank's consumer, and a stage out
+    of range (``stage_ok`` False) into ``error[ERR_BAD_STAGE]`` as
+    ``stage + 1`` (see the module docstring)."""
+    if first:
+        prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
+        if not stage_ok:
+            prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
+
+
+def _store_unicast(address, words):
+    if len(words) == 4:
+        prim.store_relaxed_sys_u32x4(address, words)
+    else:
+        prim.store_relaxed_sys_u32x2(address, words)
+
+
+def _store_multicast(address, words):
+    if len(words) == 4:
+        prim.store_multicast_bf16x8(address, words)
+    else:
+        prim.store_multicast_bf16x4(address, words)
