@@ -3,8 +3,8 @@ starting its rank processes fresh (``--pool off``, the path before pools),
 side by side in one run on one Ray cluster.
 
     python -m benchmarks.group_formation [--backend auto] [--repeats 5]
-        [--kinds process_per_gpu:1,shared_gpu:2,shared_gpu:4,shared_gpu:8,
-                 virtual_ranks:2,virtual_ranks:4,virtual_ranks:8] [--json PATH]
+        [--kinds process-per-gpu:1,shared-gpu:2,shared-gpu:4,shared-gpu:8,
+                 virtual-ranks:2,virtual-ranks:4,virtual-ranks:8] [--json PATH]
 
 For each kind (placement:tp) it forms ``--repeats`` groups each way and
 reports the median and the worst formation time and their ratio. Formation
@@ -22,7 +22,7 @@ The pool is warmed first (one group of each kind, not counted), as a
 nightly's pool is after its first groups. Each group makes one checked call
 (a 1-token all_reduce_norm case) so that a formation that only looks done
 fails here. On the emulated backend the virtual kinds are skipped (they
-need a GPU) and the others run as CPU ranks (placement ``cpu``). Wall-clock
+need a GPU) and the others run as CPU ranks (placement ``emulated``). Wall-clock
 host times: this measures the service, not a kernel.
 """
 
@@ -34,12 +34,16 @@ import statistics
 import sys
 import time
 
-KINDS = ("process_per_gpu:1", "shared_gpu:2", "shared_gpu:4", "shared_gpu:8",
-         "virtual_ranks:2", "virtual_ranks:4", "virtual_ranks:8")
+from cluster.placement import Placement
+
+KINDS = ("process-per-gpu:1", "shared-gpu:2", "shared-gpu:4", "shared-gpu:8",
+         "virtual-ranks:2", "virtual-ranks:4", "virtual-ranks:8")
+"""placement:tp (a placement's underscore spelling, process_per_gpu, is taken too)."""
 HIDDEN, CAPACITY, BUDGET_NS = 4096, 8, 1_000_000_000
 
 
 def _parse(argv):
+    on_gpus = (Placement.PROCESS_PER_GPU, Placement.SHARED_GPU, Placement.VIRTUAL_RANKS)
     p = argparse.ArgumentParser(prog="python -m benchmarks.group_formation",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="auto", choices=("auto", "gpu", "emulated"))
@@ -53,17 +57,22 @@ def _parse(argv):
     kinds = []
     for item in args.kinds.split(","):
         placement, _, tp = item.partition(":")
-        if placement not in ("process_per_gpu", "shared_gpu", "virtual_ranks") or not tp.isdigit():
-            p.error(f"--kinds: {item!r} is not placement:tp (placements process_per_gpu, "
-                    f"shared_gpu, virtual_ranks)")
+        try:
+            placement = Placement(placement)
+        except ValueError:
+            placement = None
+        if placement not in on_gpus or not tp.isdigit():
+            p.error(f"--kinds: {item!r} is not placement:tp (placements "
+                    f"{', '.join(on_gpus)})")
         kinds.append((placement, int(tp)))
     args.kinds = kinds
     return args
 
 
-def _rank_group(backend: str, placement: str, tp: int, pool) -> float:
+def _rank_group(backend: str, placement: Placement, tp: int, pool) -> float:
     from cluster.group import TPGroup
-    gpus = 0.0 if backend == "emulated" else (1.0 if placement == "process_per_gpu" else 1.0 / tp)
+    gpus = (0.0 if backend == "emulated" else
+            1.0 if placement == Placement.PROCESS_PER_GPU else 1.0 / tp)
     t0 = time.monotonic()
     with TPGroup(tp=tp, hidden=HIDDEN, capacity=CAPACITY, backend=backend, gpus_per_rank=gpus,
                  call_timeout_s=30.0, setup_timeout_s=300.0, pool=pool) as g:
@@ -82,12 +91,12 @@ def _virtual_group(tp: int, pool) -> float:
     submitted = time.time()
     out, failed = gpu_task(virtual.run_group, spec, 300.0, gpus=1.0, pool=pool)
     if failed:
-        raise RuntimeError(f"virtual_ranks tp={tp}: {failed}")
+        raise RuntimeError(f"virtual-ranks tp={tp}: {failed}")
     return max(out["entered_unix"] - submitted, 0.0) + out["setup_s"]["imports"]
 
 
-def formation_s(backend: str, placement: str, tp: int, pool) -> float:
-    if placement == "virtual_ranks":
+def formation_s(backend: str, placement: Placement, tp: int, pool) -> float:
+    if placement == Placement.VIRTUAL_RANKS:
         return _virtual_group(tp, pool)
     return _rank_group(backend, placement, tp, pool)
 
@@ -103,7 +112,8 @@ def main(argv=None) -> int:
         if backend == "gpu":
             kinds = args.kinds
         else:  # CPU ranks: one kind per tp, the virtual ones need a GPU
-            kinds = list(dict.fromkeys(("cpu", tp) for p, tp in args.kinds if p != "virtual_ranks"))
+            kinds = list(dict.fromkeys((Placement.EMULATED, tp) for p, tp in args.kinds
+                                       if p != Placement.VIRTUAL_RANKS))
         print(f"backend: {why}; {args.repeats} group(s) per kind and way; ray "
               f"{ray.__version__}", flush=True)
         figures = {}

@@ -27,17 +27,18 @@ class BenchmarkRows:
         ``watchdog`` when it has a watchdog budget, else ``plain``)."""
         if self.run is None:
             return
+        from cluster.placement import Placement
         from jobs.config import Case
-        from jobs.harness import Placement, now
+        from jobs.harness import PlacementOffer, now
         from jobs.profile import record_impls
         case = Case(job="profile", op=spec["op"], variant="watchdog" if spec.get("watchdog_ns")
-                    else "plain", transport="unicast", placement="process-per-gpu", tp=1,
+                    else "plain", transport="unicast", placement=Placement.PROCESS_PER_GPU, tp=1,
                     hidden=spec["hidden"], tokens=spec["tokens"], top_k=spec.get("top_k"),
                     hc=spec.get("hc"), dtype="bfloat16", repeats=1,
                     params=(("baselines", tuple(spec["baselines"])), ("calls", spec["calls"]),
                             ("replays", spec["replays"]), ("rotate_mb", spec["rotate_mb"])))
-        record_impls(self.run, self.suite, case, Placement("process-per-gpu", 1.0, True), [out],
-                     now())
+        record_impls(self.run, self.suite, case,
+                     PlacementOffer(Placement.PROCESS_PER_GPU, 1.0, True), [out], now())
 
     def plain_and_watchdog(self, spec: dict, watchdog_ns: int):
         """:func:`measure_tp1` of ``spec`` (the plain consumer and its

@@ -7,6 +7,7 @@
 - :mod:`cluster.gpu`: the CuTe DSL kernels on GPUs (process per GPU: NCCL +
   symmetric memory; shared GPU: gloo + CUDA IPC mailboxes);
 - :mod:`cluster.topology`: topology discovery and TP-group planning;
+- :mod:`cluster.placement`: the placement names (:class:`~cluster.placement.Placement`);
 - :mod:`kernels.lamport.diagnosis` (below cluster, shared with the host classes): the
   group-level diagnosis from every rank's watchdog report;
 - :mod:`cluster.ops`: the op registry (one declaration per op: case fields, inputs,

@@ -51,6 +51,7 @@ from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport,
                                diagnose_start)
 from cluster import phases
 from cluster.injection import validate_injection
+from cluster.placement import Placement
 from kernels.lamport.protocol import VEC_BF16
 from kernels.validation import require_int, require_multiple, require_number, require_tp
 
@@ -92,7 +93,6 @@ class GroupCall:
     (:func:`cluster.stragglers.call_offsets`; None: fewer than two marks)."""
 
 
-PLACEMENTS = ("cpu", "process_per_gpu", "shared_gpu")
 RUN_TAG_ENV = "LAMPORT_RUN_TAG"
 """The driver's run (set by ``jobs``); it names every group's mailboxes."""
 
@@ -123,12 +123,12 @@ def own_error(errors: Sequence[BaseException]) -> BaseException:
     return errors[0]
 
 
-def placement_for(gpus_per_rank: float) -> str:
-    """The placement a GPU share implies: 0 cpu, 1 process_per_gpu, a
-    fraction shared_gpu."""
+def placement_for(gpus_per_rank: float) -> Placement:
+    """The placement a GPU share implies: 0 emulated, 1 process per GPU, a
+    fraction shared GPU."""
     if gpus_per_rank == 0:
-        return "cpu"
-    return "process_per_gpu" if gpus_per_rank == 1 else "shared_gpu"
+        return Placement.EMULATED
+    return Placement.PROCESS_PER_GPU if gpus_per_rank == 1 else Placement.SHARED_GPU
 
 
 class TPGroup:
@@ -137,7 +137,7 @@ class TPGroup:
     group. Use as a context manager or call :meth:`close`.
 
     ``gpus_per_rank``: 0 for CPU ranks (emulated), 1 for process-per-GPU,
-    a fraction for several ranks sharing a GPU (placement ``shared_gpu``:
+    a fraction for several ranks sharing a GPU (placement ``shared-gpu``:
     one bundle holding ``tp * gpus_per_rank`` of one GPU, every rank in it,
     so all ranks land on the same GPU). ``backend_options``: passed to every
     rank's backend setup (gpu: ``transport``); a backend that needs a
@@ -168,8 +168,8 @@ class TPGroup:
         self.backend = require_backend(backend)
         self.gpus_per_rank = gpus_per_rank
         self.placement = placement_for(gpus_per_rank)
-        if self.placement == "shared_gpu" and tp * gpus_per_rank > 1 + 1e-6:
-            raise ValueError(f"shared_gpu: tp * gpus_per_rank must be <= 1 (one GPU), got "
+        if self.placement == Placement.SHARED_GPU and tp * gpus_per_rank > 1 + 1e-6:
+            raise ValueError(f"shared-gpu: tp * gpus_per_rank must be <= 1 (one GPU), got "
                              f"{tp} * {gpus_per_rank}")
         self.backend_options = dict(backend_options or {})
         if pool is not None and pool.backend != self.backend:
@@ -205,7 +205,7 @@ class TPGroup:
         self._actors: list = []
         self._seq = 0
         self._closed = False
-        if self.placement == "shared_gpu":
+        if self.placement == Placement.SHARED_GPU:
             self._bundles = [{"GPU": round(tp * gpus_per_rank, 4)}]
         else:
             self._bundles = [{"GPU": gpus_per_rank} if gpus_per_rank
@@ -218,10 +218,11 @@ class TPGroup:
                 self._place(setup_timeout_s)
             else:
                 from cluster.pool import Request
+                shared = self.placement == Placement.SHARED_GPU
                 self._lease = pool.acquire(
                     Request(tp=tp, placement=self.placement, node_id=node_id,
-                            share=round(tp * gpus_per_rank, 4) if self.placement == "shared_gpu"
-                            else 1.0), timeout_s=setup_timeout_s)
+                            share=round(tp * gpus_per_rank, 4) if shared else 1.0),
+                    timeout_s=setup_timeout_s)
             self.build_s += time.monotonic() - placing
             self._build()
         except BaseException:
@@ -267,7 +268,7 @@ class TPGroup:
         return f"cluster total {ray.cluster_resources()}, available {ray.available_resources()}"
 
     def _bundle_index(self, rank: int) -> int:
-        return 0 if self.placement == "shared_gpu" else rank
+        return 0 if self.placement == Placement.SHARED_GPU else rank
 
     def _options(self) -> dict | None:
         """Setup options for this build (a fresh rendezvous address each time)."""

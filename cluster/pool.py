@@ -56,6 +56,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cluster.placement import Placement
+
 POOL_NAMESPACE = "lamport-pool"
 """Ray namespace of standing pools' keepers and workers."""
 WORKER_GPU_SHARE = 1 / 128
@@ -78,20 +80,22 @@ WAIT_STEP_S = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """What one group asks of the pool. ``placement``: ``cpu`` (emulated
-    ranks), ``process_per_gpu``, ``shared_gpu`` or ``virtual_ranks``;
+    """What one group asks of the pool. ``placement``: a
+    :class:`~cluster.placement.Placement` (or its value);
     ``share``: of one GPU the group holds on each slot it uses (1 for
     process per GPU); ``node_id``: the node it is pinned to (None: any)."""
     tp: int
-    placement: str
+    placement: Placement
     share: float = 1.0
     node_id: str | None = None
 
-    PLACEMENTS = ("cpu", "process_per_gpu", "shared_gpu", "virtual_ranks")
+    PLACEMENTS = tuple(Placement)
 
     def __post_init__(self) -> None:
         if self.placement not in self.PLACEMENTS:
-            raise ValueError(f"placement must be one of {self.PLACEMENTS}, got {self.placement!r}")
+            raise ValueError(f"placement must be one of {[str(p) for p in self.PLACEMENTS]}, "
+                             f"got {self.placement!r}")
+        object.__setattr__(self, "placement", Placement(self.placement))
         if not isinstance(self.tp, int) or self.tp < 1:
             raise ValueError(f"tp must be a positive integer, got {self.tp!r}")
         if not 0 < self.share <= 1:
@@ -99,12 +103,12 @@ class Request:
 
     @property
     def workers(self) -> int:
-        return 1 if self.placement == "virtual_ranks" else self.tp
+        return 1 if self.placement == Placement.VIRTUAL_RANKS else self.tp
 
     @property
     def slots(self) -> int:
         """Distinct GPUs the group needs (gpu backend)."""
-        return self.tp if self.placement == "process_per_gpu" else 1
+        return self.tp if self.placement == Placement.PROCESS_PER_GPU else 1
 
 
 @dataclasses.dataclass
@@ -486,7 +490,7 @@ class WorkerPool:
         Ray's RayTaskError (``.cause`` the original), after which the
         worker is kept only when its device still answers."""
         import ray
-        lease = self.acquire(Request(tp=1, placement="virtual_ranks", share=share,
+        lease = self.acquire(Request(tp=1, placement=Placement.VIRTUAL_RANKS, share=share,
                                      node_id=node_id), timeout_s=timeout_s)
         actor = lease.actors[0]
         reusable = False

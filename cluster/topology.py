@@ -40,10 +40,13 @@ import platform
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 
+from cluster.placement import Placement
+
 TP_SIZES = (1, 2, 4, 8)
 """TP sizes the Lamport kernels compile for."""
 LINKS = ("self", "nvlink", "pcie", "none")
-PLACEMENTS = ("process_per_gpu", "shared_gpu", "virtual_ranks")
+PLANNED = (Placement.PROCESS_PER_GPU, Placement.SHARED_GPU, Placement.VIRTUAL_RANKS)
+"""The placements the plan lays out (emulated ranks need no GPU plan)."""
 
 
 # ---------------------------------------------------------------- values
@@ -106,7 +109,7 @@ class NodeInfo:
 class GroupPlan:
     """One TP group: rank r runs on ``gpus[r]`` = (node id, GPU index)."""
     tp: int
-    placement: str
+    placement: Placement
     gpus: tuple[tuple[str, int], ...]
     gpus_per_rank: float
     strategy: str
@@ -125,7 +128,7 @@ class GroupPlan:
     def bundles(self) -> list[dict]:
         """Ray placement-group bundles: one a rank with its GPU share (a
         shared-GPU group is one bundle holding the whole GPU share)."""
-        if self.placement == "shared_gpu":
+        if self.placement == Placement.SHARED_GPU:
             return [{"GPU": round(self.tp * self.gpus_per_rank, 4)}]
         return [{"GPU": self.gpus_per_rank} for _ in range(self.tp)]
 
@@ -134,7 +137,7 @@ class GroupPlan:
 class Skip:
     """Something the plan could not host, and why."""
     tp: int
-    placement: str
+    placement: Placement
     reason: str
     gpus: tuple[tuple[str, int], ...] = ()
 
@@ -143,14 +146,14 @@ class Skip:
 class Layout:
     """Every group of one TP size and placement that the cluster hosts at once."""
     tp: int
-    placement: str
+    placement: Placement
     groups: tuple[GroupPlan, ...]
     skipped: tuple[Skip, ...]
 
     @property
     def name(self) -> str:
-        kind = {"process_per_gpu": "", "shared_gpu": " shared-GPU",
-                "virtual_ranks": " virtual ranks"}[self.placement]
+        kind = {Placement.PROCESS_PER_GPU: "", Placement.SHARED_GPU: " shared-GPU",
+                Placement.VIRTUAL_RANKS: " virtual ranks"}[self.placement]
         return f"{len(self.groups)}xTP{self.tp}{kind}"
 
 
@@ -205,22 +208,23 @@ class Topology:
         if bad:
             raise ValueError(f"tp sizes {bad} not supported by the kernels; supported {TP_SIZES}")
         layouts = [self._process_per_gpu(t) for t in sizes]
-        for placement in ("shared_gpu", "virtual_ranks"):
+        for placement in (Placement.SHARED_GPU, Placement.VIRTUAL_RANKS):
             layouts += [self._one_gpu(t, placement) for t in sizes if t > 1]
         return tuple(layouts)
 
-    def layout(self, tp: int, placement: str = "process_per_gpu") -> Layout:
-        if placement not in PLACEMENTS:
-            raise ValueError(f"unknown placement {placement!r}; known {PLACEMENTS}")
+    def layout(self, tp: int, placement: Placement | str = Placement.PROCESS_PER_GPU) -> Layout:
+        if placement not in {*PLANNED, *(p.name.lower() for p in PLANNED)}:
+            raise ValueError(f"unknown placement {placement!r}; known {[str(p) for p in PLANNED]}")
+        placement = Placement(placement)
         for lay in self.plan((tp,)):
             if lay.placement == placement:
                 return lay
-        raise ValueError(f"placement {placement!r} is planned for tp > 1 only, got tp={tp}")
+        raise ValueError(f"placement {str(placement)!r} is planned for tp > 1 only, got tp={tp}")
 
     def _process_per_gpu(self, tp: int) -> Layout:
         groups, skipped = [], []
         if self.gpu_count == 0:
-            skipped.append(Skip(tp, "process_per_gpu", "the cluster has no GPU"))
+            skipped.append(Skip(tp, Placement.PROCESS_PER_GPU, "the cluster has no GPU"))
         for n, dom in enumerate(self.domains()):
             name = f"nvlink{n}" if len(dom) > 1 else f"gpu:{dom[0][0]}:{dom[0][1]}"
             fits = len(dom) // tp
@@ -229,28 +233,28 @@ class Topology:
             for k in range(fits):
                 members = tuple(sorted(dom, key=_node_order(self))[k * tp:(k + 1) * tp])
                 cross = len({node for node, _ in members}) > 1
-                groups.append(GroupPlan(tp=tp, placement="process_per_gpu", gpus=members,
+                groups.append(GroupPlan(tp=tp, placement=Placement.PROCESS_PER_GPU, gpus=members,
                                         gpus_per_rank=1.0,
                                         strategy="PACK" if cross else "STRICT_PACK",
                                         domain=name))
             left = tuple(sorted(dom, key=_node_order(self))[fits * tp:])
             if left:
-                skipped.append(Skip(tp, "process_per_gpu",
+                skipped.append(Skip(tp, Placement.PROCESS_PER_GPU,
                                     f"NVLink domain {name} has {len(dom)} GPUs: {len(left)} left "
                                     f"over after {fits} x TP{tp}", left))
         if tp > 1:
             lone = [d[0] for d in self.domains() if len(d) == 1]
             if lone:
-                skipped.append(Skip(tp, "process_per_gpu", self._lone_reason(tp, lone),
+                skipped.append(Skip(tp, Placement.PROCESS_PER_GPU, self._lone_reason(tp, lone),
                                     tuple(lone)))
         if tp > 1 and not groups and self.gpu_count:
             largest = max((len(d) for d in self.domains()), default=0)
-            skipped.append(Skip(tp, "process_per_gpu",
+            skipped.append(Skip(tp, Placement.PROCESS_PER_GPU,
                                 f"tp={tp} needs {tp} GPUs in one NVLink domain; the largest domain "
                                 f"has {largest} (cluster: {self.gpu_count} GPUs on "
                                 f"{len(self.nodes)} nodes; groups never span nodes without "
                                 f"NVLink between them)"))
-        return Layout(tp, "process_per_gpu", tuple(groups), tuple(skipped))
+        return Layout(tp, Placement.PROCESS_PER_GPU, tuple(groups), tuple(skipped))
 
     def _lone_reason(self, tp: int, lone: Sequence[tuple[str, int]]) -> str:
         why = []
@@ -262,13 +266,13 @@ class Topology:
         return (f"tp={tp}: GPUs without an NVLink peer cannot join a group ("
                 + "; ".join(why) + ")")
 
-    def _one_gpu(self, tp: int, placement: str) -> Layout:
+    def _one_gpu(self, tp: int, placement: Placement) -> Layout:
         groups, skipped = [], []
         for node in self.nodes:
             for g in node.gpus:
                 groups.append(GroupPlan(
                     tp=tp, placement=placement, gpus=((node.node_id, g.index),) * tp,
-                    gpus_per_rank=(1.0 / tp) if placement == "shared_gpu" else 1.0,
+                    gpus_per_rank=(1.0 / tp) if placement == Placement.SHARED_GPU else 1.0,
                     strategy="STRICT_PACK", domain=f"gpu:{node.node_id}:{g.index}"))
         if not groups:
             skipped.append(Skip(tp, placement, "the cluster has no GPU"))

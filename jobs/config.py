@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import ops as registry
+from cluster.placement import Placement
 from jobs.limits import LIMITS
 from kernels.validation import require_lamport_hidden, require_name, require_tp
 
@@ -85,8 +86,10 @@ SUITES_DIR = Path(__file__).resolve().parent / "suites"
 
 VARIANTS = ("watchdog", "plain")
 TRANSPORTS = ("unicast", "multicast")
-PLACEMENTS = ("auto", "process-per-gpu", "shared-gpu", "virtual-ranks", "emulated")
-AUTO_RESOLVES_TO = ("process-per-gpu", "shared-gpu", "emulated")
+AUTO = "auto"
+"""The placement value that asks for the best one the cluster offers."""
+PLACEMENTS = (AUTO, *(p.value for p in Placement))
+AUTO_RESOLVES_TO = (Placement.PROCESS_PER_GPU, Placement.SHARED_GPU, Placement.EMULATED)
 """What ``placement = "auto"`` can become (virtual ranks are only ever asked for)."""
 DTYPES = ("bfloat16",)
 COLUMN_FIELDS = ("top_k", "hc")
@@ -223,7 +226,7 @@ _SWEEP_KEYS: dict[str, tuple[Any, Any]] = {
     "op": (None, op_names),
     "variant": ("watchdog", VARIANTS),
     "transport": ("unicast", TRANSPORTS),
-    "placement": ("auto", PLACEMENTS),
+    "placement": (AUTO, PLACEMENTS),
     "dtype": ("bfloat16", DTYPES),
     "tp": (None, _kernel_rule(require_tp, "tp")),
     "hidden": (None, _kernel_rule(require_lamport_hidden, "hidden")),
@@ -608,7 +611,7 @@ class Filters:
             # placement "auto" where a wanted placement is one auto can become
             # (the run picks the placement among those wanted).
             if wanted is not None and value is not None and value not in wanted \
-                    and not (attr == "placement" and value == "auto"
+                    and not (attr == "placement" and value == AUTO
                              and set(wanted) & set(AUTO_RESOLVES_TO)):
                 return False
         return True

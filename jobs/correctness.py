@@ -24,8 +24,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from cluster.placement import Placement
 from jobs.config import Case, Suite
-from jobs.harness import ClusterView, Placement, Run, case_seed, error_text, gpu_task, now
+from jobs.harness import ClusterView, PlacementOffer, Run, case_seed, error_text, gpu_task, now
 
 
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
@@ -42,11 +43,11 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
 
 def group_units(case: Case, view: ClusterView) -> float:
     """What a group of ``case`` holds on its node while it runs
-    (cluster.fanout, ``Placement.units``): tp GPUs process per GPU (and tp
+    (cluster.fanout, ``PlacementOffer.units``): tp GPUs process per GPU (and tp
     emulated units), ``1 / groups_per_gpu`` of a GPU for the one-GPU
     placements; 1 where the case has no placement (its group records why)."""
     where = view.resolve(case)
-    return where.units(case.tp) if isinstance(where, Placement) else 1.0
+    return where.units(case.tp) if isinstance(where, PlacementOffer) else 1.0
 
 
 def fan_out(run: Run, suite: Suite, groups, body, case_fields=lambda case: {}, *,
@@ -84,7 +85,7 @@ def skip_reason(case: Case, backend: str, placement: str | None = None) -> str |
     spec = ops.get(case.op)
     if spec.needs_gpu and backend == "emulated":
         return f"op {case.op}: {spec.needs_gpu}"
-    if placement == "virtual-ranks" and not spec.virtual_ranks:
+    if placement == Placement.VIRTUAL_RANKS and not spec.virtual_ranks:
         return (f"op {case.op} is not a collective: virtual ranks add nothing to it; it runs "
                 f"on each rank actor's GPU (process-per-gpu, shared-gpu)")
     if case.transport == "multicast" and backend == "emulated":
@@ -100,7 +101,7 @@ def _run_group(run: Run, suite: Suite, members: list[Case], view: ClusterView,
     if where is None:
         return
     timeout = timeout_s or members[0].param("timeout_s")
-    if where.name == "virtual-ranks":
+    if where.name == Placement.VIRTUAL_RANKS:
         _run_virtual(run, suite, members, where, timeout, node_id=node_id, pool=view.pool)
         return
     group = open_group(run, suite, members, where, timeout, node_id=node_id, pool=view.pool)
@@ -141,7 +142,7 @@ def work_kind(backend: str) -> str:
 
 
 def group_placement(run: Run, suite: Suite, members: Sequence[Case], view: ClusterView,
-                    case_fields=lambda case: {}) -> Placement | None:
+                    case_fields=lambda case: {}) -> PlacementOffer | None:
     """Where a group's cases run, or None once each is recorded as skipped
     with why (an op or transport the backend does not run, no placement).
     ``case_fields(case)``: extra columns of each row."""
@@ -154,11 +155,11 @@ def group_placement(run: Run, suite: Suite, members: Sequence[Case], view: Clust
             run.record(case, suite, outcome="skipped", started_at=now(), reason=reason,
                        extra=row_extra(case), **case_fields(case))
         return None
-    assert isinstance(where, Placement)
+    assert isinstance(where, PlacementOffer)
     return where
 
 
-def open_group(run: Run, suite: Suite, members: Sequence[Case], where: Placement,
+def open_group(run: Run, suite: Suite, members: Sequence[Case], where: PlacementOffer,
                timeout_s: float, case_fields=lambda case: {}, node_id: str | None = None,
                pool=None):
     """A TPGroup for the cases (capacity: their largest M; pinned to
@@ -216,7 +217,7 @@ Each rank actor imports torch (seconds of CPU): a tp=4 group on a loaded
 2-core machine was seen to need more than 60 s."""
 
 
-def run_case(run: Run, suite: Suite, group, case: Case, where: Placement,
+def run_case(run: Run, suite: Suite, group, case: Case, where: PlacementOffer,
              extra: dict | None = None) -> dict:
     from cluster.phases import rounded, since
     started = now()
@@ -316,7 +317,7 @@ def virtual_spec(members: Sequence[Case]) -> dict:
                        **({"fields": own(c)} if own(c) else {})} for c in members]}
 
 
-def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,
+def _run_virtual(run: Run, suite: Suite, members: list[Case], where: PlacementOffer,
                  timeout_s: float, *, node_id: str | None = None, pool=None) -> None:
     """The group as one Ray task on one GPU (with a pool: in one pooled
     worker of a slot of ``node_id``); a task past ``timeout_s`` (the
@@ -340,7 +341,7 @@ def _run_virtual(run: Run, suite: Suite, members: list[Case], where: Placement,
     record_virtual(run, suite, members, where, spec, out, started, submitted_unix)
 
 
-def record_virtual(run: Run, suite: Suite, members: Sequence[Case], where: Placement,
+def record_virtual(run: Run, suite: Suite, members: Sequence[Case], where: PlacementOffer,
                    spec: dict, out: dict, started, submitted_unix: float | None = None) -> None:
     """One row per case from :func:`cluster.gpu.virtual.run_group`'s result:
     a call with a watchdog diagnosis is a hang, outputs outside the contract

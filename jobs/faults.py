@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from jobs.config import Case, Suite
 from jobs.correctness import (fan_out, group_placement, group_tags, op_case_fields,
                               open_group, row_extra, work_kind)
-from jobs.harness import ClusterView, Placement, Run, case_seed, now
+from jobs.harness import ClusterView, PlacementOffer, Run, case_seed, now
 
 MIN_TP: dict[str, int] = {}
 """Smallest tp at which a kind's expected outcome is decidable, where above
@@ -109,7 +109,7 @@ def kill_notice(case: Case, budget_ns: int) -> str | None:
             f"died or killed next; that is expected")
 
 
-def run_case(run: Run, suite: Suite, group, case: Case, where: Placement) -> dict:
+def run_case(run: Run, suite: Suite, group, case: Case, where: PlacementOffer) -> dict:
     from cluster.faults import FAULT_KINDS, run_fault
     from cluster.phases import rounded, since
     started = now()

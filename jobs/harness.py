@@ -32,8 +32,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cluster.placement import Placement
 from jobs import exits
-from jobs.config import Case, ConfigError, Suite
+from jobs.config import AUTO, Case, ConfigError, Suite
 from jobs.exits import InfraError
 from jobs.options import check_groups_per_gpu
 from jobs.table import Col, Table, job_col, op_col
@@ -284,8 +285,9 @@ def resolve_backend(requested: str) -> tuple[str, str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Placement:
-    name: str
+class PlacementOffer:
+    """A placement the cluster offers a case, with the GPU share it holds."""
+    name: Placement
     gpus_per_rank: float
     """Of one GPU, per rank actor; virtual ranks: the one task's share."""
     collective_speed: bool
@@ -296,13 +298,9 @@ class Placement:
     def units(self, tp: int) -> float:
         """What a group of ``tp`` ranks here holds on its node while it runs
         (cluster.fanout): its GPUs (emulated: tp units of ``EMULATED_GPU``)."""
-        if self.name == "emulated":
+        if self.name == Placement.EMULATED:
             return float(tp)
-        return self.gpus_per_rank * (1 if self.name == "virtual-ranks" else tp)
-
-
-_TOPOLOGY_NAMES = {"process-per-gpu": "process_per_gpu", "shared-gpu": "shared_gpu",
-                   "virtual-ranks": "virtual_ranks"}
+        return self.gpus_per_rank * (1 if self.name == Placement.VIRTUAL_RANKS else tp)
 
 
 class ClusterView:
@@ -363,52 +361,52 @@ class ClusterView:
         return (f"{self.topology.gpu_count} GPU(s); layouts offered: "
                 f"{', '.join(layouts) or 'none'}")
 
-    def offered(self, case: Case) -> list[Placement] | str:
+    def offered(self, case: Case) -> list[PlacementOffer] | str:
         """Every placement this cluster offers ``case`` (its own, or for
         ``auto`` each one that fits, best first), or why there is none."""
         if self.backend == "emulated":
-            if case.placement not in ("auto", "emulated"):
+            if case.placement not in (AUTO, Placement.EMULATED):
                 return f"placement {case.placement} needs the gpu backend; this run is emulated"
-            return [Placement("emulated", 0.0, False)]
-        if case.placement == "emulated":
+            return [PlacementOffer(Placement.EMULATED, 0.0, False)]
+        if case.placement == Placement.EMULATED:
             return "placement emulated is not run on the gpu backend"
-        if case.placement == "virtual-ranks":
+        if case.placement == Placement.VIRTUAL_RANKS:
             if case.job != "correctness":
                 return (f"placement virtual-ranks runs the correctness job only (one process, "
                         f"kernels VirtualRanks); {case.job} needs rank actors")
             if not self.gpus_per_node:
                 return "no GPU to place the virtual ranks on"
-            return [Placement("virtual-ranks", 1.0 / self.groups_per_gpu, False)]
-        wanted = (["process-per-gpu", "shared-gpu"] if case.placement == "auto"
-                  else [case.placement])
+            return [PlacementOffer(Placement.VIRTUAL_RANKS, 1.0 / self.groups_per_gpu, False)]
+        wanted = ([Placement.PROCESS_PER_GPU, Placement.SHARED_GPU] if case.placement == AUTO
+                  else [Placement(case.placement)])
         found, reasons = [], []
         for name in wanted:
-            if name == "shared-gpu" and case.tp == 1:
+            if name == Placement.SHARED_GPU and case.tp == 1:
                 continue
             why = self._fits(name, case.tp)
             if why is None:
-                found.append(Placement(
-                    name, 1.0 if name == "process-per-gpu" else
-                    1.0 / (case.tp * self.groups_per_gpu), name == "process-per-gpu"))
+                own = name == Placement.PROCESS_PER_GPU
+                found.append(PlacementOffer(
+                    name, 1.0 if own else 1.0 / (case.tp * self.groups_per_gpu), own))
             else:
                 reasons.append(why)
         return found or "; ".join(reasons) or f"no placement for tp={case.tp}"
 
-    def _fits(self, name: str, tp: int) -> str | None:
+    def _fits(self, name: Placement, tp: int) -> str | None:
         if self.topology is not None:
             try:
-                layout = self.topology.layout(tp, _TOPOLOGY_NAMES[name])
+                layout = self.topology.layout(tp, name)
             except ValueError as err:
                 return str(err)
             return None if layout.groups else "; ".join(s.reason for s in layout.skipped)
-        if name == "process-per-gpu" and tp > self.gpus_per_node:
+        if name == Placement.PROCESS_PER_GPU and tp > self.gpus_per_node:
             return (f"tp={tp} process-per-gpu needs {tp} GPUs on one node; the largest node "
                     f"has {self.gpus_per_node}")
         if not self.gpus_per_node:
             return "no GPU to place ranks on"
         return None
 
-    def resolve(self, case: Case) -> Placement | str:
+    def resolve(self, case: Case) -> PlacementOffer | str:
         """The placement ``case`` runs with (the best for ``auto``)."""
         found = self.offered(case)
         return found if isinstance(found, str) else found[0]
@@ -423,7 +421,7 @@ class ClusterView:
         wanted are dropped."""
         out = []
         for case in cases:
-            if case.placement != "auto":
+            if case.placement != AUTO:
                 if wanted is None or case.placement in wanted:
                     out.append(case)
                 continue
@@ -473,7 +471,7 @@ def repro_command(case: Case, suite: Suite, backend: str, placement: str | None 
     parts = ["python -m jobs", case.job, suite.source, "--backend", backend,
              "--ops", case.op, "--tp", str(case.tp), "--hidden", str(case.hidden),
              "--tokens", str(case.tokens), "--variant", case.variant,
-             "--transport", case.transport, "--placement", placement or case.placement]
+             "--transport", case.transport, "--placement", str(placement or case.placement)]
     if case.top_k is not None:
         parts += ["--top-k", str(case.top_k)]
     if case.hc is not None:
@@ -751,7 +749,7 @@ class Run:
         columns: dict[str, Any] = {}
         if case is not None:
             columns = dict(op=case.op, variant=case.variant, transport=case.transport,
-                           placement=placement or case.placement, tp=case.tp,
+                           placement=str(placement or case.placement), tp=case.tp,
                            hidden=case.hidden, tokens=case.tokens, top_k=case.top_k, hc=case.hc,
                            dtype=case.dtype, backend=self.backend)
         columns.update(fields)

@@ -42,8 +42,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from cluster import ops
+from cluster.placement import Placement
 from jobs.config import Case, Suite
-from jobs.harness import ClusterView, Placement, Run, error_text, now
+from jobs.harness import ClusterView, PlacementOffer, Run, error_text, now
 
 EMULATED_REASON = ("profile needs GPUs: on the emulated backend (numpy on CPU actors) there "
                    "is no kernel timing to record")
@@ -66,13 +67,13 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
             groups.setdefault(case.group_key, []).append(case)
         for members in groups.values():
             where = view.resolve(members[0])
-            assert isinstance(where, Placement)
+            assert isinstance(where, PlacementOffer)
             _measure_group(run, suite, members, where, timeout_s or members[0].param("timeout_s"),
                            pool=view.pool)
 
 
-def skip_reason(backend: str, case: Case, where: Placement | str) -> str | None:
-    """Why ``case`` is not timed at ``where`` (a Placement, or the reason it
+def skip_reason(backend: str, case: Case, where: PlacementOffer | str) -> str | None:
+    """Why ``case`` is not timed at ``where`` (a PlacementOffer, or the reason it
     has none), or None."""
     if backend == "emulated":
         return EMULATED_REASON
@@ -84,12 +85,12 @@ def skip_reason(backend: str, case: Case, where: Placement | str) -> str | None:
         return "multicast needs tp >= 2 with NVLS and is never run on these machines"
     if case.tp > 1 and case.op in LOCAL_OPS:
         return LOCAL_OPS[case.op]
-    if case.tp > 1 and where.name != "process-per-gpu":
+    if case.tp > 1 and where.name != Placement.PROCESS_PER_GPU:
         return MULTI_RANK_REASON
     return None
 
 
-def _placement(run: Run, suite: Suite, case: Case, view: ClusterView) -> Placement | None:
+def _placement(run: Run, suite: Suite, case: Case, view: ClusterView) -> PlacementOffer | None:
     """Where ``case`` is timed, or None once it is recorded as skipped with why."""
     where = None if run.backend == "emulated" else view.resolve(case)
     reason = skip_reason(run.backend, case, where)
@@ -111,7 +112,7 @@ def timing_spec(case: Case) -> dict:
             "seed": case.tokens, "mode": case.op_fields().get("mode", "one_shot")}
 
 
-def _measure_group(run: Run, suite: Suite, members: list[Case], where: Placement,
+def _measure_group(run: Run, suite: Suite, members: list[Case], where: PlacementOffer,
                    timeout_s: float, pool=None) -> None:
     """One rank actor per GPU: the cases on one TP group (capacity:
     their largest M), every rank timing each case's graphs at once; after a
@@ -146,7 +147,7 @@ def _gpu_columns(first: dict) -> dict:
     return gpu_columns(first["before"], first["after"], first.get("device"))
 
 
-def record_impls(run: Run, suite: Suite, case: Case, where: Placement, per_rank: list[dict],
+def record_impls(run: Run, suite: Suite, case: Case, where: PlacementOffer, per_rank: list[dict],
                  started) -> None:
     """One row per implementation from every rank's harness result
     (:func:`cluster.measure.harness.time_case`): the timing columns are those

@@ -37,6 +37,7 @@ import os
 import shutil
 from collections.abc import Iterable
 
+from cluster.placement import Placement
 from jobs.config import Case, ConfigError
 from jobs.limits import LIMITS
 from kernels.lamport.protocol import mailbox_shape
@@ -78,7 +79,7 @@ class Estimate:
                 f"{'device' if c.placement in _DEVICE else 'shared'} memory)")
 
 
-_DEVICE = ("process-per-gpu", "shared-gpu", "virtual-ranks")
+_DEVICE = (Placement.PROCESS_PER_GPU, Placement.SHARED_GPU, Placement.VIRTUAL_RANKS)
 
 
 def estimate(cases: Iterable[Case]) -> list[Estimate]:
@@ -115,7 +116,7 @@ def _own_device(case: Case) -> bool:
     """Whether each rank of the case's group holds a device of its own: a
     process-per-GPU placement, and the profile (it times only there; its
     other placements are skipped rows)."""
-    return case.placement == "process-per-gpu" or case.job == "profile"
+    return case.placement == Placement.PROCESS_PER_GPU or case.job == "profile"
 
 
 def _routes(case: Case) -> int:

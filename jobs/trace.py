@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from cluster.placement import Placement
 from jobs.config import Case, ConfigError, Suite
 from jobs.harness import ClusterView, Run, error_text, now
 from jobs.results.atomic import write_atomically
@@ -66,7 +67,7 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
         where = group_placement(run, suite, cases, view)
         if where is None:
             return None
-        if where.name == "virtual-ranks":
+        if where.name == Placement.VIRTUAL_RANKS:
             for case in cases:
                 run.record(case, suite, outcome="skipped", started_at=now(), placement=where.name,
                            reason="virtual ranks share one process: there are no rank "

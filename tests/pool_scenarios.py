@@ -26,15 +26,15 @@ MiB = 2**20
 
 @dataclasses.dataclass(frozen=True)
 class Kind:
-    """One kind of group: ``tp`` ranks, ``placement`` (cpu, process_per_gpu,
-    shared_gpu, virtual_ranks), the op and its fields."""
+    """One kind of group: ``tp`` ranks, ``placement`` (emulated, process-per-gpu,
+    shared-gpu, virtual-ranks), the op and its fields."""
     tp: int
     placement: str
     fields: tuple = (("op", "all_reduce_norm"),)
 
     @property
     def gpus_per_rank(self) -> float:
-        return {"cpu": 0.0, "process_per_gpu": 1.0}.get(self.placement, 1.0 / self.tp)
+        return {"emulated": 0.0, "process-per-gpu": 1.0}.get(self.placement, 1.0 / self.tp)
 
     def case(self, g, tokens: int, seed: int) -> dict:
         return g.case(tokens=tokens, seed=seed, budget_ns=BUDGET_NS, **dict(self.fields))
@@ -46,10 +46,10 @@ def kinds(backend: str) -> list[Kind]:
     mhc = (("op", "all_reduce_mhc"), ("hc", 4))
     emb = (("op", "embed_norm"),)
     if backend == "emulated":
-        return [Kind(1, "cpu"), Kind(2, "cpu", fin), Kind(4, "cpu", mhc), Kind(2, "cpu", emb),
-                Kind(8, "cpu")]
-    return [Kind(1, "process_per_gpu"), Kind(2, "shared_gpu", fin), Kind(4, "shared_gpu", mhc),
-            Kind(2, "virtual_ranks"), Kind(2, "shared_gpu", emb), Kind(8, "shared_gpu")]
+        return [Kind(1, "emulated"), Kind(2, "emulated", fin), Kind(4, "emulated", mhc), Kind(2, "emulated", emb),
+                Kind(8, "emulated")]
+    return [Kind(1, "process-per-gpu"), Kind(2, "shared-gpu", fin), Kind(4, "shared-gpu", mhc),
+            Kind(2, "virtual-ranks"), Kind(2, "shared-gpu", emb), Kind(8, "shared-gpu")]
 
 
 def virtual_spec(kind: Kind, seed: int) -> dict:
@@ -65,7 +65,7 @@ def run_group(pool, backend: str, kind: Kind, seed: int, fault: str | None = Non
     """Form one group of ``kind`` from ``pool``, make a checked call per
     entry of ``tokens`` (and inject ``fault`` on the last rank before the
     last one); what happened: formation time, pids, cold and replaced ranks."""
-    if kind.placement == "virtual_ranks":
+    if kind.placement == "virtual-ranks":
         from cluster.gpu.virtual import run_group as virtual
         t0 = time.monotonic()
         out = pool.call(virtual, virtual_spec(kind, seed), share=0.5, node_id=None,
@@ -155,7 +155,7 @@ def hygiene(pool, backend: str, groups: int, *, fault_every: int = 13) -> dict:
     for i in range(len(cycle), groups):
         kind = cycle[i % len(cycle)]
         fault = None
-        if i % fault_every == 0 and kind.placement != "virtual_ranks":
+        if i % fault_every == 0 and kind.placement != "virtual-ranks":
             kill = (i // fault_every) % KILL_EVERY == 1 and kind.tp > 1
             fault = "stuck_rank" if kill else "skip_publish"
         out = run_group(pool, backend, kind, seed=i, fault=fault, tokens=(CAPACITY,))

@@ -210,7 +210,7 @@ def fake_gpu_cluster():
 def test_shared_gpu_group_puts_every_rank_on_one_gpu(fake_gpu_cluster, tp):
     with TPGroup(tp=tp, hidden=HIDDEN, capacity=CAPACITY, gpus_per_rank=1 / tp,
                  call_timeout_s=5, setup_timeout_s=SETUP_TIMEOUT_S) as g:
-        assert g.placement == "shared_gpu" and g._bundles == [{"GPU": 1.0}]
+        assert g.placement == "shared-gpu" and g._bundles == [{"GPU": 1.0}]
         ids = [m["gpu_ids"] for m in g.metadata]
         assert len(ids[0]) == 1 and ids == [ids[0]] * tp, ids
         assert len({m["pid"] for m in g.metadata}) == tp

@@ -11,10 +11,10 @@ from jobs.harness import error_text
 
 
 def test_only_process_per_gpu_groups_with_peers_see_every_gpu():
-    assert actor_env("gpu", placement="process_per_gpu", tp=2) == {gpu_rank.ALL_GPUS_VISIBLE: "1"}
-    assert actor_env("gpu", placement="process_per_gpu", tp=1) == {}
-    assert actor_env("gpu", placement="shared_gpu", tp=4) == {}
-    assert actor_env("emulated", placement="process_per_gpu", tp=4) == {}
+    assert actor_env("gpu", placement="process-per-gpu", tp=2) == {gpu_rank.ALL_GPUS_VISIBLE: "1"}
+    assert actor_env("gpu", placement="process-per-gpu", tp=1) == {}
+    assert actor_env("gpu", placement="shared-gpu", tp=4) == {}
+    assert actor_env("emulated", placement="process-per-gpu", tp=4) == {}
 
 
 @pytest.mark.parametrize("noset, visible, ray_ids, index", [

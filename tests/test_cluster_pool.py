@@ -45,29 +45,29 @@ def test_requests_are_checked():
     with pytest.raises(ValueError, match="placement must be one of"):
         Request(tp=2, placement="nonesuch")
     with pytest.raises(ValueError, match="share must be in"):
-        Request(tp=2, placement="shared_gpu", share=0)
+        Request(tp=2, placement="shared-gpu", share=0)
     with pytest.raises(ValueError, match="tp must be a positive integer"):
-        Request(tp=0, placement="cpu")
+        Request(tp=0, placement="emulated")
 
 
 def test_groups_reuse_the_workers_of_earlier_groups(pool):
-    first = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=1)
+    first = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=1)
     assert first["cold"] == [0, 1]
-    again = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=2)
+    again = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=2)
     assert again["cold"] == [] and sorted(again["pids"]) == sorted(first["pids"])
-    wider = sc.run_group(pool, "emulated", sc.Kind(4, "cpu"), seed=3)
+    wider = sc.run_group(pool, "emulated", sc.Kind(4, "emulated"), seed=3)
     assert set(first["pids"]) < set(wider["pids"]) and len(wider["cold"]) == 2
     assert pool.counters()["fresh_workers"] == 4 and pool.counters()["leases"] == 3
 
 
 def test_a_stuck_rank_is_replaced_alone(pool):
-    out = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=5, fault="stuck_rank")
+    out = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=5, fault="stuck_rank")
     assert out["replaced"] == [1]
     assert out["pids_after"][0] == out["pids"][0] and out["pids_after"][1] != out["pids"][1]
     assert _gone([out["pids"][1]]) == []
     assert pool.counters()["replaced"] == 1
     # the replacement serves the next group; the killed process is in no lease
-    nxt = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=6)
+    nxt = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=6)
     assert sorted(nxt["pids"]) == sorted(out["pids_after"]) and nxt["cold"] == []
 
 
@@ -77,7 +77,7 @@ def test_survivors_a_backend_calls_suspect_are_retired(pool, monkeypatch):
     the group and is then retired, not handed to the next group."""
     import cluster.group
     monkeypatch.setattr(cluster.group, "suspect_after_a_kill", lambda backend, placement: True)
-    out = sc.run_group(pool, "emulated", sc.Kind(2, "cpu"), seed=8, fault="stuck_rank")
+    out = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=8, fault="stuck_rank")
     assert out["replaced"] == [1] and pool.counters()["retired"] == 1
     assert _gone([out["pids_after"][0]]) == []  # the survivor, retired on release
     assert [r["pid"] for r in pool.status()] == [out["pids_after"][1]]
@@ -100,7 +100,7 @@ def test_a_worker_reused_across_200_groups_holds_nothing_more(pool, capsys):
 
 def test_closing_the_pool_leaves_no_worker_process(cluster):
     pool = WorkerPool.for_job("emulated")
-    sc.run_group(pool, "emulated", sc.Kind(4, "cpu"), seed=7)
+    sc.run_group(pool, "emulated", sc.Kind(4, "emulated"), seed=7)
     pids = [r["pid"] for r in pool.status()]
     assert len(pids) == 4
     assert pool.close() == 4
@@ -118,7 +118,7 @@ def test_a_standing_pool_serves_groups_and_stops(cluster):
         with TPGroup(tp=2, hidden=sc.HIDDEN, capacity=sc.CAPACITY, backend="emulated",
                      call_timeout_s=sc.CALL_TIMEOUT_S, pool=user) as g:
             assert g.cold_ranks == []
-            assert g.run(sc.Kind(2, "cpu").case(g, 3, 1)).outcome == "pass"
+            assert g.run(sc.Kind(2, "emulated").case(g, 3, 1)).outcome == "pass"
         rows = user.status()
         assert [r["state"] for r in rows] == ["idle", "idle"]
         assert sorted(r["served"] for r in rows) == [1, 1]

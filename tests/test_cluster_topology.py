@@ -10,7 +10,7 @@ from cluster.topology import (GpuInfo, NodeInfo, Topology, discover_local, disco
 
 
 def names(topo):
-    return [lay.name for lay in topo.plan() if lay.placement == "process_per_gpu"]
+    return [lay.name for lay in topo.plan() if lay.placement == "process-per-gpu"]
 
 
 def test_one_hgx_node_hosts_every_tp_layout():
@@ -30,14 +30,14 @@ def test_one_gpu_machine_plans_tp1_and_the_one_gpu_placements():
     tp2 = topo.layout(2)
     assert any("needs 2 GPUs in one NVLink domain; the largest domain has 1" in s.reason
                for s in tp2.skipped)
-    shared = topo.layout(4, "shared_gpu")
+    shared = topo.layout(4, "shared-gpu")
     (g,) = shared.groups
     assert g.gpus == (("h200", 0),) * 4 and g.gpus_per_rank == 0.25
     assert g.bundles() == [{"GPU": 1.0}]
     assert shared.name == "1xTP4 shared-GPU"
-    assert topo.layout(8, "virtual_ranks").groups[0].gpus == (("h200", 0),) * 8
+    assert topo.layout(8, "virtual-ranks").groups[0].gpus == (("h200", 0),) * 8
     with pytest.raises(ValueError, match="tp > 1 only"):
-        topo.layout(1, "shared_gpu")
+        topo.layout(1, "shared-gpu")
     with pytest.raises(ValueError, match=r"tp sizes \[3\] not supported"):
         topo.plan((3,))
     with pytest.raises(ValueError, match="unknown placement 'mps'"):
@@ -86,7 +86,7 @@ def test_summary_is_json_and_round_trips():
     assert summary["gpu_count"] == 3 and summary["gpu_models"] == ["NVIDIA H200"]
     assert summary["multicast_supported"] is False  # not every GPU reports it
     assert summary["nvlink_domains"] == [["a:0", "a:1"], ["b:0"]]
-    assert {"name": "1xTP2", "tp": 2, "placement": "process_per_gpu", "groups": [["a:0", "a:1"]],
+    assert {"name": "1xTP2", "tp": 2, "placement": "process-per-gpu", "groups": [["a:0", "a:1"]],
             "skipped": summary["layouts"][1]["skipped"]} == summary["layouts"][1]
     assert Topology.from_summary(summary) == topo
     hash(topo)

@@ -93,7 +93,7 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     one rank could not run is a skipped row, one beyond its tolerance a
     fail row, FlashInfer's rows name its version and mode."""
     from jobs.config import load_suite, suite_path
-    from jobs.harness import Placement, Run, now
+    from jobs.harness import PlacementOffer, Run, now
     from jobs.profile import record_impls
     from jobs.results import read_results
     suite = load_suite(suite_path("nightly"))
@@ -116,7 +116,7 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
           "flashinfer_twoshot": {"skipped": "flashinfer_twoshot could not run on 1 other rank(s)"}}
     run = Run(results=tmp_path, trigger="ci", backend="gpu")
     with run.section("profile: one case", 1):
-        record_impls(run, suite, case, Placement("process-per-gpu", 1.0, True),
+        record_impls(run, suite, case, PlacementOffer("process-per-gpu", 1.0, True),
                      [_rank(0, r0), _rank(1, r1)], now())
     # One case (five rows); the timed work is every timed replay's slowest
     # rank x the calls in its graph: fused 4+5+3.5, unfused 10+9+12 (a graph
@@ -159,8 +159,8 @@ class FakeView:
     pool = None
 
     def resolve(self, case):
-        from jobs.harness import Placement
-        return Placement("process-per-gpu", 1.0, True)
+        from jobs.harness import PlacementOffer
+        return PlacementOffer("process-per-gpu", 1.0, True)
 
 
 def test_tp_groups_share_a_group_and_a_case_that_hangs_gets_a_fresh_one(tmp_path, monkeypatch):
@@ -258,7 +258,7 @@ def test_tp1_cases_share_a_group_of_one_rank(tmp_path, monkeypatch):
 def test_every_op_is_profiled_and_what_cannot_be_timed_says_why(tmp_path):
     from jobs import profile
     from jobs.config import load_suite, suite_path
-    from jobs.harness import Placement, Run
+    from jobs.harness import PlacementOffer, Run
     from jobs.results import read_results
     suite = load_suite(suite_path("nightly"))
     assert {c.op for c in suite.of("profile")} == set(ops.profiled())
@@ -268,7 +268,7 @@ def test_every_op_is_profiled_and_what_cannot_be_timed_says_why(tmp_path):
 
     class SharedView:
         def resolve(self, case):
-            return Placement("shared-gpu" if case.tp > 1 else "process-per-gpu",
+            return PlacementOffer("shared-gpu" if case.tp > 1 else "process-per-gpu",
                              1.0 / case.tp, case.tp == 1)
 
     run = Run(results=tmp_path, trigger="ci", backend="gpu")

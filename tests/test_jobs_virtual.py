@@ -11,7 +11,7 @@ import pytest
 from cluster.gpu.virtual import validate_spec
 from jobs.config import load_suite, suite_path
 from jobs.correctness import record_virtual, virtual_spec
-from jobs.harness import Placement, Run, case_seed, now
+from jobs.harness import PlacementOffer, Run, case_seed, now
 from jobs.results import read_results
 
 SUITE = load_suite(suite_path("smoke"))
@@ -84,7 +84,7 @@ def test_bad_specs_are_refused_before_any_cuda_work(change, message):
 
 def test_rows_from_a_result_with_a_pass_a_hang_and_a_wrong_answer(tmp_path):
     run = Run(results=tmp_path, trigger="ci", backend="gpu")
-    where = Placement("virtual-ranks", 1.0, False)
+    where = PlacementOffer("virtual-ranks", 1.0, False)
     spec = virtual_spec(GROUP)
     out = {"device": "NVIDIA H200", "cases": [
         {"tokens": 1, "calls": [_call(False), _call(True), _call(True)]},
@@ -136,7 +136,7 @@ def test_the_task_s_set_up_is_the_group_s_build_and_preparation(tmp_path, capsys
            "setup_s": {"imports": 1.5, "prepare": 4.0},
            "cases": [{"tokens": c["tokens"], "calls": [_call(False)]} for c in spec["cases"]]}
     with run.section("correctness: test", len(GROUP)):
-        record_virtual(run, SUITE, GROUP, Placement("virtual-ranks", 1.0, False), spec, out,
+        record_virtual(run, SUITE, GROUP, PlacementOffer("virtual-ranks", 1.0, False), spec, out,
                        now(), submitted_unix=1000.0)
     entry = run.accounting[-1]
     assert entry["build_s"] == pytest.approx(2.5 + 1.5) and entry["prepare_s"] == 4.0

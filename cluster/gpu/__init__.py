@@ -11,6 +11,8 @@ rendezvous, faults it cannot inject, the rank actors' environment): the
 driver imports it without the ranks' torch and kernels.
 """
 
+from cluster.placement import Placement
+
 ALL_GPUS_VISIBLE = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 """Set (to "1") in a process-per-GPU rank actor's environment (cluster.group):
 Ray then leaves every GPU of the node visible instead of narrowing
@@ -41,7 +43,7 @@ UNSUPPORTED_FAULTS = {
 each with why: the fault campaign records them as skipped with the reason."""
 
 
-SUSPECT_AFTER_A_KILL = ("shared_gpu",)
+SUSPECT_AFTER_A_KILL = (Placement.SHARED_GPU,)
 """Placements whose surviving ranks must not serve another group once a
 peer was killed: a shared-GPU rank exports its mailbox to each peer through
 torch's CUDA IPC, which frees the block once every importer has released
@@ -51,10 +53,10 @@ survivor and kill). A pooled survivor finishes its group and is then
 retired (cluster.pool)."""
 
 
-def actor_env(*, placement: str, tp: int) -> dict[str, str]:
+def actor_env(*, placement: Placement, tp: int) -> dict[str, str]:
     """Process per GPU with peers: keep every GPU visible (see
     :data:`ALL_GPUS_VISIBLE`)."""
-    return {ALL_GPUS_VISIBLE: "1"} if placement == "process_per_gpu" and tp > 1 else {}
+    return {ALL_GPUS_VISIBLE: "1"} if placement == Placement.PROCESS_PER_GPU and tp > 1 else {}
 
 
 def release_rank(group_id: str, rank: int) -> None:

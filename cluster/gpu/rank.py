@@ -1,11 +1,11 @@
 """GpuRank: the ``"gpu"`` RankBackend (see cluster.backend).
 
 Placements (``options["placement"]``):
-- ``process_per_gpu``: one rank a GPU. torch.distributed NCCL group
+- ``process-per-gpu``: one rank a GPU. torch.distributed NCCL group
   (MASTER_ADDR/PORT from rank 0, as Ray Train does), the mailbox in torch
   symmetric memory (:meth:`kernels.lamport.mailbox.Mailbox.symmetric`: the
   peer table is the rendezvous' ``buffer_ptrs_dev``).
-- ``shared_gpu``: several rank processes on one GPU (fractional
+- ``shared-gpu``: several rank processes on one GPU (fractional
   ``num_gpus``). NCCL refuses two ranks on one device, so the group
   bootstraps over gloo; each rank allocates its mailbox, exports a CUDA IPC
   handle, the group all-gathers the handles, each rank opens its peers' and
@@ -52,9 +52,10 @@ from cluster.gpu.ipc import (check_handles, export_buffer, exports_for_peers, ha
 from cluster.gpu.report import result_fields
 from cluster.injection import validate_injection
 from cluster.phases import PhaseClock
+from cluster.placement import Placement
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_INT16, mailbox_shape
 
-PLACEMENTS = ("process_per_gpu", "shared_gpu")
+PLACEMENTS = (Placement.PROCESS_PER_GPU, Placement.SHARED_GPU)
 OPTIONS = ("master_addr", "master_port", "placement", "transport")
 
 
@@ -88,9 +89,11 @@ class GpuRank:
         unknown = set(options) - set(OPTIONS)
         if unknown:
             raise ValueError(f"unknown gpu backend options {sorted(unknown)}; known {list(OPTIONS)}")
-        placement = options.get("placement", "process_per_gpu")
+        placement = options.get("placement", Placement.PROCESS_PER_GPU)
         if placement not in PLACEMENTS:
-            raise ValueError(f"unknown placement {placement!r} for the gpu backend; known {PLACEMENTS}")
+            raise ValueError(f"unknown placement {placement!r} for the gpu backend; known "
+                             f"{[str(p) for p in PLACEMENTS]}")
+        placement = Placement(placement)
         if not 0 <= rank < tp:
             raise ValueError(f"rank must be in 0..{tp - 1}, got {rank}")
         if "master_addr" not in options or "master_port" not in options:
@@ -104,14 +107,14 @@ class GpuRank:
         self._group_id, self._placement = group_id, placement
         self._transport = options.get("transport", "unicast")
         self._timeout_s = float(timeout_s)
-        kwargs = {"device_id": self._device} if placement == "process_per_gpu" else {}
+        kwargs = {"device_id": self._device} if placement == Placement.PROCESS_PER_GPU else {}
         dist.init_process_group(
-            backend="nccl" if placement == "process_per_gpu" else "gloo",
+            backend="nccl" if placement == Placement.PROCESS_PER_GPU else "gloo",
             init_method=f"tcp://{options['master_addr']}:{int(options['master_port'])}",
             rank=rank, world_size=tp, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
         self._pg = True
         try:
-            self._mailbox = (self._symmetric_mailbox() if placement == "process_per_gpu"
+            self._mailbox = (self._symmetric_mailbox() if placement == Placement.PROCESS_PER_GPU
                              else self._ipc_mailbox())
         except BaseException:
             self.close()
@@ -323,8 +326,8 @@ class GpuRank:
         from cluster.measure.harness import time_case
         from cluster.measure.workload import RankContext
 
-        if self._placement != "process_per_gpu":
-            raise ValueError(f"timing needs the process_per_gpu placement (NCCL baselines); this "
+        if self._placement != Placement.PROCESS_PER_GPU:
+            raise ValueError(f"timing needs the process-per-gpu placement (NCCL baselines); this "
                              f"group is {self._placement}, whose timings would not be a "
                              f"collective's speed")
         spec = dict(spec)
@@ -389,7 +392,7 @@ class GpuRank:
 
         if self._tp == 1:
             return
-        if self._placement == "shared_gpu":  # gloo: bounded, names the missing ranks
+        if self._placement == Placement.SHARED_GPU:  # gloo: bounded, names the missing ranks
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=self._timeout_s))
         else:
             dist.barrier(device_ids=[self._device.index])

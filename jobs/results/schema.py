@@ -25,6 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from cluster.placement import Placement
+
 SCHEMA_VERSION = 4
 """2: the ``job`` column. 3: files leave out ``suite`` (the partition key
 gives it) and the per-run facts (``runs.RUN_FACTS``, kept once in the run
@@ -78,7 +80,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("op", pa.string(), "-", "operation, e.g. allreduce_norm", True),
     Column("variant", pa.string(), "-", "kernel variant / tuning name"),
     Column("transport", pa.string(), "-", "multicast or unicast"),
-    Column("placement", pa.string(), "-", "process-per-gpu, shared-gpu, virtual-ranks, emulated"),
+    Column("placement", pa.string(), "-", ", ".join(Placement)),
     Column("backend", pa.string(), "-", "one of BACKENDS"),
     Column("tp", pa.int32(), "count", "ranks in the TP group"),
     Column("hidden", pa.int32(), "count", "elements per token"),

@@ -85,7 +85,7 @@ def test_one_actor_on_the_gpu_runs_tp1(cluster):
     with TPGroup(tp=1, hidden=HIDDEN, capacity=CAPACITY, backend="gpu", gpus_per_rank=1,
                  call_timeout_s=CALL_TIMEOUT_S, setup_timeout_s=120) as g:
         built = time.monotonic() - t0
-        assert g.placement == "process_per_gpu" and g.start_diagnosis.ok
+        assert g.placement == "process-per-gpu" and g.start_diagnosis.ok
         assert g.metadata[0]["gpu_ids"] == ["0"]
         prep = g.prepare(g.case(tokens=1, budget_ns=CASE_BUDGET_NS))
         print(f"\ntp=1 process-per-GPU: group built in {built:.1f} s; prepare {prep}")
@@ -120,7 +120,7 @@ def group_sweep_and_faults(tp: int, *, shared: bool) -> None:
                  gpus_per_rank=1 / tp if shared else 1,
                  call_timeout_s=CALL_TIMEOUT_S, setup_timeout_s=120) as g:
         built = time.monotonic() - t0
-        assert g.placement == ("shared_gpu" if shared else "process_per_gpu")
+        assert g.placement == ("shared-gpu" if shared else "process-per-gpu")
         assert g.start_diagnosis.ok
         assert len({m["pid"] for m in g.metadata}) == tp
         assert len({tuple(m["gpu_ids"]) for m in g.metadata}) == (1 if shared else tp)

@@ -60,7 +60,7 @@ def test_indexer_runs_on_each_rank_actors_gpu(cluster, tp, gpus_per_rank):
 def shared_group(cluster):
     with TPGroup(tp=2, hidden=HIDDEN, capacity=CAPACITY, backend="gpu", gpus_per_rank=0.5,
                  call_timeout_s=CALL_TIMEOUT_S, setup_timeout_s=180) as g:
-        assert g.placement == "shared_gpu" and g.start_diagnosis.ok
+        assert g.placement == "shared-gpu" and g.start_diagnosis.ok
         yield g
 
 

@@ -46,7 +46,7 @@ def test_every_placement_from_the_same_warm_workers(pool):
 
 
 def test_a_stuck_rank_is_replaced_alone(pool):
-    out = sc.run_group(pool, "gpu", sc.Kind(2, "shared_gpu"), seed=50, fault="stuck_rank")
+    out = sc.run_group(pool, "gpu", sc.Kind(2, "shared-gpu"), seed=50, fault="stuck_rank")
     assert out["replaced"] == [1]
     assert out["pids_after"][0] == out["pids"][0] and out["pids_after"][1] != out["pids"][1]
     pids = {r["pid"]: r for r in pool.status()}

@@ -87,7 +87,7 @@ def lone_rank():
     rank = GpuRank()
     rank.setup(group_id="timing", rank=0, tp=1, capacity=CAPACITY, hidden=HIDDEN, timeout_s=120,
                options={"master_addr": "127.0.0.1", "master_port": port,
-                        "placement": "process_per_gpu"})
+                        "placement": "process-per-gpu"})
     yield rank
     rank.close()
 
