@@ -92,7 +92,7 @@ def _check(res_out, layer, xs, data, i, eps, rank_lanes=1):
 
 
 def compare(args) -> list[str]:
-    """Default mode, thin over the harness (:func:`cluster.measure.harness.measure_tp1`,
+    """Default mode, thin over the harness (:func:`cluster.measure.timing.measure_tp1`,
     the profile job's tp=1 path): the fused op (outputs checked first), its
     watchdog build and the torch path."""
     from benchmarks.rows import BenchmarkRows

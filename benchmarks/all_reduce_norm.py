@@ -4,7 +4,7 @@
         [--calls 50] [--replays 200] [--watchdog-ns 1000000000] [--markdown PATH]
         [--results DIR]
 
-Timed through the one harness (:func:`cluster.measure.harness.measure_tp1`,
+Timed through the one harness (:func:`cluster.measure.timing.measure_tp1`,
 the profile job's tp=1 path): each side is one CUDA graph holding
 max(``--calls``, R) back-to-back calls, each replay timed with CUDA events,
 per-call time = replay time / calls; call i reads input set i % R, the R

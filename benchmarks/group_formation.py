@@ -85,7 +85,7 @@ def _rank_group(backend: str, placement: Placement, tp: int, pool) -> float:
 
 def _virtual_group(tp: int, pool) -> float:
     from cluster.gpu import virtual
-    from jobs.harness import gpu_task
+    from jobs.session import gpu_task
     spec = {"tp": tp, "hidden": HIDDEN, "capacity": CAPACITY, "eps": 1e-6,
             "watchdog_ns": BUDGET_NS, "cases": [{"tokens": 1, "inputs": "random", "seeds": [1]}]}
     submitted = time.time()
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     import ray
 
     from cluster.pool import WorkerPool
-    from jobs.harness import ray_session, resolve_backend
+    from jobs.session import ray_session, resolve_backend
     with ray_session(None):
         backend, why = resolve_backend(args.backend)
         if backend == "gpu":

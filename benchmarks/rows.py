@@ -1,5 +1,5 @@
 """``--results DIR`` of the benchmark commands: each harness result
-(:func:`cluster.measure.harness.measure_tp1`) also written as the profile
+(:func:`cluster.measure.timing.measure_tp1`) also written as the profile
 rows ``python -m jobs profile`` writes for the same case (suite
 ``benchmarks``, trigger ``adhoc``, one row per implementation)."""
 
@@ -15,7 +15,7 @@ class BenchmarkRows:
         from jobs.config import Suite
         self.run = None
         if results is not None:
-            from jobs.harness import Run
+            from jobs.recorder import Run
             from jobs.results import env_info
             self.run = Run(results=Path(results), trigger="adhoc", backend="gpu",
                            environment=env_info())
@@ -29,7 +29,8 @@ class BenchmarkRows:
             return
         from cluster.placement import Placement
         from jobs.config import Case
-        from jobs.harness import PlacementOffer, now
+        from jobs.cluster_view import PlacementOffer
+        from jobs.recorder import now
         from jobs.profile import record_impls
         case = Case(job="profile", op=spec["op"], variant="watchdog" if spec.get("watchdog_ns")
                     else "plain", transport="unicast", placement=Placement.PROCESS_PER_GPU, tp=1,
@@ -46,7 +47,7 @@ class BenchmarkRows:
         build alone, both recorded; returns ``(plain, watchdog)`` with
         ``(median, p10, p90)`` of ``fused``, ``unfused`` and the watchdog's
         fused under ``"stats"``."""
-        from cluster.measure.harness import measure_tp1
+        from cluster.measure.timing import measure_tp1
         from cluster.measure.stats import median_p10_p90
         plain = measure_tp1({**spec, "watchdog_ns": 0})
         wd_spec = {**spec, "watchdog_ns": watchdog_ns, "baselines": []}

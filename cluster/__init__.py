@@ -6,7 +6,8 @@
 - :mod:`cluster.emulated`: the Lamport protocol in numpy over host shared memory;
 - :mod:`cluster.gpu`: the CuTe DSL kernels on GPUs (process per GPU: NCCL +
   symmetric memory; shared GPU: gloo + CUDA IPC mailboxes);
-- :mod:`cluster.topology`: topology discovery and TP-group planning;
+- :mod:`cluster.discovery`: hardware discovery (a node's GPUs, links, versions);
+- :mod:`cluster.topology`: the cluster's topology and TP-group planning;
 - :mod:`cluster.placement`: the placement names (:class:`~cluster.placement.Placement`);
 - :mod:`kernels.lamport.diagnosis` (below cluster, shared with the host classes): the
   group-level diagnosis from every rank's watchdog report;

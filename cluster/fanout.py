@@ -140,7 +140,7 @@ class Fanout:
         all have ended. An exception in the caller's thread (SIGTERM's
         SystemExit, Ctrl-C) starts nothing more: ``on_interrupt()`` (the jobs
         tell their groups to stop after the case in hand:
-        ``jobs.harness.Run.stop``), then at most ``stop_wait_s`` for the
+        ``jobs.recorder.Run.stop``), then at most ``stop_wait_s`` for the
         running tasks to end, and the exception goes on (a task still running
         is left to end on its own: a daemon thread, it does not hold the
         process at exit)."""

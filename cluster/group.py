@@ -114,9 +114,9 @@ class NodeLost(RuntimeError):
 def own_error(errors: Sequence[BaseException]) -> BaseException:
     """Of the ranks' errors of one timed case (rank order), the first that is
     a rank's own failure rather than its report that another rank failed
-    (:class:`cluster.measure.harness.PeerFailed`, possibly inside a Ray task
+    (:class:`cluster.measure.timing.PeerFailed`, possibly inside a Ray task
     error's ``cause``): the error a row should carry."""
-    from cluster.measure.harness import PeerFailed
+    from cluster.measure.timing import PeerFailed
     for err in errors:
         if not isinstance(getattr(err, "cause", err), PeerFailed):
             return err
@@ -455,7 +455,7 @@ class TPGroup:
 
     def time(self, spec: Mapping, timeout_s: float) -> list[dict]:
         """Every rank times the fused op and its baselines at once
-        (:func:`cluster.measure.harness.time_case`, process per GPU only);
+        (:func:`cluster.measure.timing.time_case`, process per GPU only);
         returns the per-rank results, rank order. A rank past ``timeout_s``
         is a TimeoutError naming it (the caller then closes the group: a
         timed graph cannot be recovered mid-replay)."""

@@ -13,7 +13,7 @@ over its calls (``TPGroup.phases_s``). Phases, in a call's order:
 ``readback``  error buffer, outputs and the mailbox check read back
 ``check``     the outputs against the op's torch reference (CPU)
 
-and for a profile case (:mod:`cluster.measure.harness`; per implementation
+and for a profile case (:mod:`cluster.measure.timing`; per implementation
 the slowest rank, summed over the implementations) ``inputs`` (the
 workload's rotation sets), ``check`` and
 

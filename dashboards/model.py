@@ -124,7 +124,7 @@ class Run:
     """Where the run's time went, per job section as it ended (its manifest's
     ``accounting``: job, cases, wall_s, work_s and what ``work`` is,
     overhead = wall / work, peak_groups, build_s, prepare_s, rebuilt_cases /
-    rebuilt_s: :attr:`jobs.harness.Run.accounting`); empty for a run
+    rebuilt_s: :attr:`jobs.recorder.Run.accounting`); empty for a run
     without a manifest."""
 
     @property

@@ -138,7 +138,7 @@ def _plan(args, jobs: tuple[str, ...]):
     from kernels.validation import require_name
 
     from jobs import sizing
-    from jobs.harness import check_backend_request
+    from jobs.session import check_backend_request
     paths = args.config or [suite_path(n) for n in (args.suite or (args.default_suite,))]
     filters = Filters(**{name: getattr(args, name) for name in Filters.FIELDS})
     plan = []
@@ -228,11 +228,11 @@ def _check_outputs(args) -> None:
 
 def _check_cluster(args) -> None:
     """Before Ray starts: the cluster address's form
-    (:func:`jobs.harness.check_address`), or for an embedded cluster its
+    (:func:`jobs.session.check_address`), or for an embedded cluster its
     token file (:mod:`jobs.ray_token`: made when missing, else only read)."""
     address = args.address or os.environ.get("RAY_ADDRESS")
     if address:
-        from jobs.harness import check_address
+        from jobs.session import check_address
         check_address(address)
     else:
         from jobs.embedded import ensure_token, token_path
@@ -242,10 +242,10 @@ def _check_cluster(args) -> None:
 # ----------------------------------------------------------------- sweeps
 def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     """Run the sweep. SIGINT or SIGTERM (``Interrupted``) once the run is
-    open ends it as :meth:`jobs.harness.Run.interrupted` says (before Ray's
+    open ends it as :meth:`jobs.recorder.Run.interrupted` says (before Ray's
     cleanup, which a signal to the whole process group can block), printing
     the command that resumes it, and is raised on (exit 130 or 143)."""
-    from jobs.harness import ray_session
+    from jobs.session import ray_session
     plan = _plan(args, jobs)
     rule = _rule(args) if nightly else None
     opened: list = []  # the run, once it exists
@@ -321,7 +321,8 @@ def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bo
     regressed and whether a self-check or compile check ran.
     ``on_stop(Interrupted)`` is called before the pool closes."""
     from jobs import correctness, faults, profile
-    from jobs.harness import ClusterView, resolve_backend, worker_pool
+    from jobs.cluster_view import ClusterView
+    from jobs.session import resolve_backend, worker_pool
 
     runners = {"correctness": correctness.run, "faults": faults.run, "profile": profile.run}
     if args.cmd == "trace":
@@ -346,7 +347,7 @@ def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
     whether a self-check or compile check ran)`` (they test something
     without rows of cases); the Run is also appended to ``opened`` as soon
     as it exists."""
-    from jobs.harness import Run, done_in_run
+    from jobs.recorder import Run, done_in_run
     from jobs.results import env_info
     environment = {**env_info(), **view.columns()}
     run = Run(results=None if args.no_results else args.results, trigger=args.trigger,

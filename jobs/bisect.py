@@ -535,7 +535,7 @@ def probes(lo: int, hi: int, parts: int, skipped: set[int]) -> list[int]:
 
 
 def run_bisect(args) -> int:
-    from jobs.harness import ray_session
+    from jobs.session import ray_session
     from jobs.regression import Rule
     rule = Rule(history=args.history, min_history=args.min_history, sigmas=args.sigmas,
                 threshold=args.threshold)
@@ -564,7 +564,7 @@ def run_bisect(args) -> int:
     commits = git(repo, "rev-list", "--first-parent", "--reverse", f"{good}..{bad}").split()
     from jobs.options import check_writable_dir
     check_writable_dir("--results", args.results)
-    from jobs.harness import check_address
+    from jobs.session import check_address
     if args.address:
         check_address(args.address)
     else:
@@ -687,7 +687,7 @@ def _row(writer, key: CaseKey, v: Verdict, good: str, bad: str, kind: str, *,
          first_bad: bool = False) -> None:
     if writer is None:
         return
-    from jobs.harness import now
+    from jobs.recorder import now
     from jobs.results import make_row
     outcome = {"good": "pass", "bad": "fail", "skip": "skipped"}[v.verdict]
     values = v.outcome.values

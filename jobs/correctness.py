@@ -26,7 +26,9 @@ from collections.abc import Sequence
 
 from cluster.placement import Placement
 from jobs.config import Case, Suite
-from jobs.harness import ClusterView, PlacementOffer, Run, case_seed, error_text, gpu_task, now
+from jobs.cluster_view import ClusterView, PlacementOffer
+from jobs.recorder import Run, case_seed, now
+from jobs.session import error_text, gpu_task
 
 
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from jobs.config import Case, Suite
 from jobs.correctness import (fan_out, group_placement, group_tags, op_case_fields,
                               open_group, row_extra, work_kind)
-from jobs.harness import ClusterView, PlacementOffer, Run, case_seed, now
+from jobs.cluster_view import ClusterView, PlacementOffer
+from jobs.recorder import Run, case_seed, now
 
 MIN_TP: dict[str, int] = {}
 """Smallest tp at which a kind's expected outcome is decidable, where above

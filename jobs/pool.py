@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
 
 def cluster_address(address: str | None) -> str:
     """The GCS address to join: ``address``, else RAY_ADDRESS, else the
-    recorded head's (whose token ``jobs.harness.ray_session`` then uses)."""
+    recorded head's (whose token ``jobs.session.ray_session`` then uses)."""
     from jobs import head as hd
     given = address or os.environ.get("RAY_ADDRESS")
     if given:
@@ -70,14 +70,14 @@ def main(args) -> int:
     if not 0 <= args.warm <= 64:
         raise ConfigError(f"--warm {args.warm}: must be in 0..64")
     address = cluster_address(args.address)
-    from jobs.harness import ray_session
+    from jobs.session import ray_session
     with ray_session(address):
         return {"start": _start, "status": _status, "stop": _stop}[args.action](args)
 
 
 def _start(args) -> int:
     from cluster.pool import WorkerPool
-    from jobs.harness import resolve_backend
+    from jobs.session import resolve_backend
     backend, why = resolve_backend(args.backend)
     started = time.monotonic()
     try:

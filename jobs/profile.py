@@ -44,7 +44,9 @@ from collections.abc import Sequence
 from cluster import ops
 from cluster.placement import Placement
 from jobs.config import Case, Suite
-from jobs.harness import ClusterView, PlacementOffer, Run, error_text, now
+from jobs.cluster_view import ClusterView, PlacementOffer
+from jobs.recorder import Run, now
+from jobs.session import error_text
 
 EMULATED_REASON = ("profile needs GPUs: on the emulated backend (numpy on CPU actors) there "
                    "is no kernel timing to record")
@@ -150,7 +152,7 @@ def _gpu_columns(first: dict) -> dict:
 def record_impls(run: Run, suite: Suite, case: Case, where: PlacementOffer, per_rank: list[dict],
                  started) -> None:
     """One row per implementation from every rank's harness result
-    (:func:`cluster.measure.harness.time_case`): the timing columns are those
+    (:func:`cluster.measure.timing.time_case`): the timing columns are those
     of the per-iteration max over ranks; per-rank medians and p99 go to
     ``extra``; the fused row carries the first baseline's median and the ratio."""
     from cluster.measure.nvtx import NVTX_DOMAIN, range_name

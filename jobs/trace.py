@@ -22,7 +22,9 @@ from pathlib import Path
 
 from cluster.placement import Placement
 from jobs.config import Case, ConfigError, Suite
-from jobs.harness import ClusterView, Run, error_text, now
+from jobs.cluster_view import ClusterView
+from jobs.recorder import Run, now
+from jobs.session import error_text
 from jobs.results.atomic import write_atomically
 
 

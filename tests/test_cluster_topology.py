@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from cluster.topology import (GpuInfo, NodeInfo, Topology, discover_local, discover_node,
-                              fake_node)
+from cluster.discovery import GpuInfo, NodeInfo, discover_node
+from cluster.topology import Topology, discover_local, fake_node
 
 
 def names(topo):

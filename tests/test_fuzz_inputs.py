@@ -330,12 +330,12 @@ def test_the_emulated_backend_refuses_bad_setup_arguments(data):
 @pytest.fixture
 def no_ray(monkeypatch):
     """Starting Ray is where a bad suite or command line has got through."""
-    import jobs.harness as harness
+    import jobs.session as session
 
     def tripwire(*args, **kwargs):
         raise Tripwire("ray_session")
 
-    monkeypatch.setattr(harness, "ray_session", tripwire)
+    monkeypatch.setattr(session, "ray_session", tripwire)
 
 
 def _toml(value) -> str:
@@ -604,8 +604,8 @@ ADDRESSES = ["nowhere", "127.0.0.1", "127.0.0.1:", ":6379", "127.0.0.1:0", "127.
 def test_cluster_addresses_that_lead_nowhere_exit_2_or_3_at_once(address, monkeypatch):
     """Malformed: exit 2 before Ray; well formed with nothing listening:
     exit 3 (infrastructure), one line, once the probe gives up (0.5 s here)."""
-    import jobs.harness as harness
-    monkeypatch.setattr(harness, "JOIN_PROBE_S", 0.5)
+    import jobs.session as session
+    monkeypatch.setattr(session, "JOIN_PROBE_S", 0.5)
     if address.startswith("closed "):
         import socket
         with socket.socket(socket.AF_INET6 if "[" in address else socket.AF_INET) as s:

@@ -1,6 +1,6 @@
 """``--address``: a listener there that is no Ray cluster (it takes the TCP
 connection and never answers as a GCS) ends the job with one line and exit
-3 within ``jobs.harness.JOIN_TIMEOUT_S``, where ``ray.init`` would wait for
+3 within ``jobs.session.JOIN_TIMEOUT_S``, where ``ray.init`` would wait for
 ever; a malformed address, a port outside 1..65535 included, is bad usage
 (exit 2) before anything is tried. (Nothing listening at all:
 tests/test_jobs_exits.py.)"""
@@ -35,8 +35,8 @@ def test_a_malformed_address_is_bad_usage(capsys, address):
 
 JOIN = """
 import sys
-import jobs.harness
-jobs.harness.JOIN_TIMEOUT_S = 5.0
+import jobs.session
+jobs.session.JOIN_TIMEOUT_S = 5.0
 from jobs.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -12,7 +12,7 @@ import pytest
 from jobs import __main__ as cli
 from jobs.config import (ConfigError, Filters, bundled_suites, load_suite, select,
                          suite_path)
-from jobs.harness import repro_command
+from jobs.recorder import repro_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 def no_ray(monkeypatch):
     """The module's promise, checked: a test here that reached the Ray
     session would fail, not start a cluster outside the "ray" xdist group."""
-    import jobs.harness as harness
-    monkeypatch.setattr(harness, "ray_session",
+    import jobs.session as session
+    monkeypatch.setattr(session, "ray_session",
                         lambda *a, **k: pytest.fail("a test of test_jobs_config.py started Ray"))
 
 GOOD = """
@@ -242,7 +242,7 @@ def test_the_command_line_itself_exits_2_with_a_message(tmp_path):
 def _view(gpus: int, backend: str = "gpu", groups_per_gpu: int = 1):
     """A ClusterView over a fake one-node topology of ``gpus`` NVLinked GPUs."""
     from cluster.topology import GpuInfo, NodeInfo, Topology
-    from jobs.harness import ClusterView
+    from jobs.cluster_view import ClusterView
     node = NodeInfo(node_id="n0", hostname="h", gpus=tuple(
         GpuInfo(index=i, name="NVIDIA H200", uuid=f"GPU-{i}", memory_bytes=141 << 30,
                 sm_count=132, compute_capability=(9, 0)) for i in range(gpus)),
@@ -322,7 +322,7 @@ def test_one_gpu_groups_share_a_gpu_when_asked(monkeypatch):
 
     from cluster.fanout import Fanout, Task
     from jobs.correctness import group_units
-    from jobs.harness import ClusterView
+    from jobs.cluster_view import ClusterView
     from jobs.options import check_groups_per_gpu
     suite = load_suite(suite_path("nightly"))
     tp = {c.tp: c for c in suite.of("correctness")

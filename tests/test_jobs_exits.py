@@ -47,8 +47,8 @@ def test_help_imports_neither_torch_nor_ray():
 @pytest.mark.parametrize("flag", ["--results", "--site"])
 def test_an_output_that_cannot_be_written_is_usage_before_ray(flag, tmp_path, capsys,
                                                                monkeypatch):
-    import jobs.harness as harness
-    monkeypatch.setattr(harness, "ray_session", lambda *a, **k: pytest.fail("Ray would start"))
+    import jobs.session as session
+    monkeypatch.setattr(session, "ray_session", lambda *a, **k: pytest.fail("Ray would start"))
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     argv = ["nightly", *SMALL[1:], "--results", str(tmp_path / "r"), "--site",
@@ -100,10 +100,10 @@ def test_the_retry_returns_once_ray_starts():
 def test_joining_nothing_is_one_line_and_exit_3(tmp_path, capsys, monkeypatch):
     import ray
 
-    import jobs.harness as harness
+    import jobs.session as session
     from jobs.head import free_port
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init reached"))
-    monkeypatch.setattr(harness, "JOIN_PROBE_S", 0.5)
+    monkeypatch.setattr(session, "JOIN_PROBE_S", 0.5)
     address = f"127.0.0.1:{free_port()}"
     assert main([*SMALL, "--address", address, "--results", str(tmp_path / "r")]) == exits.INFRA
     (line,) = capsys.readouterr().err.strip().splitlines()

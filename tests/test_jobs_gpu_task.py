@@ -1,4 +1,4 @@
-"""jobs.harness.gpu_task, the one way a job runs work on one GPU (the profile
+"""jobs.session.gpu_task, the one way a job runs work on one GPU (the profile
 measurement, a virtual-ranks group): result, hang past the deadline (the
 task's process is ended), wrong answer, error. On a CPU-only machine the
 local Ray cluster declares one logical GPU; nothing touches CUDA."""
@@ -10,7 +10,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from jobs.harness import gpu_task  # noqa: E402
+from jobs.session import gpu_task  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
 

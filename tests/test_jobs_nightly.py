@@ -20,7 +20,7 @@ import pytest
 from cluster.faults import FAULT_KINDS
 from jobs import __main__ as cli
 from jobs.config import load_suite, suite_path
-from jobs.harness import Run
+from jobs.recorder import Run
 from jobs.results import COLUMNS, read_results
 
 # The README run's group (its smoke nightly: about 3 minutes on a loaded

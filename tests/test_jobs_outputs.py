@@ -22,12 +22,12 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def no_ray(monkeypatch):
-    import jobs.harness as harness
+    import jobs.session as session
 
     def tripwire(*args, **kwargs):
         raise AssertionError("Ray would have started")
 
-    monkeypatch.setattr(harness, "ray_session", tripwire)
+    monkeypatch.setattr(session, "ray_session", tripwire)
 
 
 def refused(capsys, *argv) -> str:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a tim
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ops.profiled())
 def test_measure_tp1_times_fused_and_baselines_on_one_gpu(op):
-    from cluster.measure.harness import measure_tp1
+    from cluster.measure.timing import measure_tp1
     out = measure_tp1({"op": op, "hidden": 7168, "tokens": 8, "hc": 4, "top_k": 8,
                        "calls": 10, "replays": 20, "watchdog_ns": 1_000_000_000, "eps": 1e-6,
                        "rotate_mb": 16, "seed": 8,
@@ -80,7 +80,7 @@ def test_profile_job_records_timings_with_baselines(tmp_path, capsys):
 
 
 def _rank(r: int, impls: dict) -> dict:
-    """A harness result of rank r (cluster.measure.harness.time_case)."""
+    """A harness result of rank r (cluster.measure.timing.time_case)."""
     state = {"sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "temp_c": 40 + r}
     return {"rank": r, "impls": impls, "sets": 120, "set_bytes": 2**20, "calls": 120,
             "bytes_moved": 8 * 5120 * 2, "bus_factor": 1.0, "collective": True,
@@ -93,7 +93,8 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     one rank could not run is a skipped row, one beyond its tolerance a
     fail row, FlashInfer's rows name its version and mode."""
     from jobs.config import load_suite, suite_path
-    from jobs.harness import PlacementOffer, Run, now
+    from jobs.cluster_view import PlacementOffer
+    from jobs.recorder import Run, now
     from jobs.profile import record_impls
     from jobs.results import read_results
     suite = load_suite(suite_path("nightly"))
@@ -159,7 +160,7 @@ class FakeView:
     pool = None
 
     def resolve(self, case):
-        from jobs.harness import PlacementOffer
+        from jobs.cluster_view import PlacementOffer
         return PlacementOffer("process-per-gpu", 1.0, True)
 
 
@@ -168,7 +169,7 @@ def test_tp_groups_share_a_group_and_a_case_that_hangs_gets_a_fresh_one(tmp_path
     rest run on a rebuilt group; rows are recorded per case, in order."""
     from jobs import correctness, profile
     from jobs.config import load_suite, suite_path
-    from jobs.harness import Run
+    from jobs.recorder import Run
     from jobs.results import read_results
     suite = load_suite(suite_path("nightly"))
     cases = [c for c in suite.of("profile")
@@ -220,7 +221,7 @@ def test_tp1_cases_share_a_group_of_one_rank(tmp_path, monkeypatch):
     NCCL set-up each time: Ray ends a GPU task's process after each call)."""
     from jobs import correctness, profile
     from jobs.config import load_suite, suite_path
-    from jobs.harness import Run
+    from jobs.recorder import Run
     from jobs.results import read_results
     suite = load_suite(suite_path("nightly"))
     cases = [c for c in suite.of("profile") if c.tp == 1 and c.op in ("all_reduce_norm", "indexer")]
@@ -258,7 +259,8 @@ def test_tp1_cases_share_a_group_of_one_rank(tmp_path, monkeypatch):
 def test_every_op_is_profiled_and_what_cannot_be_timed_says_why(tmp_path):
     from jobs import profile
     from jobs.config import load_suite, suite_path
-    from jobs.harness import PlacementOffer, Run
+    from jobs.cluster_view import PlacementOffer
+    from jobs.recorder import Run
     from jobs.results import read_results
     suite = load_suite(suite_path("nightly"))
     assert {c.op for c in suite.of("profile")} == set(ops.profiled())

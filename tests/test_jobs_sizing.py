@@ -21,12 +21,12 @@ tokens = [1, 10000000]
 
 @pytest.fixture
 def no_ray(monkeypatch):
-    import jobs.harness as harness
+    import jobs.session as session
 
     def tripwire(*args, **kwargs):
         raise AssertionError("Ray would have started")
 
-    monkeypatch.setattr(harness, "ray_session", tripwire)
+    monkeypatch.setattr(session, "ray_session", tripwire)
 
 
 def test_the_estimate_is_the_mailbox_and_the_inputs(tmp_path):

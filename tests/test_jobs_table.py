@@ -5,7 +5,7 @@ text pushes its row right instead of losing its end."""
 import io
 
 from cluster import ops
-from jobs.harness import COLUMNS
+from jobs.recorder import COLUMNS
 from jobs.results.schema import JOBS
 from jobs.table import Col, Table
 

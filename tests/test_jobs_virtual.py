@@ -11,7 +11,8 @@ import pytest
 from cluster.gpu.virtual import validate_spec
 from jobs.config import load_suite, suite_path
 from jobs.correctness import record_virtual, virtual_spec
-from jobs.harness import PlacementOffer, Run, case_seed, now
+from jobs.cluster_view import PlacementOffer
+from jobs.recorder import Run, case_seed, now
 from jobs.results import read_results
 
 SUITE = load_suite(suite_path("smoke"))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from cluster import ops
-from cluster.measure import harness, workloads
+from cluster.measure import timing, workloads
 from cluster.measure.graph import (FIT_ROUNDS, MAX_FLOOR_FACTOR, MAX_SETS, floor_calls,
                                    graph_calls, refine_calls, rotating, rotation_sets,
                                    scaled_replays)
@@ -149,7 +149,7 @@ CHECK = {"wrong": False}
 
 
 def fake_workload(ctx, spec) -> Workload:
-    """Stands in for an op's declared workload builder (harness.time_case's workload=)."""
+    """Stands in for an op's declared workload builder (timing.time_case's workload=)."""
     def fused():
         return Call(lambda i: CALLS.append(("fused", i)))
 
@@ -181,10 +181,10 @@ def no_gpu(monkeypatch):
         timed.append(calls)
         return [float(replays)] * replays
 
-    monkeypatch.setattr(harness, "time_graph", time_graph)
+    monkeypatch.setattr(timing, "time_graph", time_graph)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
-    monkeypatch.setattr(harness, "nvtx_range", lambda *a: _Null())
+    monkeypatch.setattr(timing, "nvtx_range", lambda *a: _Null())
     CHECK["wrong"] = False
     return timed
 
@@ -202,7 +202,7 @@ WORKLOAD = f"{__name__}.fake_workload"
 
 def test_time_case_times_fused_and_baselines_and_says_why_not(no_gpu):
     spec = {**SPEC, "baselines": ["unfused", "symm_mem", "flashinfer", "nonesuch"]}
-    out = harness.time_case(FakeCtx(), spec, WORKLOAD)
+    out = timing.time_case(FakeCtx(), spec, WORKLOAD)
     impls = out["impls"]
     assert list(impls) == ["fused", "unfused", "symm_mem", "flashinfer_oneshot",
                            "flashinfer_twoshot", "nonesuch"]
@@ -224,15 +224,15 @@ def test_a_replay_floor_fits_each_implementation_s_graph(no_gpu, monkeypatch):
     def fit_calls(fn, calls, sets, min_replay_us, before_replay=None, agree=None):
         seen.append((calls, sets, min_replay_us, agree(1.0)))
         return 600
-    monkeypatch.setattr(harness, "fit_calls", fit_calls)
+    monkeypatch.setattr(timing, "fit_calls", fit_calls)
     ctx = FakeCtx()
     ctx.max_over_ranks = lambda v: v + 1.0  # stands in for the all-reduce
-    out = harness.time_case(ctx, {**SPEC, "min_replay_ms": 5}, WORKLOAD)
+    out = timing.time_case(ctx, {**SPEC, "min_replay_ms": 5}, WORKLOAD)
     assert seen == [(4, 3, 5000.0, 2.0)] * 2  # fused and unfused (the others do not run)
     assert out["impls"]["fused"]["calls"] == out["impls"]["unfused"]["calls"] == 600
     assert no_gpu == [600, 600] and out["calls"] == 4
     assert len(out["impls"]["fused"]["times_us"]) == 5  # min_replays unset: every replay
-    out = harness.time_case(ctx, {**SPEC, "min_replay_ms": 5, "min_replays": 2}, WORKLOAD)
+    out = timing.time_case(ctx, {**SPEC, "min_replay_ms": 5, "min_replays": 2}, WORKLOAD)
     assert [len(out["impls"][n]["times_us"]) for n in ("fused", "unfused")] == [2, 2]
 
 
@@ -240,13 +240,13 @@ def test_fused_wrong_answer_or_failure_elsewhere_stops_every_rank(no_gpu):
     CHECK["wrong"] = True
     ctx = FakeCtx()
     with pytest.raises(AssertionError, match="not bit-exact"):
-        harness.time_case(ctx, SPEC, WORKLOAD)
+        timing.time_case(ctx, SPEC, WORKLOAD)
     # agreed after building, after the first call and after checking
     assert ctx.agreements == 3 and no_gpu == []
     CHECK["wrong"] = False
     CALLS.clear()
-    with pytest.raises(harness.PeerFailed, match="failed on 1 other rank"):
-        harness.time_case(FakeCtx(elsewhere=1), SPEC, WORKLOAD)
+    with pytest.raises(timing.PeerFailed, match="failed on 1 other rank"):
+        timing.time_case(FakeCtx(elsewhere=1), SPEC, WORKLOAD)
     assert no_gpu == [] and CALLS == []  # a peer failed to build: no first call either
 
 
@@ -290,7 +290,7 @@ def test_every_rank_builds_before_any_makes_the_first_call(no_gpu):
     module = sys.modules[__name__]
     module._two_rank_workload = workload
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        outs = list(pool.map(lambda r: harness.time_case(
+        outs = list(pool.map(lambda r: timing.time_case(
             ThreadCtx(r, shared), SPEC, f"{__name__}._two_rank_workload"), [0, 1]))
     first_call = events.index(next(e for e in events if e[0] == "call"))
     assert sorted(events[:first_call]) == [("built", 0), ("built", 1)], events
@@ -305,7 +305,7 @@ def test_the_row_carries_the_failing_rank_s_own_error():
             super().__init__(str(cause))
             self.cause = cause
 
-    echo = TaskError(harness.PeerFailed("rank 0: the fused op failed on 1 other rank(s)"))
+    echo = TaskError(timing.PeerFailed("rank 0: the fused op failed on 1 other rank(s)"))
     own = TaskError(AssertionError("fused: watchdog: missing ranks {0}"))
     assert own_error([echo, own]) is own
     assert own_error([echo]) is echo
@@ -320,14 +320,14 @@ def test_a_baseline_another_rank_cannot_run_is_skipped_on_every_rank(no_gpu, mon
         calls["n"] += 1
         return int(failed) + (calls["n"] > 3)  # fused agrees (3 calls), then peers fail
     ctx.failed_elsewhere = failed_elsewhere
-    out = harness.time_case(ctx, {**SPEC, "baselines": ["unfused"]}, WORKLOAD)
+    out = timing.time_case(ctx, {**SPEC, "baselines": ["unfused"]}, WORKLOAD)
     assert out["impls"]["unfused"] == {"skipped": "unfused could not run on 1 other rank(s) "
                                                   "of the group"}
 
 
 def test_unknown_op_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown op 'nonesuch'; known: "):
-        harness.time_case(FakeCtx(), {**SPEC, "op": "nonesuch"})
+        timing.time_case(FakeCtx(), {**SPEC, "op": "nonesuch"})
     bare = ops.OpSpec(name="untimed", summary="", collective=False, impl="x", inputs=("random",))
     with pytest.raises(ValueError, match="op untimed declares no timed workload"):
         bare.workload_builder()

@@ -315,7 +315,7 @@ class GpuRank:
     # -- timing (cluster.measure)
     def time_case(self, spec: dict) -> dict:
         """Time the fused op of ``spec["op"]`` and its baselines on this rank,
-        every rank of the group at once (:func:`cluster.measure.harness.time_case`,
+        every rank of the group at once (:func:`cluster.measure.timing.time_case`,
         its workload built on this group's mailbox); process per GPU only
         (the baselines need NCCL, and shared-GPU timings are no collective's
         speed). ``spec``: :data:`cluster.measure.workload.SPEC_KEYS` (+ ``hc``,
@@ -323,7 +323,7 @@ class GpuRank:
         builder's dotted name, default the op's ``OpSpec.workload``)."""
         import torch
 
-        from cluster.measure.harness import time_case
+        from cluster.measure.timing import time_case
         from cluster.measure.workload import RankContext
 
         if self._placement != Placement.PROCESS_PER_GPU:

@@ -2,7 +2,7 @@
 :class:`~cluster.measure.workload.Workload` (its rotating inputs, the fused
 call, the check, the baselines, the bytes moved) built by
 the builder its declaration names (``OpSpec.workload``, in
-:mod:`cluster.measure.workloads`); the harness (:mod:`cluster.measure.harness`)
+:mod:`cluster.measure.workloads`); the harness (:mod:`cluster.measure.timing`)
 owns the rest:
 
 - input rotation over more than the L2 (:func:`cluster.measure.graph.rotation_sets`,

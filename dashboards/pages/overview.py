@@ -171,7 +171,7 @@ def _time_section(run) -> h.Markup | str:
         job = str(e.get("job") or "?")
         seen[job] = seen.get(job, 0) + 1
         label = job if seen[job] == 1 else f"{job} ({seen[job]})"  # a run in parts
-        if e.get("interrupted"):  # stopped by SIGTERM or Ctrl-C (jobs.harness.Run.stop)
+        if e.get("interrupted"):  # stopped by SIGTERM or Ctrl-C (jobs.recorder.Run.stop)
             label += ", interrupted"
         wall, done = float(e["wall_s"]), float(e.get("work_s") or 0.0)
         labels.append(h.plot_text(label))

@@ -370,7 +370,7 @@ def test_profile_workload_times_owner_against_one_shot(op):
     mode="owner": the owner kernel checked against the owner reference, then
     timed with the one-shot kernel as its baseline (at tp=1 the two do the
     same work; the crossover needs benchmarks.owner_crossover on 2 GPUs)."""
-    from cluster.measure.harness import measure_tp1
+    from cluster.measure.timing import measure_tp1
 
     out = measure_tp1({"op": op, "hidden": 5120, "tokens": 16, "calls": 20, "replays": 20,
                        "rotate_mb": 8, "eps": EPS, "baselines": ["one_shot"], "seed": 1,
