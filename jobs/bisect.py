@@ -39,8 +39,12 @@ dataset. The verdict per commit:
   :func:`jobs.regression.judge` with the rule's own sigmas and threshold:
   ``regressed`` is bad, ``ok`` good; ``improved`` (faster than good beyond
   the rule: the good rerun was disturbed) reruns the step once, then
-  counts as good. A run that does not pass (a host deadline missed on a
-  loaded machine) is run once more; twice, the commit is ``skip``.
+  counts as good. A ``regressed`` candidate is judged again, beside a new
+  good rerun, before it counts as bad (a burst of load on the machine
+  during one candidate's run looks like a regression once, rarely twice);
+  when the two judgments differ a third decides. A run that does not pass
+  (a host deadline missed on a loaded machine) is run once more; twice, the
+  commit is ``skip``.
 
 Where the candidates' code lives: the worktrees are on this machine, and a
 candidate's rank actors find its tree through Ray's driver path (the
@@ -485,7 +489,29 @@ class Bisect:
                 break
             print(f"   (a candidate ran faster than good beyond the rule: the good rerun was "
                   f"disturbed; the step once more)", flush=True)
-        return verdicts
+        return [self._confirmed(v) for v in verdicts]
+
+    def _confirmed(self, first: Verdict) -> Verdict:
+        """A latency ``bad`` judged again beside a new good rerun; a third
+        judgment decides when the two differ (the majority's last verdict)."""
+        if first.verdict != "bad":
+            return first
+        seen = [first]
+        while len(seen) < 3 and not (len(seen) == 2 and seen[0].verdict == seen[1].verdict):
+            print(f"   ({first.sha[:12]} regressed: judged again beside a new good rerun)",
+                  flush=True)
+            good, cand = _at_once(self._values, [self.good, first.sha],
+                                  2 if self.parallel > 1 else 1)
+            if good.outcome != "pass":
+                raise RuntimeError(f"the good commit {self.good[:12]} did not pass when rerun "
+                                   f"beside {first.sha[:12]}: {good.outcome}: {good.reason}")
+            seen.append(self._latency(cand, good))
+        bads = [v for v in seen if v.verdict == "bad"]
+        last = bads[-1] if len(bads) * 2 > len(seen) else \
+            next((v for v in reversed(seen) if v.verdict == "good"), seen[-1])
+        last.why += f" ({len(bads)} of {len(seen)} judgments regressed)"
+        last.outcome.wall_s = sum(v.outcome.wall_s for v in seen)
+        return last
 
     @staticmethod
     def _wrong(out: Outcome) -> Verdict:

@@ -80,6 +80,33 @@ def test_probes_cut_the_range_evenly_and_step_over_skipped():
     assert bs.probes(3, 4, 2, set()) == []
 
 
+@pytest.mark.parametrize("judgments, verdict", [
+    (["good"], "good"),                 # a good verdict is not judged again
+    (["bad", "bad"], "bad"),            # confirmed
+    (["bad", "good", "good"], "good"),  # one burst of load: outvoted
+    (["bad", "good", "bad"], "bad"),
+    (["bad", "skip", "skip"], "skip"),
+])
+def test_a_regressed_candidate_is_judged_again_before_it_counts_as_bad(judgments, verdict):
+    rule = type("R", (), {"min_history": 3})()
+    bis = bs.Bisect(None, "latency", None, rule, "g" * 40)
+    said = iter(judgments[1:])
+    runs = []
+
+    def values(sha):
+        runs.append(sha)
+        return bs.Outcome(sha, "pass", [1.0], None, 1.0, "")
+    bis._values = values
+    bis._latency = lambda cand, good: bs.Verdict(cand.sha, next(said), "again", cand)
+    first = bs.Verdict("c" * 40, judgments[0], "first", bs.Outcome("c" * 40, "pass", [2.0], None,
+                                                                  1.0, ""))
+    out = bis._confirmed(first)
+    assert out.verdict == verdict and out.sha == "c" * 40
+    assert runs == ["g" * 40, "c" * 40] * (len(judgments) - 1)  # a new good rerun each time
+    if judgments[0] == "bad":
+        assert f"of {len(judgments)} judgments regressed" in out.why
+
+
 def test_good_and_bad_default_to_the_newest_green_and_red_nights(tmp_path):
     key = bs.CaseKey.parse(WRONG_KEY)
     start = dt.datetime(2026, 11, 25, 2, tzinfo=dt.timezone.utc)
