@@ -30,10 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--results", type=Path, help="build the site from this dataset first")
     s.add_argument("--port", type=int, default=8765, help="default: %(default)s (0: any free)")
     s.add_argument("--seconds", type=float, default=900.0,
-                   help="stop after this long (default: %(default)s)")
+                   help="stop after this long, at most a week (default: %(default)s)")
     args = parser.parse_args(argv)
     from dashboards.build import build_site
     try:
+        if args.command == "serve":  # before a build spends its time
+            from dashboards.serve import check_serve_args
+            check_serve_args(args.port, args.seconds)
         if args.command == "build" or args.results is not None:
             out = args.out if args.command == "build" else args.site
             index = build_site(args.results, out)

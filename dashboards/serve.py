@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,20 @@ LOOPBACK = "127.0.0.1"
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - the stdlib's name
         pass
+
+
+MAX_SECONDS = 7 * 86_400.0
+"""The longest a look at the site may last (a week): it always ends."""
+
+
+def check_serve_args(port: int, seconds: float) -> None:
+    """ValueError naming the value unless ``port`` is in 0..65535 (0: any
+    free one) and ``seconds`` is finite, in (0, MAX_SECONDS]."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"--port must be an integer in 0..65535, got {port!r}")
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds)
+            and 0 < seconds <= MAX_SECONDS):
+        raise ValueError(f"--seconds must be in (0, {MAX_SECONDS:g}] s, got {seconds!r}")
 
 
 def make_server(site: Path, port: int = 0) -> http.server.ThreadingHTTPServer:
@@ -34,8 +49,7 @@ def serve(site: Path, port: int = 8765, seconds: float = 900.0,
           on_ready: Callable[[str], None] | None = None) -> None:
     """Serve ``site`` on loopback until ``seconds`` pass or Ctrl-C;
     ``on_ready(url)`` is called once it listens."""
-    if seconds <= 0:
-        raise ValueError(f"seconds={seconds} must be > 0")
+    check_serve_args(port, seconds)
     server = make_server(site, port)
     host, bound = server.server_address[:2]
     print(f"serving {site} at http://{host}:{bound}/ for {seconds:.0f} s (Ctrl-C stops)",

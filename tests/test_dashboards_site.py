@@ -428,6 +428,23 @@ def test_serve_is_loopback_only_and_bounded(site):
         make_server(site.parent / "missing", 0)
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["--seconds", "inf"], "--seconds must be in (0, 604800] s, got inf"),
+    (["--seconds", "nan"], "got nan"),
+    (["--seconds", "0"], "got 0.0"),
+    (["--seconds", "1e9"], "got 1000000000.0"),
+    (["--port", "70000"], "--port must be an integer in 0..65535, got 70000"),
+    (["--port", "-1"], "got -1"),
+])
+def test_serve_refuses_an_unbounded_look_before_building(argv, named, tmp_path, capsys):
+    from dashboards.__main__ import main
+    missing = tmp_path / "no-results"  # a build would fail differently, and later
+    assert main(["serve", "--site", str(tmp_path / "site"), "--results", str(missing),
+                 *argv]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "site").exists()
+
+
 def test_latency_draws_every_baseline_row_of_a_series():
     """Each baseline the profile timed (its own ``baseline:<impl>`` row) is a
     dashed trace of its series, one dash pattern each; rows of another
