@@ -76,6 +76,8 @@ class Skip:
 README_RAY = "README Ray block"
 DASHBOARD_BUILD = ".venv/bin/python -m dashboards build --results results --out site   # site/index.html"
 
+STRAGGLERS_RUN = (".venv/bin/python -m jobs correctness --suite smoke --ops "
+                  "all_reduce_norm,embed_norm --tp 2,4 --results strag/results")
 DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     # README: the two commands it opens with.
     "scripts/setup && .venv/bin/python -m jobs nightly --suite smoke           # set up, run the main job":
@@ -156,6 +158,12 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
         Skip("rewrites the committed screenshots in docs/img; the browser run is "
              "tests/test_dashboards_browser.py"),
     "scripts/setup --dev": Covered(".ci/run"),
+    STRAGGLERS_RUN: Run(ray=True, creates=("strag/results",)),
+    ".venv/bin/python -m dashboards build --results strag/results --out strag/site":
+        Run(before=STRAGGLERS_RUN, ray=True, creates=("strag/site/stragglers.html",)),
+    ".venv/bin/python -m dashboards.browser strag/site strag/shots stragglers.html":
+        Skip("needs chromium (scripts/setup --dev, as root); the browser run is "
+             "tests/test_dashboards_browser.py"),
     ".venv/bin/python -m dashboards.browser SITE OUTDIR [page.html ...]": Skip(SYNOPSIS),
     # docs/deploy.md: a cluster of the perf team's.
     "python -m jobs nightly --suite nightly --backend gpu": Skip(GPU),
