@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The README's test command N times in a row on a fresh clone, with a one-core
+# busy loop beside it (a neighbour's build, a noisy CI runner): the flakiness
+# check of docs/results/tests_cpu_*.md. Usage, from a checkout:
+#   scripts/busy_runs.sh 5 [DIR]     # clone HEAD into DIR (default /tmp/busy-runs)
+# Each run's log is DIR.<i>.log; one line a run: exit, wall, pytest's summary.
+# Exit 0 only when every run passed.
+set -u
+n=${1:?usage: busy_runs.sh N [DIR]}
+dir=${2:-/tmp/busy-runs}
+case "$n" in ''|*[!0-9]*) echo "busy_runs.sh: N must be a whole number, got '$n'" >&2; exit 2;; esac
+src=$(git rev-parse --show-toplevel) || exit 2
+rm -rf "$dir" && git clone -q "$src" "$dir" && cd "$dir" || exit 2
+echo "tree $(git rev-parse --short=12 HEAD), $(nproc) cores"
+scripts/setup --dev > "$dir.setup.log" 2>&1 || { echo "setup failed: $dir.setup.log" >&2; exit 2; }
+python3 -c "while True: pass" & hog=$!
+trap 'kill $hog 2>/dev/null' EXIT
+rc_all=0
+for i in $(seq 1 "$n"); do
+  start=$(date +%s)
+  timeout -k 30 2400 .venv/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider > "$dir.$i.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && rc_all=1
+  echo "run $i: exit $rc, wall $(( $(date +%s) - start )) s, $(grep -E '(passed|failed|error)' "$dir.$i.log" | tail -1)"
+done
+exit $rc_all
