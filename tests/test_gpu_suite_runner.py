@@ -71,13 +71,21 @@ def test_a_part_cut_by_the_budget_is_left_for_resume(tmp_path, monkeypatch, caps
     assert "suite green" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("opt, value", [("--lanes", "0"), ("--ray-at-once", "0"),
+                                        ("--ray-at-once", "17")])
+def test_lanes_and_ray_at_once_out_of_range_are_refused(opt, value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        suite.main([PART, opt, value])
+    assert exit_.value.code == 2 and f"{opt} must be in 1..16, got {value}" in capsys.readouterr().err
+
+
 def test_an_unknown_file_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
         suite.main(["tests/nonesuch.py"])
     assert exit_.value.code == 2 and "tests/nonesuch.py" in capsys.readouterr().err
 
 
-def test_lanes_run_parts_at_once_the_ray_ones_one_at_a_time_and_timed_ones_alone(
+def test_lanes_run_parts_at_once_at_most_two_ray_ones_and_timed_ones_alone(
         tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("OUT", raising=False)
@@ -92,18 +100,29 @@ def test_lanes_run_parts_at_once_the_ray_ones_one_at_a_time_and_timed_ones_alone
                 "errors": 0, "slowest": []}
     monkeypatch.setattr(suite, "run_part", fake)
     shared = [PART, "tests/test_reference_mhc.py"]
-    serial = ["tests/gpu/test_cluster_gpu.py", "tests/gpu/test_pool_gpu.py"]
+    serial = ["tests/gpu/test_cluster_gpu.py", "tests/gpu/test_cluster_ops_gpu.py",
+              "tests/gpu/test_pool_gpu.py"]
     timed = "tests/gpu/test_timing_gpu.py"
-    assert set(serial) <= set(suite.ONE_AT_A_TIME) and timed in suite.ALONE
-    assert suite.main([*shared, *serial, timed, "--lanes", "3"]) == 0
+    assert set(serial) == set(suite.RAY_PARTS) and timed in suite.ALONE
+    assert suite.main([*shared, *serial, timed, "--lanes", "4"]) == 0
 
     def overlap(p, q):
         return spans[p][0] < spans[q][1] and spans[q][0] < spans[p][1]
     assert overlap(*shared)  # kernel parts side by side
-    assert overlap(serial[0], shared[0]) and overlap(serial[0], shared[1])  # beside the chain
-    assert not overlap(*serial)  # the Ray parts one after another
+    first_two = sorted(serial, key=suite.RAY_PARTS.index)[:2]  # the longest Ray parts start first
+    assert overlap(*first_two) and all(overlap(first_two[0], p) for p in shared)
+    # never three at once (intervals that overlap pairwise share a point)
+    assert not all(overlap(p, q) for p in serial for q in serial if p < q)
+    last = sorted(serial, key=suite.RAY_PARTS.index)[2]
+    assert spans[last][0] >= min(spans[p][1] for p in first_two)  # waited for one to end
     assert spans[timed][0] >= max(t1 for _, t1 in (spans[p] for p in [*shared, *serial]))
-    assert "3 lane(s)" in capsys.readouterr().out
+    assert "4 lane(s)" in capsys.readouterr().out
+
+    spans.clear()  # --ray-at-once 1: the Ray parts one after another
+    monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state-one-ray"))
+    assert suite.main([*shared, *serial, timed, "--lanes", "4", "--ray-at-once", "1"]) == 0
+    assert not any(overlap(p, q) for p in serial for q in serial if p < q)
+    assert any(overlap(p, shared[0]) for p in serial)
 
     spans.clear()  # one lane: every part in turn, in the order given
     monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state1"))

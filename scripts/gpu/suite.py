@@ -48,14 +48,17 @@ MIN_PART_S = 45
 ALONE = ("tests/gpu/test_timing_gpu.py", "tests/test_jobs_profile.py")
 """Parts that time calls: with ``--lanes`` > 1 they run alone, after every
 other part (a neighbour's kernels would time-slice the GPU under them)."""
-ONE_AT_A_TIME = ("tests/gpu/test_cluster_gpu.py", "tests/gpu/test_cluster_ops_gpu.py",
-                 "tests/gpu/test_pool_gpu.py")
+RAY_PARTS = ("tests/gpu/test_pool_gpu.py", "tests/gpu/test_cluster_ops_gpu.py",
+             "tests/gpu/test_cluster_gpu.py")
 """Parts whose Ray clusters form GPU groups against host deadlines and
-watchdog budgets: with ``--lanes`` > 1 they run one after another in a lane
-of their own (started first: it is the longest), beside the kernel parts in
-the other lanes, never beside each other. A neighbour's kernels slow their
-calls by time slices of milliseconds, far inside those deadlines (seconds);
-two of them at once would also double the worker processes starting."""
+watchdog budgets (longest first: with ``--lanes`` > 1 they start first).
+At most ``--ray-at-once`` of them run at once (each its own local Ray
+cluster, on ports of its own), beside the kernel parts in the other lanes.
+A neighbour's kernels slow their calls by time slices of milliseconds, far
+inside those deadlines (seconds); what bounds them is the worker processes
+starting at once (torch and CuTe DSL imports, CUDA contexts) on the host's
+cores."""
+RAY_AT_ONCE = 2
 
 
 def gpu_files(root: Path = ROOT, marks: tuple[str, ...] = ("gpu", "multigpu")) -> list[str]:
@@ -152,6 +155,40 @@ def line(c: dict) -> str:
     return head
 
 
+def run_lanes(queue: list[str], one, lanes: int, ray_at_once: int) -> None:
+    """Run ``one(path)`` for every path of ``queue`` on ``lanes`` threads: a
+    free lane takes the first path it may start, a RAY_PARTS path only while
+    fewer than ``ray_at_once`` of them run (else the next other path; a lane
+    with only Ray parts left waits for one to end)."""
+    pending, running_ray = list(queue), [0]
+    cond = threading.Condition()
+
+    def take() -> str | None:
+        with cond:
+            while pending:
+                path = next((p for p in pending
+                             if p not in RAY_PARTS or running_ray[0] < ray_at_once), None)
+                if path is not None:
+                    pending.remove(path)
+                    running_ray[0] += path in RAY_PARTS
+                    return path
+                cond.wait()
+            return None
+
+    def lane() -> None:
+        while (path := take()) is not None:
+            try:
+                one(path)
+            finally:
+                with cond:
+                    running_ray[0] -= path in RAY_PARTS
+                    cond.notify_all()
+
+    with ThreadPoolExecutor(max_workers=lanes) as pool:
+        for f in [pool.submit(lane) for _ in range(lanes)]:
+            f.result()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", help="test files (default: every file with a gpu or "
@@ -164,12 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part-timeout", type=float, default=PART_TIMEOUT_S,
                     help="seconds one part may run (default %(default)s)")
     ap.add_argument("--lanes", type=int, default=1,
-                    help="parts run at once (default %(default)s): the ONE_AT_A_TIME parts "
-                         "in one lane, the others beside them (their kernels then "
-                         "time-slice the GPU: correctness only), the ALONE parts last")
+                    help="parts run at once (default %(default)s; their kernels then "
+                         "time-slice the GPU: correctness only): the RAY_PARTS first, at "
+                         "most --ray-at-once of them at a time, the ALONE parts last")
+    ap.add_argument("--ray-at-once", type=int, default=RAY_AT_ONCE,
+                    help="with --lanes > 1, RAY_PARTS running at once (default %(default)s)")
     args = ap.parse_args(argv)
     if not 1 <= args.lanes <= 16:
         ap.error(f"--lanes must be in 1..16, got {args.lanes}")
+    if not 1 <= args.ray_at_once <= 16:
+        ap.error(f"--ray-at-once must be in 1..16, got {args.ray_at_once}")
     missing = [f for f in args.files if not (ROOT / f).is_file()]
     if missing:
         ap.error(f"no such test file(s): {missing}")
@@ -209,13 +250,11 @@ def main(argv: list[str] | None = None) -> int:
             print(line(c), flush=True)
             (left if c.get("cut") else results).append(path if c.get("cut") else c)
 
-    serial = [f for f in files if f in ONE_AT_A_TIME] if args.lanes > 1 else []
     alone = [f for f in files if f in ALONE] if args.lanes > 1 else []
-    shared = [f for f in files if f not in serial and f not in alone]
-    with ThreadPoolExecutor(max_workers=args.lanes) as lanes:
-        chain = lanes.submit(lambda: [one(path) for path in serial])
-        list(lanes.map(one, shared))
-        chain.result()
+    queue = [f for f in files if f not in alone]
+    if args.lanes > 1:  # the Ray parts first, longest first; the rest in the order given
+        queue.sort(key=lambda f: RAY_PARTS.index(f) if f in RAY_PARTS else len(RAY_PARTS))
+    run_lanes(queue, one, args.lanes, args.ray_at_once if args.lanes > 1 else 1)
     for path in alone:
         one(path)
     elapsed = time.monotonic() - started
