@@ -104,7 +104,7 @@ def test_lanes_run_parts_at_once_at_most_two_ray_ones_and_timed_ones_alone(
               "tests/gpu/test_pool_gpu.py"]
     timed = "tests/gpu/test_timing_gpu.py"
     assert set(serial) == set(suite.RAY_PARTS) and timed in suite.ALONE
-    assert suite.main([*shared, *serial, timed, "--lanes", "4"]) == 0
+    assert suite.main([*shared, *serial, timed, "--lanes", "4", "--ray-at-once", "2"]) == 0
 
     def overlap(p, q):
         return spans[p][0] < spans[q][1] and spans[q][0] < spans[p][1]
@@ -118,9 +118,9 @@ def test_lanes_run_parts_at_once_at_most_two_ray_ones_and_timed_ones_alone(
     assert spans[timed][0] >= max(t1 for _, t1 in (spans[p] for p in [*shared, *serial]))
     assert "4 lane(s)" in capsys.readouterr().out
 
-    spans.clear()  # --ray-at-once 1: the Ray parts one after another
+    spans.clear()  # the default, --ray-at-once 1: the Ray parts one after another
     monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state-one-ray"))
-    assert suite.main([*shared, *serial, timed, "--lanes", "4", "--ray-at-once", "1"]) == 0
+    assert suite.main([*shared, *serial, timed, "--lanes", "4"]) == 0
     assert not any(overlap(p, q) for p in serial for q in serial if p < q)
     assert any(overlap(p, shared[0]) for p in serial)
 

@@ -4,7 +4,7 @@
 # see scripts/gpu/suite.py for the options. From the repo root, once the
 # wheels are received:
 #   bash scripts/gpu/suite.sh                      # the default run (no slow tests)
-#   bash scripts/gpu/suite.sh --lanes 4            # ... four parts at once (see suite.py)
+#   bash scripts/gpu/suite.sh --lanes 3            # ... three parts at once (see suite.py)
 #   BUDGET_S=540 bash scripts/gpu/suite.sh --slow  # ... with them, then --resume
 # The parts share one compile cache (kept while the machine stays up).
 set -u
