@@ -7,7 +7,8 @@
 #   scripts/investigation.sh                        # the issue's 6 cases, auto backend
 #   RUNS=5 scripts/investigation.sh --backend gpu   # extra arguments go to every run
 # On the GPU machine `source scripts/gpu/env.sh` first (PYTHON=python3).
-# Exit 0 when every command did.
+# Exit 0 when every command did; a head or pool that does not start ends it
+# there (with that step's status), and whatever it started is stopped.
 set -u
 py=${PYTHON:-.venv/bin/python}
 [ -x "$py" ] || py=python3
@@ -17,31 +18,39 @@ case "$runs" in ''|*[!0-9]*|0) echo "investigation.sh: RUNS must be a whole numb
 export LAMPORT_HEAD_DIR=${LAMPORT_HEAD_DIR:-$(mktemp -d /tmp/investigation-head.XXXXXX)}
 mkdir -p "$LAMPORT_HEAD_DIR" || exit 2
 log=$(mktemp /tmp/investigation-step.XXXXXX) || exit 2
-trap 'rm -f "$log"' EXIT
+pool_up='' head_up=''
+cleanup() {  # whatever a failed step left running is stopped too
+  [ -n "$pool_up" ] && "$py" -m jobs pool stop --name "$name" > /dev/null 2>&1
+  [ -n "$head_up" ] && "$py" -m jobs head stop > /dev/null 2>&1
+  rm -f "$log"
+}
+trap cleanup EXIT
 case_args=(correctness --suite nightly --ops all_reduce_norm --tp 1 --hidden 7168 --tokens 8 --no-results)
 rc_all=0
 step() {  # step LABEL CMD...: run, print exit and wall
   local label=$1; shift
-  local start end rc
-  start=$(date +%s.%N)
+  local start cs rc
+  start=$(date +%s%N)
   "$@" > "$log" 2>&1
   rc=$?
-  end=$(date +%s.%N)
+  cs=$(( ($(date +%s%N) - start) / 10000000 ))  # hundredths of a second
   [ $rc -ne 0 ] && rc_all=$rc
-  printf '%-34s exit %3d  %7.2f s   %s\n' "$label" "$rc" "$(echo "$end - $start" | bc)" \
+  printf '%-34s exit %3d  %4d.%02d s   %s\n' "$label" "$rc" $((cs / 100)) $((cs % 100)) \
     "$(grep -E 'pass, .* fail|head:|pool .*worker|stopped' "$log" | tail -n 1 | cut -c1-110)"
   [ $rc -ne 0 ] && tail -n 5 "$log" | sed 's/^/    /'
-  return 0
+  return $rc
 }
-step "jobs head start" "$py" -m jobs head start
+head_up=1
+step "jobs head start" "$py" -m jobs head start || exit $?
 # The GCS address the head printed (`GCS HOST:PORT`) and recorded; a job joins it with --address.
 gcs=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["address"])' "$LAMPORT_HEAD_DIR/head.json") || exit 2
-step "jobs pool start --name $name" "$py" -m jobs pool start --name "$name"
+pool_up=1
+step "jobs pool start --name $name" "$py" -m jobs pool start --name "$name" || exit $?
 for i in $(seq 1 "$runs"); do
   step "correctness --pool $name ($i)" "$py" -m jobs "${case_args[@]}" --address "$gcs" --pool "$name" "$@"
 done
 step "correctness --pool off" "$py" -m jobs "${case_args[@]}" --pool off "$@"
 "$py" -m jobs pool status --name "$name" 2>&1 | sed 's/^/    /' | cut -c1-160
-step "jobs pool stop --name $name" "$py" -m jobs pool stop --name "$name"
-step "jobs head stop" "$py" -m jobs head stop
+step "jobs pool stop --name $name" "$py" -m jobs pool stop --name "$name" && pool_up=''
+step "jobs head stop" "$py" -m jobs head stop && head_up=''
 exit $rc_all

@@ -37,3 +37,15 @@ def test_runs_must_be_a_whole_number(tmp_path):
                          text=True, env={**os.environ, "RUNS": "two",
                                          "LAMPORT_HEAD_DIR": str(tmp_path / "head")})
     assert out.returncode == 2 and "RUNS must be a whole number >= 1, got 'two'" in out.stderr
+
+
+def test_a_failed_step_still_stops_the_head_it_started(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "RUNS": "1", "POOL_NAME": "no/such name",
+           "LAMPORT_HEAD_DIR": str(tmp_path / "head"), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(["bash", "scripts/investigation.sh", "--backend", "emulated"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=300)
+    steps = {m["label"].strip(): int(m["rc"]) for m in STEP.finditer(out.stdout)}
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert steps == {"jobs head start": 0, "jobs pool start --name no/such name": 2}, out.stdout
+    assert "--name" in out.stdout  # the refusal names the option
+    assert not (tmp_path / "head" / "head.json").exists()  # the EXIT trap stopped the head
