@@ -17,12 +17,18 @@ ROOT = Path(__file__).resolve().parents[1]
 STEP = re.compile(r"^(?P<label>.+?)\s+exit\s+(?P<rc>\d+)\s+(?P<wall>[\d.]+) s", re.MULTILINE)
 
 
-def test_the_investigation_runs_through_a_standing_pool_and_stops_it(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "RUNS": "1", "POOL_NAME": "inv-test",
+def _investigate(tmp_path, pool_name: str):
+    """The script with one pooled run on the emulated backend: its process
+    and {step label: exit status} from its lines."""
+    env = {**os.environ, "PYTHON": sys.executable, "RUNS": "1", "POOL_NAME": pool_name,
            "LAMPORT_HEAD_DIR": str(tmp_path / "head"), "PYTHONPATH": str(ROOT)}
     out = subprocess.run(["bash", "scripts/investigation.sh", "--backend", "emulated"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=560)
-    steps = {m["label"].strip(): int(m["rc"]) for m in STEP.finditer(out.stdout)}
+    return out, {m["label"].strip(): int(m["rc"]) for m in STEP.finditer(out.stdout)}
+
+
+def test_the_investigation_runs_through_a_standing_pool_and_stops_it(tmp_path):
+    out, steps = _investigate(tmp_path, "inv-test")
     assert out.returncode == 0, out.stdout + out.stderr
     assert steps == {"jobs head start": 0, "jobs pool start --name inv-test": 0,
                      "correctness --pool inv-test (1)": 0, "correctness --pool off": 0,
@@ -40,11 +46,7 @@ def test_runs_must_be_a_whole_number(tmp_path):
 
 
 def test_a_failed_step_still_stops_the_head_it_started(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "RUNS": "1", "POOL_NAME": "no/such name",
-           "LAMPORT_HEAD_DIR": str(tmp_path / "head"), "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(["bash", "scripts/investigation.sh", "--backend", "emulated"], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=300)
-    steps = {m["label"].strip(): int(m["rc"]) for m in STEP.finditer(out.stdout)}
+    out, steps = _investigate(tmp_path, "no/such name")
     assert out.returncode == 2, out.stdout + out.stderr
     assert steps == {"jobs head start": 0, "jobs pool start --name no/such name": 2}, out.stdout
     assert "--name" in out.stdout  # the refusal names the option
