@@ -24,11 +24,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from cluster.errors import error_text
 from cluster.placement import Placement
 from jobs.config import Case, Suite
 from jobs.cluster_view import ClusterView, PlacementOffer
 from jobs.recorder import Run, case_seed, now
-from jobs.session import error_text, gpu_task
+from jobs.session import gpu_task
 
 
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,

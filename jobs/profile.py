@@ -42,11 +42,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from cluster import ops
+from cluster.errors import error_text
 from cluster.placement import Placement
 from jobs.config import Case, Suite
 from jobs.cluster_view import ClusterView, PlacementOffer
 from jobs.recorder import Run, now
-from jobs.session import error_text
 
 EMULATED_REASON = ("profile needs GPUs: on the emulated backend (numpy on CPU actors) there "
                    "is no kernel timing to record")

@@ -23,21 +23,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from cluster.errors import error_text
 from jobs import exits
 from jobs.config import ConfigError
 from jobs.exits import InfraError
 
 UsageError = ConfigError
 """Bad command lines and configs: exit status 2, nothing written."""
-
-
-def error_text(err: BaseException, limit: int = 400) -> str:
-    """``Type: message`` of the root cause (a RayTaskError's ``cause``, not
-    Ray's wrapper with its traceback header), on one line, at most ``limit``
-    characters."""
-    cause = getattr(err, "cause", None) or err
-    text = " ".join(f"{type(cause).__name__}: {cause}".split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def gpu_task(fn, spec: dict, timeout_s: float, *, gpus: float = 1.0, pool=None,

@@ -20,11 +20,11 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from cluster.errors import error_text
 from cluster.placement import Placement
 from jobs.config import Case, ConfigError, Suite
 from jobs.cluster_view import ClusterView
 from jobs.recorder import Run, now
-from jobs.session import error_text
 from jobs.results.atomic import write_atomically
 
 

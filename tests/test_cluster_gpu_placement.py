@@ -7,7 +7,7 @@ import pytest
 
 from cluster.backend import actor_env
 from cluster.gpu import rank as gpu_rank
-from jobs.session import error_text
+from cluster.errors import error_text
 
 
 def test_only_process_per_gpu_groups_with_peers_see_every_gpu():
