@@ -29,8 +29,11 @@ one worker and that share. A request that does not fit waits for a release
 pinned) and nothing is counted.
 
 Faults keep their meaning: a rank that missed its deadline or died is
-replaced (:meth:`WorkerPool.replace`: only that worker is killed and a fresh
-one started in its slot); a worker whose ``close`` says it is not reusable
+replaced (:meth:`WorkerPool.replace`: only that worker is killed, and an
+idle worker of its slot takes its place, a fresh one where there is none);
+a worker whose warm-up (:meth:`~cluster.actors.RankActor.warm`) raised is
+never leased (killed where a lease would have picked it, and counted as
+retired); a worker whose ``close`` says it is not reusable
 (a sticky device error), that did not close in time, or that survived a
 killed peer where its backend says such a survivor holds what only its exit
 frees (``cluster.backend.suspect_after_a_kill``: shared-GPU CUDA IPC
@@ -123,6 +126,9 @@ class Worker:
     lease: str | None = None
     served: int = 0
     """Leases it has been handed out in."""
+    warm: Any = None
+    """Its :meth:`~cluster.actors.RankActor.warm` call's ref while that is
+    not known to have succeeded (None once it has)."""
 
 
 @dataclasses.dataclass
@@ -134,7 +140,11 @@ class Lease:
     owner: str | None = None
     """The Ray job that holds it (a standing pool reclaims a dead one's)."""
     fresh: list[bool] = dataclasses.field(default_factory=list)
-    """Per rank, whether its worker was started for this lease (cold)."""
+    """Per rank, whether its worker was started for this lease (cold), a
+    replacement's included (:meth:`Registry.replace`)."""
+    warm_failed: int = 0
+    """Workers whose warm-up had raised that forming and serving this lease
+    found and killed instead of handing out."""
 
     @property
     def actors(self) -> list:
@@ -158,6 +168,11 @@ class Registry:
         """node -> its placement group (one GPU bundle a slot)."""
         self._ids = itertools.count()
         self.created = time.time()
+        self.warm_failed = 0
+        """Workers killed because their warm-up raised (:meth:`_take`)."""
+        self.per_slot = 0
+        """Workers :meth:`prestart` put in every slot (the largest asked):
+        what :meth:`replace` tops a slot back up to."""
 
     # -- slots
     def _reserve(self, node_id: str, timeout_s: float) -> None:
@@ -211,8 +226,9 @@ class Registry:
         if self.detached:
             options.update(name=f"{self.name}.{key}", namespace=POOL_NAMESPACE, lifetime="detached")
         actor = RankActor.options(**options).remote(self.backend)
-        actor.warm.remote()  # imports and CUDA context now; a group's setup queues behind it
-        worker = Worker(key=key, actor=actor, node_id=node_id, slot=slot, started_unix=time.time())
+        # imports and CUDA context now; a group's setup queues behind it
+        worker = Worker(key=key, actor=actor, node_id=node_id, slot=slot, started_unix=time.time(),
+                        warm=actor.warm.remote())
         self.workers[key] = worker
         return worker
 
@@ -224,13 +240,42 @@ class Registry:
         except Exception:  # noqa: BLE001 - already gone
             pass
 
+    def _warm_raised(self, worker: Worker) -> bool:
+        """Whether ``worker``'s warm-up has ended and raised; never waits (a
+        warm-up still running is no verdict: a group's setup queues behind it)."""
+        import ray
+        if worker.warm is None:
+            return False
+        ready, _ = ray.wait([worker.warm], timeout=0)
+        if not ready:
+            return False
+        try:
+            ray.get(worker.warm, timeout=0)
+        except Exception:  # noqa: BLE001 - any error: the process is not fit to serve
+            return True
+        worker.warm = None
+        return False
+
+    def _at(self, node_id: str | None, slot: int | None) -> list[Worker]:
+        """The workers of that place (node and slot), leased or not."""
+        return [w for w in self.workers.values() if w.node_id == node_id and w.slot == slot]
+
     def _idle(self, node_id: str | None, slot: int | None) -> list[Worker]:
-        """Idle workers of that place, the most used first (their kernels are warm)."""
-        return sorted((w for w in self.workers.values()
-                       if w.lease is None and w.node_id == node_id and w.slot == slot),
+        """Idle workers of that place whose warm-up did not raise, the most
+        used first (their kernels are warm)."""
+        return sorted((w for w in self._at(node_id, slot)
+                       if w.lease is None and not self._warm_raised(w)),
                       key=lambda w: -w.served)
 
     def _take(self, node_id: str | None, slot: int | None, n: int) -> tuple[list[Worker], list[bool]]:
+        """``n`` workers of that place for a lease: idle ones first
+        (:meth:`_idle`), fresh ones for the rest; and per worker whether it is
+        fresh. Idle workers of that place whose warm-up raised are killed
+        first (counted in :attr:`warm_failed`), so a fresh one may take
+        their place in the slot."""
+        for w in [w for w in self._at(node_id, slot) if w.lease is None and self._warm_raised(w)]:
+            self._kill(w)
+            self.warm_failed += 1
         got = self._idle(node_id, slot)[:n]
         fresh = [False] * len(got)
         while len(got) < n:
@@ -250,6 +295,7 @@ class Registry:
             node = request.node_id or local_node
             places = [(node, None, request.tp)]
         workers, fresh = [], []
+        failed_before = self.warm_failed
         for node, slot, n in places:
             got, cold = self._take(node, slot, n)
             workers += got
@@ -257,7 +303,7 @@ class Registry:
             if slot is not None:
                 self.load[node, slot] += request.share
         lease = Lease(id=uuid.uuid4().hex[:12], request=request, workers=workers, owner=owner,
-                      fresh=fresh)
+                      fresh=fresh, warm_failed=self.warm_failed - failed_before)
         for w in workers:
             w.lease, w.served = lease.id, w.served + 1
         self.leases[lease.id] = lease
@@ -269,8 +315,8 @@ class Registry:
             self._reserve(node, CONTROL_TIMEOUT_S)
             slots = sorted(s for (n, s) in self.load if n == node)
             free = [s for s in slots if self.load[node, s] + request.share <= 1 + 1e-6
-                    and len([w for w in self.workers.values() if w.node_id == node and w.slot == s])
-                    + (request.workers // request.slots) <= MAX_WORKERS_PER_SLOT]
+                    and len(self._at(node, s)) + (request.workers // request.slots)
+                    <= MAX_WORKERS_PER_SLOT]
             if len(free) < request.slots:
                 continue
             per_slot = request.workers // request.slots
@@ -296,8 +342,14 @@ class Registry:
     def prestart(self, per_slot: int, local_node: str | None = None) -> list[Worker]:
         """Start idle workers up to ``per_slot`` in every slot of every GPU
         node (emulated: on ``local_node``), so the first groups find them
-        warm; the workers started."""
+        warm; the workers started. ``per_slot`` (0 to
+        :data:`MAX_WORKERS_PER_SLOT`) is also what :meth:`replace` keeps a
+        slot at."""
         import ray
+
+        from kernels.validation import require_int
+        require_int("per_slot", per_slot, low=0, high=MAX_WORKERS_PER_SLOT)
+        self.per_slot = max(self.per_slot, per_slot)
         started = []
         if self.backend == "gpu":
             for node in self._gpu_nodes(None):
@@ -306,21 +358,36 @@ class Registry:
         else:
             places = [(local_node or ray.get_runtime_context().get_node_id(), None)]
         for node, slot in places:
-            have = sum(1 for w in self.workers.values() if w.node_id == node and w.slot == slot)
+            have = len(self._at(node, slot))
             started += [self._start(node, slot) for _ in range(max(0, per_slot - have))]
         return started
 
-    def replace(self, lease_id: str, rank: int) -> Worker:
-        """Kill rank's worker of the lease and put a fresh one in its place
-        (same node and slot); returns it."""
+    def replace(self, lease_id: str, rank: int) -> Lease:
+        """Kill rank's worker of the lease and put another in its place, of
+        the same node and slot: the most used idle one whose warm-up did not
+        fail (:meth:`_idle`), else a fresh one (``lease.fresh[rank]`` says
+        which). Policy: a slot left holding fewer workers than :meth:`prestart`
+        put there gets fresh ones up to that number (warming up in the
+        background), so the next replacement finds a warm worker too; the
+        top-up never takes a slot past that number (itself at most
+        :data:`MAX_WORKERS_PER_SLOT`), and the lease's share of the slot
+        (``load``) does not change. Returns the lease."""
+        from kernels.validation import require_int
+        if lease_id not in self.leases:
+            raise ValueError(f"pool {self.name}: no lease {lease_id!r}")
         lease = self.leases[lease_id]
+        require_int("rank", rank, low=0, high=len(lease.workers) - 1)
         old = lease.workers[rank]
         self._kill(old)
-        new = self._start(old.node_id, old.slot)
-        new.lease, new.served = lease_id, 1
+        failed_before = self.warm_failed
+        (new,), (cold,) = self._take(old.node_id, old.slot, 1)
+        lease.warm_failed += self.warm_failed - failed_before
+        new.lease, new.served = lease_id, new.served + 1
         lease.workers[rank] = new
-        lease.fresh[rank] = True
-        return new
+        lease.fresh[rank] = cold
+        for _ in range(self.per_slot - len(self._at(old.node_id, old.slot))):
+            self._start(old.node_id, old.slot)
+        return lease
 
     def reclaim_dead(self, alive_owners: set[str]) -> list[str]:
         """End the leases of owners no longer alive, killing their workers
@@ -376,9 +443,12 @@ class WorkerPool:
         self.name, self.backend = name, backend
         self._lock = threading.Condition()
         self.standing = keeper is not None
-        self.acquired = self.fresh_workers = self.replaced = self.retired = 0
+        self.acquired = self.fresh_workers = self.replaced = self.replaced_fresh = 0
+        self.retired = self.warm_failed = 0
         """Leases taken, workers started for them (cold), workers replaced
-        after a kill, workers retired on release (not reusable)."""
+        after a kill and how many of those by a fresh worker (no idle one),
+        workers retired (not reusable on release, or their warm-up raised)
+        and how many of those because their warm-up raised."""
         self.wait_s = 0.0
         """Summed time requests waited for room."""
 
@@ -466,7 +536,13 @@ class WorkerPool:
             self.wait_s += time.monotonic() - started
             self.acquired += 1
             self.fresh_workers += sum(lease.fresh)
+            self._count_warm_failed(lease.warm_failed)
         return lease
+
+    def _count_warm_failed(self, n: int) -> None:
+        """Under the lock: ``n`` more workers killed for a failed warm-up."""
+        self.warm_failed += n
+        self.retired += n
 
     def release(self, lease: Lease, reusable: Sequence[bool]) -> None:
         with self._lock:
@@ -474,13 +550,18 @@ class WorkerPool:
         self._call("release", lease.id, list(reusable))
 
     def replace(self, lease: Lease, rank: int) -> Any:
-        """A fresh worker for ``rank`` (the old one killed); its actor."""
-        worker = self._call("replace", lease.id, rank)
-        lease.workers[rank] = worker
-        lease.fresh[rank] = True
+        """Another worker for ``rank``, the old one killed
+        (:meth:`Registry.replace`: an idle one of its slot, else a fresh
+        one; ``lease.fresh[rank]`` says which); its actor."""
+        failed_before = lease.warm_failed  # a job's own pool hands back this very lease
+        now = self._call("replace", lease.id, rank)
+        lease.workers[rank], lease.fresh[rank] = now.workers[rank], now.fresh[rank]
+        lease.warm_failed = now.warm_failed
         with self._lock:
             self.replaced += 1
-        return worker.actor
+            self.replaced_fresh += now.fresh[rank]
+            self._count_warm_failed(now.warm_failed - failed_before)
+        return now.workers[rank].actor
 
     def call(self, fn, spec: Mapping, *, share: float, node_id: str | None, timeout_s: float):
         """``fn(spec)`` in one worker of a slot (``share`` of its GPU): the
@@ -510,25 +591,32 @@ class WorkerPool:
         """This driver's use of the pool (the job's accounting)."""
         return {"pool": self.name, "standing": self.standing, "leases": self.acquired,
                 "fresh_workers": self.fresh_workers, "replaced": self.replaced,
-                "retired": self.retired, "wait_s": round(self.wait_s, 3)}
+                "replaced_fresh": self.replaced_fresh, "retired": self.retired,
+                "warm_failed": self.warm_failed, "wait_s": round(self.wait_s, 3)}
 
     def prestart(self, per_slot: int, *, wait: bool = False,
                  timeout_s: float = 300.0) -> int:
         """Idle workers up to ``per_slot`` in every slot (Registry.prestart),
         started now; with ``wait`` returns once each has warmed up (imports,
-        CUDA context). The number started."""
+        CUDA context) or failed to (such a one is never leased); TimeoutError
+        past ``timeout_s``. The number started."""
         import ray
         here = ray.get_runtime_context().get_node_id()
         workers = self._call("prestart", per_slot, here)
         if wait and workers:
-            ray.get([w.actor.warm.remote() for w in workers], timeout=timeout_s)
+            refs = [w.warm for w in workers]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            if len(ready) < len(refs):
+                raise TimeoutError(f"pool {self.name}: {len(refs) - len(ready)} of {len(refs)} "
+                                   f"worker(s) not warm within {timeout_s} s")
         return len(workers)
 
     def usage(self) -> str:
         """:meth:`counters` in words."""
         return (f"{self.acquired} lease(s), {self.fresh_workers} worker(s) started for them, "
-                f"{self.replaced} replaced after a kill, {self.retired} retired (not reusable), "
-                f"{self.wait_s:.1f} s waiting for room")
+                f"{self.replaced} replaced after a kill ({self.replaced_fresh} by a fresh worker), "
+                f"{self.retired} retired (not reusable; {self.warm_failed} of them because their "
+                f"warm-up raised), {self.wait_s:.1f} s waiting for room")
 
     def status(self, timeout_s: float = CONTROL_TIMEOUT_S) -> list[dict]:
         """One dict per worker: its key, node, slot, lease, leases served

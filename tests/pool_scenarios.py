@@ -6,8 +6,12 @@ between, and what every worker holds afterwards."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 
+import ray
+
+from cluster.actors import RankActor
 from cluster.faults import run_fault
 from cluster.group import TPGroup
 
@@ -90,7 +94,7 @@ def run_group(pool, backend: str, kind: Kind, seed: int, fault: str | None = Non
             call = g.run(kind.case(g, m, seed + i))
             assert call.outcome == "pass", (kind, call.diagnosis.summary(), call.errors)
         return {"kind": kind, "formed_s": formed_s, "pids": pids, "cold": cold,
-                "replaced": sorted(g.replaced_ranks),
+                "replaced": sorted(g.replaced_ranks), "cold_after": g.cold_ranks,
                 "pids_after": [m["pid"] for m in g.metadata]}
 
 
@@ -165,3 +169,46 @@ def hygiene(pool, backend: str, groups: int, *, fault_every: int = 13) -> dict:
     end = worker_figures(pool)
     return {"idle": idle, "end": end, "replaced": replaced, "formed_s": formed,
             "grew": growth(idle, end), "segments": (segments, own_segments())}
+
+
+INJECTED = "CUDA error: out of memory (injected)"
+"""What a broken worker raises (the H200 nightly's warm-up failure)."""
+
+
+class _SetupFails(RankActor.__ray_actor_class__):
+    """A worker that warms up but whose every ``setup_group`` raises at once."""
+
+    def setup_group(self, **_):
+        raise RuntimeError(INJECTED)
+
+
+class _WarmFails(_SetupFails):
+    """A worker whose warm-up raises (and so does every setup after it)."""
+
+    def warm(self):
+        raise RuntimeError(INJECTED)
+
+
+BROKEN = {"setup": ray.remote(num_cpus=0, max_restarts=0)(_SetupFails),
+          "warm": ray.remote(num_cpus=0, max_restarts=0)(_WarmFails)}
+"""Broken workers by what fails; Ray workers cannot import this module by
+name: a test that starts them ships it by value (:func:`ship_by_value`)."""
+
+
+def ship_by_value() -> None:
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Starts:
+    """Stands in for ``RankActor`` where actors are started
+    (``cluster.actors.RankActor`` for the pool, ``cluster.group.RankActor``
+    for a group without one): of the actors started through it (0-based, in
+    order), those in ``broken`` are ``BROKEN[how]`` ones."""
+
+    def __init__(self, broken: set[int], how: str) -> None:
+        self.broken, self.cls, self.started = set(broken), BROKEN[how], 0
+
+    def options(self, **options):
+        cls = self.cls if self.started in self.broken else RankActor
+        self.started += 1
+        return cls.options(**options)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from cluster.group import TPGroup
-from cluster.pool import Request, WorkerPool
+from cluster.pool import Lease, Registry, Request, Worker, WorkerPool
 from tests import pool_scenarios as sc
 
 pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
@@ -20,6 +20,7 @@ pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a tim
 
 @pytest.fixture(scope="module")
 def cluster(local_ray):
+    sc.ship_by_value()  # its broken workers
     yield
 
 
@@ -50,6 +51,19 @@ def test_requests_are_checked():
         Request(tp=0, placement="emulated")
 
 
+def test_registry_arguments_are_checked():
+    reg = Registry("emulated", name="checks")
+    with pytest.raises(ValueError, match=r"per_slot must be in \[0, 128\], got 129"):
+        reg.prestart(129)
+    with pytest.raises(ValueError, match="pool checks: no lease 'nonesuch'"):
+        reg.replace("nonesuch", 0)
+    worker = Worker(key="w0", actor=None, node_id="n", slot=None, started_unix=0.0)
+    reg.leases["l"] = Lease(id="l", request=Request(tp=1, placement="emulated"), workers=[worker],
+                            fresh=[True])
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 0\], got 1"):
+        reg.replace("l", 1)
+
+
 def test_groups_reuse_the_workers_of_earlier_groups(pool):
     first = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=1)
     assert first["cold"] == [0, 1]
@@ -65,10 +79,35 @@ def test_a_stuck_rank_is_replaced_alone(pool):
     assert out["replaced"] == [1]
     assert out["pids_after"][0] == out["pids"][0] and out["pids_after"][1] != out["pids"][1]
     assert _gone([out["pids"][1]]) == []
-    assert pool.counters()["replaced"] == 1
+    assert out["cold_after"] == [0, 1]  # no idle worker: the replacement is a fresh one
+    assert pool.counters()["replaced"] == 1 and pool.counters()["replaced_fresh"] == 1
     # the replacement serves the next group; the killed process is in no lease
     nxt = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=6)
     assert sorted(nxt["pids"]) == sorted(out["pids_after"]) and nxt["cold"] == []
+
+
+def test_a_replacement_is_an_idle_warm_worker_and_the_slot_is_topped_up(pool):
+    assert pool.prestart(3, wait=True) == 3
+    idle = {r["pid"] for r in pool.status()}
+    out = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=5, fault="stuck_rank")
+    assert out["replaced"] == [1] and out["cold"] == [] and out["cold_after"] == []
+    assert out["pids_after"][1] in idle - set(out["pids"])
+    assert pool.counters()["replaced"] == 1 and pool.counters()["replaced_fresh"] == 0
+    assert "1 replaced after a kill (0 by a fresh worker)" in pool.usage()
+    rows = pool.status()  # the killed one gone, a fresh one in its place: prestart's 3 again
+    assert len(rows) == 3 and out["pids"][1] not in {r["pid"] for r in rows}
+
+
+def test_a_worker_whose_warm_up_raised_is_never_leased(pool, monkeypatch):
+    monkeypatch.setattr("cluster.actors.RankActor", sc.Starts({1}, "warm"))
+    assert pool.prestart(3, wait=True) == 3  # waits for the failed warm-up too, raises nothing
+    broken = sorted(r["key"] for r in pool.status())[1]
+    out = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=7)
+    assert out["cold"] == []  # the two healthy ones; no setup waited on the broken one
+    assert broken not in {r["key"] for r in pool.status()}
+    c = pool.counters()
+    assert (c["warm_failed"], c["retired"], c["fresh_workers"]) == (1, 1, 0)
+    assert "1 retired (not reusable; 1 of them because their warm-up raised)" in pool.usage()
 
 
 def test_survivors_a_backend_calls_suspect_are_retired(pool, monkeypatch):
