@@ -18,9 +18,19 @@ Ranks come from a :class:`cluster.pool.WorkerPool` when one is given
 (``pool``): the group leases tp warm workers (no placement group, no process
 start), sets them up with a fresh rendezvous and mailbox, and on close hands
 them back, each leaving its group; in step 5 only the killed ranks' workers
-are replaced by fresh ones in their slots and the survivors set up again.
+are replaced (by idle workers of their slots, else fresh ones:
+:meth:`cluster.pool.Registry.replace`) and the survivors set up again.
 Without a pool the group places and starts tp actors of its own and kills
 them on close.
+
+Setup fails fast: the moment one rank's ``setup_group`` raises (or its
+process dies) the build stops waiting for the others, which are still in
+the rendezvous and never leave it in time, and :class:`SetupFailed` names
+that rank, its worker and pid where known and the error. Those ranks' and
+the failed one's processes never serve again (killed; pooled: released as
+not reusable). A pooled group retries such a build once, with exactly
+those ranks' workers replaced (``replaced_ranks``, ``cold_ranks`` show
+it); the second failure is raised.
 
 Timeouts: placement and setup ``setup_timeout_s`` (errors say what was
 requested and what the cluster has), each call ``call_timeout_s`` (must
@@ -47,6 +57,7 @@ from cluster.actors import RankActor, release_rank
 from cluster.backend import actor_env, needs_rendezvous, require_backend, suspect_after_a_kill
 from cluster.barrier import call_barrier
 from cluster.cases import check_outputs, make_case
+from cluster.errors import error_text
 from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
 from cluster import phases
@@ -104,6 +115,17 @@ def new_group_id() -> str:
     swept once its driver is gone (``cluster.emulated.segment``)."""
     tag = re.sub(r"[^A-Za-z0-9_-]", "_", os.environ.get(RUN_TAG_ENV) or "adhoc")[:32]
     return f"{tag}.p{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+class SetupFailed(RuntimeError):
+    """A rank's ``setup_group`` raised or its process died while a TP group
+    was being set up. ``rank``: that rank; ``unusable``: it and the ranks
+    still in ``setup_group`` then (their call still runs, blocked on the
+    failed peer): the ranks whose processes must not serve again."""
+
+    def __init__(self, message: str, *, rank: int, unusable: set[int]) -> None:
+        super().__init__(message)
+        self.rank, self.unusable = rank, frozenset(unusable)
 
 
 class NodeLost(RuntimeError):
@@ -197,11 +219,15 @@ class TPGroup:
         self.start_diagnosis: GroupDiagnosis | None = None
         self.metadata: list[dict] = []
         self.replaced_ranks: set[int] = set()
-        """Ranks whose worker was killed and replaced by a fresh one (a
-        rebuild); the cases after it ran on the replacement."""
+        """Ranks whose worker was killed and replaced by another (a rebuild,
+        or a retried setup); the cases after it ran on the replacement."""
         self._suspect: set[int] = set()
         """Pooled ranks that survived a killed peer where the backend says
         such a survivor must not serve another group: retired on close."""
+        self._unusable: frozenset[int] = frozenset()
+        """Ranks of the last build whose setup failed or had not ended when
+        the build gave up (:meth:`_await_setups`): not asked to close (their
+        call may still run), never reused."""
         self._actors: list = []
         self._seq = 0
         self._closed = False
@@ -237,7 +263,7 @@ class TPGroup:
     def cold_ranks(self) -> list[int]:
         """Ranks whose worker process was started for this group (all of
         them without a pool; with one, those the pool had no idle worker
-        for, and the replaced ones)."""
+        for, at the lease or at a replacement)."""
         if self._lease is None:
             return list(range(self.tp))
         return [r for r, fresh in enumerate(self._lease.fresh) if fresh]
@@ -286,10 +312,19 @@ class TPGroup:
                 "placement": self.placement}
 
     def _build(self) -> None:
-        """Start tp fresh actors in the bundles and set them up concurrently."""
+        """Set every rank up as one group (without a pool, tp fresh actors
+        started in the bundles first). Pooled, a :class:`SetupFailed` build
+        is retried once with its unusable ranks killed and replaced
+        (:meth:`_renew`); the next one, or any without a pool, is raised."""
         started = time.monotonic()
         try:
-            self._start_actors()
+            try:
+                self._start_actors()
+            except SetupFailed as failed:
+                if self._lease is None:
+                    raise
+                self._renew(set(failed.unusable))
+                self._start_actors()
         finally:
             self.build_s += time.monotonic() - started
 
@@ -309,28 +344,73 @@ class TPGroup:
                 for r in range(self.tp)]
         self._prepared = set()
         options = self._options()
+        self._unusable = frozenset()
         refs = [a.setup_group.remote(group_id=self.group_id, rank=r, tp=self.tp,
                                      capacity=self.capacity, hidden=self.hidden,
                                      timeout_s=self.setup_timeout_s,
                                      **({} if options is None else {"options": options}))
                 for r, a in enumerate(self._actors)]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.setup_timeout_s)
-        late = [r for r, ref in enumerate(refs) if ref not in ready]
-        if late:
-            raise TimeoutError(
-                f"TP group {self.group_id}: setup_group of ranks {late} did not finish within "
-                f"{self.setup_timeout_s} s (requested {self.tp} ranks, bundles {self._bundles}, "
-                f"num_gpus={self.gpus_per_rank} each): {self._resources()}")
-        setups = ray.get(refs, timeout=CONTROL_TIMEOUT_S)
+        setups = self._await_setups(refs)
         self.metadata = [s["metadata"] for s in setups]
         self.start_diagnosis = diagnose_start([MailboxCheck(**s["start_check"]) for s in setups])
         self.builds += 1
 
+    def _await_setups(self, refs: list) -> list[dict]:
+        """Every rank's ``setup_group`` result (rank order), waited for one at
+        a time up to ``setup_timeout_s``: the first that raised (or whose
+        process died) ends the wait as :class:`SetupFailed`; ranks still
+        running at the deadline are a TimeoutError naming them. Either way
+        the ranks it leaves unusable are recorded in ``_unusable``."""
+        rank_of = {ref: r for r, ref in enumerate(refs)}
+        pending, setups = list(refs), [None] * len(refs)
+        deadline = time.monotonic() + self.setup_timeout_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            r = rank_of[ready[0]]
+            try:
+                setups[r] = ray.get(ready[0], timeout=CONTROL_TIMEOUT_S)
+            except ray.exceptions.RayError as err:
+                stuck = sorted(rank_of[x] for x in pending)
+                self._unusable = frozenset({r, *stuck})
+                raise SetupFailed(
+                    f"TP group {self.group_id}: rank {r}'s setup_group failed "
+                    f"({self._whose(r)}): {error_text(err)}; ranks {stuck} were still in "
+                    f"setup_group then (not reused)", rank=r, unusable=self._unusable) from err
+        if pending:
+            late = sorted(rank_of[x] for x in pending)
+            self._unusable = frozenset(late)
+            raise TimeoutError(
+                f"TP group {self.group_id}: setup_group of ranks {late} did not finish within "
+                f"{self.setup_timeout_s} s (requested {self.tp} ranks, bundles {self._bundles}, "
+                f"num_gpus={self.gpus_per_rank} each): {self._resources()}")
+        return setups
+
+    def _whose(self, rank: int) -> str:
+        """``worker KEY, pid PID`` of rank's process: the pool's worker key
+        (pooled), the pid its actor gives (``pid unknown`` when it does not
+        answer within ``CLOSE_TIMEOUT_S``: a dead process)."""
+        parts = [] if self._lease is None else [f"worker {self._lease.workers[rank].key}"]
+        try:
+            pid = ray.get(self._actors[rank].metadata.remote(), timeout=CLOSE_TIMEOUT_S)["pid"]
+        except ray.exceptions.RayError:
+            pid = "unknown"
+        return ", ".join([*parts, f"pid {pid}"])
+
     def _rebuild(self, gone: set[int]) -> None:
+        """Kill the ranks in ``gone`` and build the group again
+        (:meth:`_renew`, then :meth:`_build`)."""
+        self._renew(gone)
+        self._build()
+
+    def _renew(self, gone: set[int]) -> None:
         """Kill the ranks in ``gone`` and wait until their processes are over,
-        close the survivors, and build the group again (pooled: the killed
-        ranks' and any survivor that did not close cleanly replaced by
-        fresh workers, the others set up again)."""
+        and close the survivors; without a pool all of them are then gone,
+        pooled the killed ranks' and any survivor that did not close cleanly
+        are replaced by other workers (:meth:`cluster.pool.WorkerPool.replace`),
+        the others kept to be set up again."""
         for r in sorted(gone):
             ray.kill(self._actors[r], no_restart=True)
         self._require_node()
@@ -348,7 +428,6 @@ class TPGroup:
                 self._pool.replace(self._lease, r)
                 self.replaced_ranks.add(r)
             self._release({r for r in bad if r not in gone})
-        self._build()
 
     def node_alive(self) -> bool:
         """False once the pinned node (or, unpinned, a rank's node) is gone."""
@@ -402,7 +481,7 @@ class TPGroup:
         close did not complete gets its leftovers released on its node."""
         if not ranks:
             return
-        closed = {r for r, ok in self._close_ranks(ranks).items() if ok}
+        closed = {r for r, ok in self._close_ranks(ranks - self._unusable).items() if ok}
         for r in ranks:
             ray.kill(self._actors[r], no_restart=True)
         self._release(set(ranks) - closed)
@@ -417,9 +496,9 @@ class TPGroup:
             if self._pg is not None:
                 return PlacementGroupSchedulingStrategy(
                     self._pg, placement_group_bundle_index=self._bundle_index(r))
-            return NodeAffinitySchedulingStrategy(self.metadata[r]["node_id"], soft=False)
+            return NodeAffinitySchedulingStrategy(self._lease.workers[r].node_id, soft=False)
         refs = [release_rank.options(scheduling_strategy=where(r)).remote(
-            self.backend, self.group_id, r) for r in sorted(ranks) if r < len(self.metadata)]
+            self.backend, self.group_id, r) for r in sorted(ranks)]
         ray.get(refs, timeout=CONTROL_TIMEOUT_S)
 
     # -- calls
@@ -669,10 +748,10 @@ class TPGroup:
             if self._lease is not None:
                 self._actors = self._actors or self._lease.actors
                 ranks = set(range(len(self._actors)))
-                reusable = self._close_ranks(ranks)
+                reusable = self._close_ranks(ranks - self._unusable)
                 self._pool.release(self._lease, [reusable.get(r, False) and r not in self._suspect
                                                  for r in range(self.tp)])
-                self._release({r for r in ranks if not reusable[r]})
+                self._release({r for r in ranks if not reusable.get(r, False)})
             elif self._actors:
                 self._stop_actors(set(range(len(self._actors))))
         finally:

@@ -260,7 +260,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: PlacementOffer,
                **row_extra(case), "collective_speed": where.collective_speed,
                "recovered": bool(call and call.recovery is not None),
                "rebuilt": bool(call and call.rebuilt),
-               # ranks that ran on a fresh worker after a kill (pooled groups)
+               # ranks that ran on another worker after a kill or a failed setup (pooled groups)
                "replaced_ranks": sorted(group.replaced_ranks) or None,
                # host time by phase, slowest rank, summed over the repeats
                "phases_s": rounded(since(phases_before, group.phases_s)) or None,

@@ -151,7 +151,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: PlacementOffer) -
         extra={"faulty_rank": case.rank, "call_outcome": v.outcome, "diagnosis_kind": d.kind,
                "budget_ns": budget_ns, "repeats": len(verdicts),
                "rebuilt": any(x.rebuilt for x in verdicts),
-               # ranks now on a fresh worker after a kill (pooled groups)
+               # ranks now on another worker after a kill or a failed setup (pooled groups)
                "replaced_ranks": sorted(group.replaced_ranks) or None,
                # the group's kernels this case was the first to need (compiled or loaded)
                "prepare_s": round(group.prepare_s - prepared_before, 3) or None,

@@ -6,6 +6,7 @@ group.
 """
 
 import os
+import time
 
 import pytest
 
@@ -42,6 +43,24 @@ def groups(cluster):
     for g in made.values():
         g.close()  # idempotent
         assert not any(os.path.exists(f"/dev/shm/ll-{g.group_id}-r{r}") for r in range(g.tp))
+
+
+def test_a_failed_setup_fails_fast_and_its_peers_die_with_the_group(cluster, monkeypatch):
+    """Without a pool: rank 1's setup_group raises at once; rank 0, waiting
+    for it in the rendezvous, is not waited for; the error names rank 1,
+    its pid and the error; rank 0's mailbox does not outlive the group."""
+    from cluster.group import SetupFailed
+    from tests import pool_scenarios as sc
+    sc.ship_by_value()
+    monkeypatch.setattr("cluster.group.RankActor", sc.Starts({1}, "setup"))
+    segments = sc.own_segments()
+    t0 = time.monotonic()
+    with pytest.raises(SetupFailed, match=r"rank 1's setup_group failed \(pid \d+\): RuntimeError: "
+                       r"CUDA error: out of memory \(injected\); ranks \[0\] were still in"):
+        TPGroup(tp=2, hidden=HIDDEN, capacity=CAPACITY, call_timeout_s=CALL_TIMEOUT_S,
+                setup_timeout_s=SETUP_TIMEOUT_S)
+    assert time.monotonic() - t0 < SETUP_TIMEOUT_S
+    assert sc.own_segments() == segments
 
 
 def assert_matches_reference(call, tp):

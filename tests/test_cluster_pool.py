@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cluster.group import TPGroup
+from cluster.group import SetupFailed, TPGroup
 from cluster.pool import Lease, Registry, Request, Worker, WorkerPool
 from tests import pool_scenarios as sc
 
@@ -108,6 +108,42 @@ def test_a_worker_whose_warm_up_raised_is_never_leased(pool, monkeypatch):
     c = pool.counters()
     assert (c["warm_failed"], c["retired"], c["fresh_workers"]) == (1, 1, 0)
     assert "1 retired (not reusable; 1 of them because their warm-up raised)" in pool.usage()
+
+
+def test_a_failed_setup_is_retried_once_on_replaced_workers(pool, monkeypatch):
+    """Rank 1's worker raises in setup_group at once: rank 0, in the
+    rendezvous, is not waited for; both are replaced by idle workers and
+    the group is set up again, well within the setup timeout."""
+    monkeypatch.setattr("cluster.actors.RankActor", sc.Starts({1}, "setup"))
+    assert pool.prestart(4, wait=True) == 4
+    first = sorted(pool.status(), key=lambda r: int(r["key"][1:].split(".")[0]))[:2]
+    t0 = time.monotonic()
+    with TPGroup(tp=2, hidden=sc.HIDDEN, capacity=sc.CAPACITY, backend="emulated",
+                 call_timeout_s=sc.CALL_TIMEOUT_S, setup_timeout_s=60, pool=pool) as g:
+        formed_s = time.monotonic() - t0
+        assert g.replaced_ranks == {0, 1} and g.cold_ranks == []
+        assert g.run(sc.Kind(2, "emulated").case(g, 3, 1)).outcome == "pass"
+    assert formed_s < 60, formed_s
+    assert not {r["pid"] for r in first} & {r["pid"] for r in pool.status()}
+    assert _gone([r["pid"] for r in first]) == []
+    c = pool.counters()
+    assert (c["replaced"], c["replaced_fresh"]) == (2, 0)
+
+
+def test_a_second_failed_setup_is_raised_and_no_rank_serves_again(pool, monkeypatch):
+    monkeypatch.setattr("cluster.actors.RankActor", sc.Starts({1, 3}, "setup"))
+    segments = sc.own_segments()
+    t0 = time.monotonic()
+    with pytest.raises(SetupFailed, match=r"rank 1's setup_group failed \(worker w3\.\S+, "
+                       r"pid \d+\): RuntimeError: CUDA error: out of memory \(injected\); "
+                       r"ranks \[0\] were still in setup_group then \(not reused\)$"):
+        TPGroup(tp=2, hidden=sc.HIDDEN, capacity=sc.CAPACITY, backend="emulated",
+                call_timeout_s=sc.CALL_TIMEOUT_S, setup_timeout_s=60, pool=pool)
+    assert time.monotonic() - t0 < 60
+    assert pool.status() == []  # all four retired: two killed for the retry, two on close
+    c = pool.counters()
+    assert (c["replaced"], c["replaced_fresh"], c["retired"]) == (2, 2, 2)
+    assert sc.own_segments() == segments  # the killed ranks' mailboxes were released
 
 
 def test_survivors_a_backend_calls_suspect_are_retired(pool, monkeypatch):
