@@ -192,8 +192,12 @@ def _plan(args, jobs: tuple[str, ...]):
             raise ConfigError(f"--resume: no run {args.run_id!r} in --results {args.results}")
     check_backend_request(args.backend)
     if args.pool not in ("job", "off") and not (args.address or os.environ.get("RAY_ADDRESS")):
-        raise ConfigError(f"--pool {args.pool}: a standing pool lives on a running cluster; give "
-                          f"--address (or RAY_ADDRESS), or --pool job for a pool of this run's own")
+        from jobs.pool import cluster_address
+        try:  # the head `jobs head start` recorded, as `jobs pool start` found it
+            args.address = cluster_address(None)
+        except ConfigError as err:
+            raise ConfigError(f"--pool {args.pool}: {err}; or --pool job for a pool of this "
+                              f"run's own") from None
     if getattr(args, "cmd", None) == "trace":
         from jobs.trace import check_one_group
         if len(plan) != 1:

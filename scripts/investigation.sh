@@ -42,12 +42,10 @@ step() {  # step LABEL CMD...: run, print exit and wall
 }
 head_up=1
 step "jobs head start" "$py" -m jobs head start || exit $?
-# The GCS address the head printed (`GCS HOST:PORT`) and recorded; a job joins it with --address.
-gcs=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["address"])' "$LAMPORT_HEAD_DIR/head.json") || exit 2
 pool_up=1
 step "jobs pool start --name $name" "$py" -m jobs pool start --name "$name" || exit $?
 for i in $(seq 1 "$runs"); do
-  step "correctness --pool $name ($i)" "$py" -m jobs "${case_args[@]}" --address "$gcs" --pool "$name" "$@"
+  step "correctness --pool $name ($i)" "$py" -m jobs "${case_args[@]}" --pool "$name" "$@"
 done
 step "correctness --pool off" "$py" -m jobs "${case_args[@]}" --pool off "$@"
 "$py" -m jobs pool status --name "$name" 2>&1 | sed 's/^/    /' | cut -c1-160
