@@ -3,7 +3,7 @@ the unfused torch path, and the tuning sweep that justifies
 :mod:`kernels.lamport.mhc_tuning`.
 
     python -m benchmarks.all_reduce_mhc [--tokens 1,8,16,64] [--hidden 5120,7168]
-        [--hc 4] [--calls 50] [--replays 200] [--watchdog-ns 1000000000]
+        [--hc 4] [--calls 50] [--replays 200] [--budget-ns 1000000000]
         [--markdown PATH] [--results DIR]
     python -m benchmarks.all_reduce_mhc --sweep [--hidden 5120,7168] [--tokens 1,16,64]
         [--sweep-tp 1,8] [--clusters 5,7] [--threads 128,256] [--rank-lanes 1,2]
@@ -107,8 +107,8 @@ def compare(args) -> list[str]:
         for m in args.tokens:
             spec = dict(op="all_reduce_mhc", hidden=hidden, tokens=m, hc=args.hc,
                         calls=args.calls, replays=args.replays, rotate_mb=args.rotate_mb,
-                        eps=args.eps, seed=m, watchdog_ns=0, baselines=["unfused"])
-            plain, _ = rows.plain_and_watchdog(spec, args.watchdog_ns)
+                        eps=args.eps, seed=m, budget_ns=0, baselines=["unfused"])
+            plain, _ = rows.plain_and_watchdog(spec, args.budget_ns)
             f, r, w = plain["stats"]
             tuning = plain["impls"]["fused"]["extra"]["tuning"]
             row = (f"{hidden:>6} {args.hc:>2} {m:>4} {tuning:>12} {f[0]:>9.2f} "
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--replays", type=int, default=None,
                    help="default 200 (compare) / 50 (sweep)")
-    p.add_argument("--watchdog-ns", type=int, default=1_000_000_000)
+    p.add_argument("--budget-ns", type=int, default=1_000_000_000)
     p.add_argument("--eps", type=float, default=1e-6)
     p.add_argument("--rotate-mb", type=float, default=120.0,
                    help="rotate through input sets spanning at least this many MB")
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
             f"{torch.cuda.get_device_name()}, torch {torch.__version__}, hc={args.hc}, "
             f"calls/graph=max({args.calls}, input sets), replays={args.replays}, "
             f"inputs rotated over >= {args.rotate_mb:g} MB"
-            + ("" if args.sweep else f", watchdog_ns={args.watchdog_ns}")
+            + ("" if args.sweep else f", budget_ns={args.budget_ns}")
             + (f", tp > 1 rows: virtual ranks on one GPU (relative only), at most "
                f"{VIRTUAL_MAX_CALLS} calls a graph"
                if args.sweep and max(args.sweep_tp) > 1 else ""))

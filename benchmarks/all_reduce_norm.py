@@ -1,7 +1,7 @@
 """Benchmark: fused Lamport publish + norm vs torch add + rms_norm, tp=1.
 
     python -m benchmarks.all_reduce_norm [--tokens 1,8,16,64] [--hidden 5120,7168]
-        [--calls 50] [--replays 200] [--watchdog-ns 1000000000] [--markdown PATH]
+        [--calls 50] [--replays 200] [--budget-ns 1000000000] [--markdown PATH]
         [--results DIR]
 
 Timed through the one harness (:func:`cluster.measure.timing.measure_tp1`,
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int_list, default=[5120, 7168])
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--replays", type=int, default=200)
-    p.add_argument("--watchdog-ns", type=int, default=1_000_000_000)
+    p.add_argument("--budget-ns", type=int, default=1_000_000_000)
     p.add_argument("--eps", type=float, default=1e-6)
     p.add_argument("--rotate-mb", type=float, default=120.0,
                    help="rotate through input sets spanning at least this many MB")
@@ -58,8 +58,8 @@ def main(argv=None) -> int:
         for m in args.tokens:
             spec = dict(op="all_reduce_norm", hidden=hidden, tokens=m, calls=args.calls,
                         replays=args.replays, rotate_mb=args.rotate_mb, eps=args.eps, seed=m,
-                        watchdog_ns=0, baselines=["unfused"])
-            plain, _ = rows.plain_and_watchdog(spec, args.watchdog_ns)
+                        budget_ns=0, baselines=["unfused"])
+            plain, _ = rows.plain_and_watchdog(spec, args.budget_ns)
             fused, ref, watchdog = plain["stats"]
             row = (f"{hidden:>6} {m:>4} {fused[0]:>9.2f} {fused[1]:>7.2f} {fused[2]:>7.2f} "
                    f"{ref[0]:>9.2f} {fused[0] / ref[0]:>6.2f} {watchdog[0]:>11.2f} "
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
             lines.append(row)
     meta = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
             f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-            f"calls/graph=max({args.calls}, input sets), replays={args.replays}, watchdog_ns={args.watchdog_ns}, "
+            f"calls/graph=max({args.calls}, input sets), replays={args.replays}, budget_ns={args.budget_ns}, "
             f"inputs rotated over >= {args.rotate_mb:g} MB")
     print(meta)
     rows.close()

@@ -87,7 +87,7 @@ def _virtual_group(tp: int, pool) -> float:
     from cluster.gpu import virtual
     from jobs.session import gpu_task
     spec = {"tp": tp, "hidden": HIDDEN, "capacity": CAPACITY, "eps": 1e-6,
-            "watchdog_ns": BUDGET_NS, "cases": [{"tokens": 1, "inputs": "random", "seeds": [1]}]}
+            "budget_ns": BUDGET_NS, "cases": [{"tokens": 1, "inputs": "random", "seeds": [1]}]}
     submitted = time.time()
     out, failed = gpu_task(virtual.run_group, spec, 300.0, gpus=1.0, pool=pool)
     if failed:

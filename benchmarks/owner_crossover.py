@@ -51,7 +51,7 @@ def _parse(argv):
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--eps", type=float, default=1e-6)
     p.add_argument("--rotate-mb", type=float, default=120.0)
-    p.add_argument("--check-watchdog-ns", type=int, default=500_000_000,
+    p.add_argument("--check-budget-ns", type=int, default=500_000_000,
                    help="budget of the watchdog consumers of the correctness check")
     p.add_argument("--markdown", default=None, help="also write the table here")
     return p.parse_args(argv)
@@ -110,7 +110,7 @@ def _rank(rank: int, args, port: int, result_path: str) -> None:
                                    group=group, mode=mode) for mode in MODES}
         for mode in MODES:
             wd = AllReduceNorm(hidden_size=hidden, max_num_tokens=cap, eps=args.eps, group=group,
-                               mode=mode, watchdog_ns=args.check_watchdog_ns)
+                               mode=mode, budget_ns=args.check_budget_ns)
             for m in sorted({1, tp + 1, cap}):
                 _check(wd, rank, tp, m, hidden, args.eps, device)
         for m in args.tokens:

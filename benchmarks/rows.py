@@ -32,7 +32,7 @@ class BenchmarkRows:
         from jobs.cluster_view import PlacementOffer
         from jobs.recorder import now
         from jobs.profile import record_impls
-        case = Case(job="profile", op=spec["op"], variant="watchdog" if spec.get("watchdog_ns")
+        case = Case(job="profile", op=spec["op"], variant="watchdog" if spec.get("budget_ns")
                     else "plain", transport="unicast", placement=Placement.PROCESS_PER_GPU, tp=1,
                     hidden=spec["hidden"], tokens=spec["tokens"], top_k=spec.get("top_k"),
                     hc=spec.get("hc"), dtype="bfloat16", repeats=1,
@@ -41,7 +41,7 @@ class BenchmarkRows:
         record_impls(self.run, self.suite, case,
                      PlacementOffer(Placement.PROCESS_PER_GPU, 1.0, True), [out], now())
 
-    def plain_and_watchdog(self, spec: dict, watchdog_ns: int):
+    def plain_and_watchdog(self, spec: dict, budget_ns: int):
         """:func:`measure_tp1` of ``spec`` (the plain consumer and its
         baselines; the fused outputs checked first) and of its watchdog
         build alone, both recorded; returns ``(plain, watchdog)`` with
@@ -49,10 +49,10 @@ class BenchmarkRows:
         fused under ``"stats"``."""
         from cluster.measure.timing import measure_tp1
         from cluster.measure.stats import median_p10_p90
-        plain = measure_tp1({**spec, "watchdog_ns": 0})
-        wd_spec = {**spec, "watchdog_ns": watchdog_ns, "baselines": []}
+        plain = measure_tp1({**spec, "budget_ns": 0})
+        wd_spec = {**spec, "budget_ns": budget_ns, "baselines": []}
         wd = measure_tp1(wd_spec)
-        self.record({**spec, "watchdog_ns": 0}, plain)
+        self.record({**spec, "budget_ns": 0}, plain)
         self.record(wd_spec, wd)
         plain["stats"] = [median_p10_p90(res["impls"][n]["times_us"]) for res, n in (
             (plain, "fused"), (plain, "unfused"), (wd, "fused"))]

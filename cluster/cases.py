@@ -11,6 +11,7 @@ A case is a plain dict (it crosses process boundaries through Ray):
 ``seed``      int; every input tensor derives from it
 ``eps``       RMSNorm epsilon, > 0
 ``budget_ns`` the consumer watchdog's budget for the whole consume, > 0
+              (see below)
 plus the op's own fields (``OpSpec.fields``: ``residual``, ``top_k``,
 ``hc``, ``finalize``, ...), defaults filled in.
 
@@ -18,6 +19,14 @@ Every rank regenerates the group's inputs from these fields
 (:func:`case_inputs`) and takes its own share, so no tensor is shipped; the
 driver (or the rank) checks the outputs against the op's torch reference
 (:func:`check_outputs`).
+
+The budget has one name and one unit everywhere: ``budget_ns``, an int of
+nanoseconds, the unit of the ``%globaltimer`` deadline the kernels compare
+(a kernel constructor's ``budget_ns``; 0 there compiles the plain consumer
+with no watchdog). A suite file states it in the same field and unit
+(``jobs.config``, bounds ``jobs.limits.LIMITS["budget_ns"]``), so no layer
+converts it; host code that compares it with a deadline in seconds divides
+by 1e9 at the comparison.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ def _plan(args, jobs: tuple[str, ...]):
                                   f"{unknown}; known: {sorted(known)}")
         for case in cases:
             timeout = args.timeout or case.param("timeout_s")
-            budget_s = (case.param("budget_ms") or 0) / 1e3
+            budget_s = (case.param("budget_ns") or 0) / 1e9
             need = 3 * budget_s if case.job == "faults" else budget_s
             if case.job != "profile" and not timeout > need:
                 raise ConfigError(

@@ -191,7 +191,7 @@ def _literal(text: str):
 
 
 def case_params(key: CaseKey, suite: str) -> tuple[dict, int]:
-    """The job parameters (budget_ms, timeout_s, calls, ...) and the calls
+    """The job parameters (budget_ns, timeout_s, calls, ...) and the calls
     per run (``repeats``) the case has in ``suite`` (this tree's copy), or
     the job's defaults and 1 when it has none."""
     from jobs.config import load_suite, suite_path

@@ -105,7 +105,7 @@ def check_pairs(rows: list[Row]) -> None:
                 pair["multicast"].errors.append(diff)
 
 
-HEADER = (f"{'op':<16} {'kernel':<9} {'transport':<9} {'watchdog':>9} {'hidden':>7} "
+HEADER = (f"{'op':<16} {'kernel':<9} {'transport':<9} {'budget_ns':>9} {'hidden':>7} "
           f"{'tp':>3} {'arch':<8} {'compile_s':>9} {'ptx_kb':>7}  status")
 
 
@@ -116,7 +116,7 @@ def format_row(r: Row) -> str:
         status += " (cached)"
     if v.detail:
         status += f"  [{v.detail}]"
-    return (f"{v.op:<16} {v.kernel:<9} {v.transport:<9} {v.watchdog_ns:>9} "
+    return (f"{v.op:<16} {v.kernel:<9} {v.transport:<9} {v.budget_ns:>9} "
             f"{'rt' if v.hidden is None else v.hidden:>7} {'rt' if v.tp is None else v.tp:>3} "
             f"{r.arch:<8} {r.seconds:>9.3f} {r.ptx_kb:>7.1f}  {status}")
 
@@ -156,7 +156,7 @@ def result_row(r: Row, environment: dict) -> dict:
     return make_row(
         started_at=r.started_at, finished_at=r.finished_at, op=v.op,
         variant=f"{v.kernel}" + (f"/{v.detail}" if v.detail else "")
-        + (f"/watchdog={v.watchdog_ns}ns" if v.watchdog_ns else ""),
+        + (f"/watchdog={v.budget_ns}ns" if v.budget_ns else ""),
         transport=None if v.transport == "-" else v.transport, backend="compile", job="compile-check",
         tp=v.tp, hidden=v.hidden, outcome="fail" if r.errors else "pass",
         reason="; ".join(r.errors) or None, repro_command=None if not r.errors else repro,

@@ -32,7 +32,8 @@ A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
     finalize = [false, true]      # any other field an op declares (cluster.ops OpSpec.fields)
     repeats = 2                   # calls per case, each with new data
     inputs = ["random", "order_sensitive", "sentinel_pattern"]  # default: every kind the op has
-    budget_ms = 1000              # consumer watchdog budget
+    budget_ns = 1_000_000_000     # consumer watchdog budget, integer nanoseconds (every job;
+                                  # the kernels' unit: no conversion from suite to kernel)
     timeout_s = 10                # host deadline per call (--timeout overrides)
 
     [[faults]]                    # sweep keys as above, plus
@@ -54,8 +55,11 @@ Ops, their case fields and their input kinds come from the op registry
 is an error too.
 What the kernels accept is enforced here too, from the rules the kernels
 themselves use (:mod:`kernels.validation`): ``tp`` in ``TP_SIZES`` (1, 2, 4,
-8), ``hidden`` a multiple of 8 whose fragments are whole warps, positive
-finite numbers for budgets and timeouts, ASCII names (a suite name is a
+8), ``hidden`` a multiple of 8 whose fragments are whole warps, the
+consumer watchdog budget ``budget_ns`` as integer nanoseconds (the unit
+the kernels compare with ``%globaltimer``: the value reaches them
+unconverted; the retired ``budget_ms`` and ``watchdog_ns`` are refused,
+naming it), positive finite timeouts, ASCII names (a suite name is a
 results partition key). A file larger than ``MAX_CONFIG_BYTES`` is refused
 unread. Optional top-level ``memory_limit_gb``: the per-node memory ceiling
 of :mod:`jobs.sizing` (``--memory-limit-gb`` and LAMPORT_MEMORY_LIMIT_GB
@@ -67,6 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import stat
 import tomllib
@@ -158,7 +163,7 @@ class Case:
     inputs: str | None = None      # correctness
     fault: str | None = None       # faults
     rank: int | None = None        # faults: the faulty rank
-    params: tuple[tuple[str, Any], ...] = ()  # budget_ms, timeout_s, baselines, calls, ...
+    params: tuple[tuple[str, Any], ...] = ()  # budget_ns, timeout_s, baselines, calls, ...
     op_args: tuple[tuple[str, Any], ...] = ()  # the op's other fields (finalize, heads, ...)
 
     def param(self, name: str, default: Any = None) -> Any:
@@ -236,14 +241,14 @@ _SWEEP_KEYS: dict[str, tuple[Any, Any]] = {
 }
 _SCALAR_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
     "correctness": {"repeats": (1, _limited("repeats")), "inputs": (None, input_kinds),
-                    "budget_ms": (1000, _limited("budget_ms")),
+                    "budget_ns": (1_000_000_000, _limited("budget_ns")),
                     "timeout_s": (10.0, _limited("timeout_s"))},
     "faults": {"repeats": (1, _limited("repeats")), "kinds": ("all", None),
-               "rank": ("last", None), "budget_ms": (200, _limited("budget_ms")),
+               "rank": ("last", None), "budget_ns": (200_000_000, _limited("budget_ns")),
                "timeout_s": (2.0, _limited("timeout_s"))},
     "profile": {"repeats": (1, _limited("repeats")), "baselines": (None, baseline_names),
                 "calls": (50, _limited("calls")), "replays": (200, _limited("replays")),
-                "watchdog_ns": (1_000_000_000, _limited("watchdog_ns")),
+                "budget_ns": (1_000_000_000, _limited("budget_ns")),
                 "rotate_mb": (120, _limited("rotate_mb")),
                 "timeout_s": (600.0, _limited("timeout_s")),
                 "min_replay_ms": (0.0, _limited("min_replay_ms")),
@@ -479,8 +484,26 @@ def _op_inputs(job: str, op: str, wanted: list | None, where: str) -> list:
     return list(wanted)
 
 
+_RETIRED_KEYS = {"budget_ms": 1_000_000, "watchdog_ns": 1}
+"""Budget fields this loader no longer reads (the budget has one name and
+one unit, ``budget_ns``) and their factor to nanoseconds: refused with the
+line to write instead, never converted behind the user's back."""
+
+
+def _refuse_retired(sweep: Mapping, where: str) -> None:
+    for key, to_ns in _RETIRED_KEYS.items():
+        if key in sweep:
+            value = sweep[key]
+            hint = (f"budget_ns = {int(value * to_ns):_}"
+                    if isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value) else "budget_ns = <integer nanoseconds>")
+            raise ConfigError(f"{where}: {key} = {value!r} is no longer read; the budget is "
+                              f"budget_ns, in integer nanoseconds: write {hint}")
+
+
 def _expand(job: str, sweep: Mapping, where: str) -> list[Case]:
     scalars = _SCALAR_KEYS[job]
+    _refuse_retired(sweep, where)
     _no_unknown(sweep, [*_SWEEP_KEYS, *scalars, *op_field_names()], where)
     for required in ("op", "tp", "hidden", "tokens"):
         if required not in sweep:

@@ -203,7 +203,7 @@ def row_extra(case: Case) -> dict:
 def case_calls(run: Run, case: Case) -> list[dict]:
     """The group-call fields of each of ``case``'s repeats (a new seed each)."""
     from cluster import ops
-    budget_ns = int(case.param("budget_ms") * 1e6)
+    budget_ns = case.param("budget_ns")
     calls = []
     for repeat in range(case.repeats):
         fields = dict(tokens=case.tokens, inputs=case.inputs, seed=case_seed(case, repeat),
@@ -224,7 +224,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: PlacementOffer,
              extra: dict | None = None) -> dict:
     from cluster.phases import rounded, since
     started = now()
-    budget_ns = int(case.param("budget_ms") * 1e6)
+    budget_ns = case.param("budget_ns")
     tally = Tally(case)
     outcome, reason, call = "pass", None, None
     phases_before = dict(group.phases_s)
@@ -310,11 +310,11 @@ def virtual_spec(members: Sequence[Case]) -> dict:
     def own(case: Case) -> dict:
         return {k: v for k, v in case.op_fields().items() if declared[k].kernel_only}
 
-    watchdog_ns = int(first.param("budget_ms") * 1e6) if first.variant == "watchdog" else 0
+    budget_ns = first.param("budget_ns") if first.variant == "watchdog" else 0
     shared = {k: v for k, v in first.op_fields().items() if k not in own(first)}
     return {"op": first.op, "fields": shared, "tp": first.tp, "hidden": first.hidden,
             "capacity": max(c.tokens for c in members), "eps": DEFAULTS["eps"],
-            "watchdog_ns": watchdog_ns,
+            "budget_ns": budget_ns,
             "cases": [{"tokens": c.tokens, "inputs": c.inputs,
                        "seeds": [case_seed(c, r) for r in range(c.repeats)],
                        **({"fields": own(c)} if own(c) else {})} for c in members]}
@@ -387,7 +387,7 @@ def record_virtual(run: Run, suite: Suite, members: Sequence[Case], where: Place
                           "calls_made": len(result["calls"]),
                           "graph_replays": sum(c["graph"] for c in result["calls"]),
                           "phases_s": rounded(phases_s) or None,
-                          "watchdog_ns": spec["watchdog_ns"], "collective_speed": False,
+                          "budget_ns": spec["budget_ns"], "collective_speed": False,
                           **row_extra(case),
                           "device": out["device"], **first_extra})
         run.add_phases(phases_s)

@@ -114,7 +114,7 @@ def run_case(run: Run, suite: Suite, group, case: Case, where: PlacementOffer) -
     from cluster.faults import FAULT_KINDS, run_fault
     from cluster.phases import rounded, since
     started = now()
-    budget_ns = int(case.param("budget_ms") * 1e6)
+    budget_ns = case.param("budget_ns")
     expected = FAULT_KINDS[case.fault].expected
     notice = kill_notice(case, budget_ns)
     if notice:

@@ -109,7 +109,7 @@ def timing_spec(case: Case) -> dict:
             "top_k": case.top_k, "calls": case.param("calls"), "replays": case.param("replays"),
             "min_replay_ms": case.param("min_replay_ms"), "min_replays": case.param("min_replays"),
             "rotate_mb": case.param("rotate_mb"),
-            "watchdog_ns": case.param("watchdog_ns") if case.variant == "watchdog" else 0,
+            "budget_ns": case.param("budget_ns") if case.variant == "watchdog" else 0,
             "eps": DEFAULTS["eps"], "baselines": list(case.param("baselines")),
             "seed": case.tokens, "mode": case.op_fields().get("mode", "one_shot")}
 

@@ -43,7 +43,7 @@ class Variant:
     entry: str                       # substring of the PTX .entry name
     compile: Callable[[str, str], object]  # (arch, dump_dir) -> compiled
     transport: str = "-"
-    watchdog_ns: int = 0
+    budget_ns: int = 0
     hidden: int | None = None        # None: runtime argument
     tp: int | None = None            # None: runtime argument
     pair_key: tuple | None = None    # publishes: unicast/multicast twins share it
@@ -93,9 +93,9 @@ def check_consumer(lines: list[str], v: Variant) -> list[str]:
     elif not wait < stage < spin < launch < sentinel:
         errs.append(f"order wait<stage<spin<launch<sentinel broken: "
                     f"{wait},{stage},{spin},{launch},{sentinel}")
-    if v.watchdog_ns and not any("%globaltimer" in ln for ln in lines):
+    if v.budget_ns and not any("%globaltimer" in ln for ln in lines):
         errs.append("watchdog variant without %globaltimer")
-    if not v.watchdog_ns and any("%globaltimer" in ln for ln in lines):
+    if not v.budget_ns and any("%globaltimer" in ln for ln in lines):
         errs.append("plain variant reads %globaltimer")
     return errs
 

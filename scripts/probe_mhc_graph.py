@@ -1,6 +1,6 @@
 """Probe: AllReduceMHC virtual ranks (tp=2, hidden 5120, hc 4), many calls
 captured in one CUDA graph, per tuning and M, on the watchdog build (a
-stalled consumer gives up after --watchdog-ns and is reported, no hang).
+stalled consumer gives up after --budget-ns and is reported, no hang).
 
     python scripts/probe_mhc_graph.py --tuning 5,256,2 --tokens 1,16 --calls 64,1117
 
@@ -23,7 +23,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int_list, default=[1, 16])
     p.add_argument("--calls", type=int_list, default=[64, 1117])
     p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--watchdog-ns", type=int, default=5_000_000)
+    p.add_argument("--budget-ns", type=int, default=5_000_000)
     p.add_argument("--rotate", type=int, default=1, help="distinct input sets")
     a = p.parse_args()
     from kernels.all_reduce_mhc import AllReduceMHC, MHCTuning
@@ -32,7 +32,7 @@ def main() -> None:
         c, t, r = (int(v) for v in spec.split(","))
         grp = AllReduceMHC.virtual_ranks(tp=tp, hidden_size=hidden, hc_mult=hc,
                                          max_num_tokens=max(a.tokens),
-                                         watchdog_ns=a.watchdog_ns,
+                                         budget_ns=a.budget_ns,
                                          tuning=MHCTuning(c, t, r))
         for m in a.tokens:
             g = torch.Generator(device="cuda").manual_seed(m)

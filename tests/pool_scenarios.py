@@ -59,7 +59,7 @@ def kinds(backend: str) -> list[Kind]:
 def virtual_spec(kind: Kind, seed: int) -> dict:
     fields = dict(kind.fields)
     return {"op": fields.pop("op"), "fields": fields, "tp": kind.tp, "hidden": HIDDEN,
-            "capacity": CAPACITY, "eps": 1e-6, "watchdog_ns": BUDGET_NS,
+            "capacity": CAPACITY, "eps": 1e-6, "budget_ns": BUDGET_NS,
             "cases": [{"tokens": m, "inputs": "random", "seeds": [seed + m, seed + m + 1]}
                       for m in (1, CAPACITY)]}
 

@@ -121,7 +121,7 @@ hidden = [1024, 2048]
 tokens = [1, 3, 8, 2]
 inputs = ["random"]
 repeats = 1
-budget_ms = 5000
+budget_ns = 5_000_000_000
 timeout_s = 60.0
 """
 

@@ -19,7 +19,7 @@ def rows(request, tmp_path_factory):
     variants = ops.get("embed_norm").variants([H], [2])
     out = [cc.run_variant(v, request.param, root, i) for i, v in enumerate(variants)]
     cc.check_pairs(out)
-    return {(r.variant.kernel, r.variant.transport, r.variant.watchdog_ns): r for r in out}
+    return {(r.variant.kernel, r.variant.transport, r.variant.budget_ns): r for r in out}
 
 
 def test_embed_variants_compile_and_pass(rows):
@@ -42,7 +42,7 @@ def test_embed_publish_gathers_after_the_wait(rows):
 
 def test_embed_norm_order_and_watchdog(rows):
     plain = rows[("consumer", "-", 0)]
-    wd = rows[("consumer", "-", cv.WATCHDOG_CHECK_NS)]
+    wd = rows[("consumer", "-", cv.CHECK_BUDGET_NS)]
     assert not ptx.check_consumer(plain.lines, plain.variant)
     assert any("%globaltimer" in ln for ln in wd.lines)
     assert not any("%globaltimer" in ln for ln in plain.lines)

@@ -79,7 +79,7 @@ tp = 2
 hidden = 256
 tokens = 2
 kinds = ["stuck_rank"]
-budget_ms = 200
+budget_ns = 200_000_000
 timeout_s = 120
 """
 

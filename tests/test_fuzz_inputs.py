@@ -186,12 +186,12 @@ def test_host_classes_refuse_bad_construction_arguments(data):
     from kernels.lamport.norm import NormKernel
     from kernels.lamport.publish import PublishKernel
     good = dict(hidden_size=1024, max_num_tokens=8, eps=1e-6, transport="unicast",
-                watchdog_ns=0)
+                budget_ns=0)
     which = data.draw(st.sampled_from(["AllReduceNorm", "VirtualRanks", "NormKernel",
                                        "PublishKernel", "MHCOptions"]))
     if which in ("AllReduceNorm", "VirtualRanks"):
         bad = {"hidden_size": BAD_HIDDEN, "max_num_tokens": bad_int(), "eps": bad_positive(),
-               "transport": BAD_CHOICE, "watchdog_ns": bad_int(low=0)}
+               "transport": BAD_CHOICE, "budget_ns": bad_int(low=0)}
         if which == "VirtualRanks":
             bad["tp"] = BAD_TP
             good = {**good, "tp": 2}
@@ -202,10 +202,10 @@ def test_host_classes_refuse_bad_construction_arguments(data):
         cls = AllReduceNorm if which == "AllReduceNorm" else VirtualRanks
         refuse("host classes", name, lambda: cls(**{**good, name: value}))
     elif which == "NormKernel":
-        bad = {"hidden": BAD_HIDDEN, "tp": BAD_TP, "watchdog_ns": bad_int(low=0)}
+        bad = {"hidden": BAD_HIDDEN, "tp": BAD_TP, "budget_ns": bad_int(low=0)}
         name = data.draw(st.sampled_from(sorted(bad)))
         value = data.draw(bad[name])
-        args = {"hidden": 1024, "tp": 2, "watchdog_ns": 0, name: value}
+        args = {"hidden": 1024, "tp": 2, "budget_ns": 0, name: value}
         refuse("host classes", "hidden_size" if name == "hidden" else name,
                lambda: NormKernel(**args))
     elif which == "PublishKernel":
@@ -217,12 +217,12 @@ def test_host_classes_refuse_bad_construction_arguments(data):
         bad = {"hidden_size": st.one_of(bad_int(), st.integers(-64, 64).filter(
                    lambda h: h <= 0 or h % 8)),
                "hc_mult": bad_int(high=16), "max_num_tokens": bad_int(),
-               "transport": BAD_CHOICE, "watchdog_ns": bad_int(low=0),
+               "transport": BAD_CHOICE, "budget_ns": bad_int(low=0),
                "top_k": bad_int(high=128)}
         name = data.draw(st.sampled_from(sorted(bad)))
         value = data.draw(bad[name])
         args = dict(hidden_size=1024, hc_mult=4, max_num_tokens=8, transport="unicast",
-                    watchdog_ns=0, top_k=None)
+                    budget_ns=0, top_k=None)
         refuse("host classes", name, lambda: MHCOptions(**{**args, name: value}).validate())
 
 
@@ -362,7 +362,8 @@ CONFIG_KEYS = {
                                          [1024, 1000], 64])),
     "tokens": st.one_of(st.sampled_from([0, -1, 1.5, "4", True, math.inf, 10_000_000,
                                          [1, 0], [2**40]])),
-    "timeout_s": TOML_BAD_NUMBER, "budget_ms": TOML_BAD_NUMBER,
+    "timeout_s": TOML_BAD_NUMBER, "budget_ns": st.one_of(TOML_BAD_NUMBER, st.sampled_from(
+        [1e9, 999, 600_000_000_001, 2**63])),
     "repeats": st.sampled_from([0, -3, 1.5, "2", True, math.inf]),
     "name": st.sampled_from(["smøke", "a/b", "", ".x", "-x", "x" * 65, 3, True, "a b"]),
     "memory_limit_gb": TOML_BAD_NUMBER,
@@ -379,7 +380,7 @@ def test_suite_configs_with_a_bad_value_exit_2_before_ray(data, tmp_path_factory
     value = data.draw(CONFIG_KEYS[key])
     top = {"format": 1, "name": "fuzz", "version": 1}
     sweep = {"op": "all_reduce_norm", "tp": 2, "hidden": 256, "tokens": 2, "timeout_s": 10,
-             "budget_ms": 1000}
+             "budget_ns": 1_000_000_000}
     (top if key in TOP_LEVEL else sweep)[key] = value
     text = "".join(f"{k} = {_toml(v)}\n" for k, v in top.items()) + "[[correctness]]\n" + \
         "".join(f"{k} = {_toml(v)}\n" for k, v in sweep.items())
@@ -435,13 +436,13 @@ BOUNDS = [  # (job, key, value, op): a number beyond its bound (jobs.limits) or 
     *(("faults", "repeats", v, None) for v in (0, 10**6)),
     *(("correctness", "timeout_s", v, None) for v in (1e300, 86_401, 1e-320 * 0, 10**20)),
     *(("faults", "timeout_s", v, None) for v in (1e308, 99_999.5)),
-    *(("correctness", "budget_ms", v, None) for v in (1e-9, 1e300, 600_001, 1e-4)),
-    *(("faults", "budget_ms", v, None) for v in (1e-12, 1e30)),
+    *(("correctness", "budget_ns", v, None) for v in (0, 999, 600_000_000_001, 2**63, 1e9)),
+    *(("faults", "budget_ns", v, None) for v in (1, 10**30)),
     *(("profile", k, v, None) for k, v in (
         ("calls", 0), ("calls", 10_001), ("calls", 10**12), ("replays", 0),
         ("replays", 10**9), ("min_replays", -1), ("min_replays", 10**7),
         ("min_replay_ms", 1e9), ("min_replay_ms", -0.1), ("rotate_mb", 0), ("rotate_mb", 1e12),
-        ("rotate_mb", -5), ("watchdog_ns", 0), ("watchdog_ns", 10**18),
+        ("rotate_mb", -5), ("budget_ns", 0), ("budget_ns", 10**18),
         ("timeout_s", 1e300), ("repeats", 10**8))),
     *(("correctness", "top_k", v, "finalize_publish") for v in (0, 129, 50_000, 2**40)),
     *(("correctness", "hc", v, "all_reduce_mhc") for v in (0, 9, 64, 10**6)),

@@ -68,10 +68,10 @@ def test_a_case_key_reads_back_as_the_suite_file_writes_it(tmp_path):
         assert params == dict(case.params) and repeats == case.repeats
     key = bs.CaseKey.parse("correctness|all_reduce_mhc|watchdog|unicast|emulated|2|1024|3|None|"
                            "4|bfloat16|random|None|None|finalize=True")
-    toml = bs.suite_toml(key, {"budget_ms": 1000}, 7)
+    toml = bs.suite_toml(key, {"budget_ns": 1_000_000_000}, 7)
     (tmp_path / "case.toml").write_text(toml)
     (one,) = load_suite(tmp_path / "case.toml").cases
-    assert one.key() == key.text and one.repeats == 7 and dict(one.params)["budget_ms"] == 1000
+    assert one.key() == key.text and one.repeats == 7 and dict(one.params)["budget_ns"] == 10**9
 
 
 def test_probes_cut_the_range_evenly_and_step_over_skipped():

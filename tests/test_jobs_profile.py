@@ -20,7 +20,7 @@ pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a tim
 def test_measure_tp1_times_fused_and_baselines_on_one_gpu(op):
     from cluster.measure.timing import measure_tp1
     out = measure_tp1({"op": op, "hidden": 7168, "tokens": 8, "hc": 4, "top_k": 8,
-                       "calls": 10, "replays": 20, "watchdog_ns": 1_000_000_000, "eps": 1e-6,
+                       "calls": 10, "replays": 20, "budget_ns": 1_000_000_000, "eps": 1e-6,
                        "rotate_mb": 16, "seed": 8,
                        "baselines": ["unfused", "symm_mem", "flashinfer", "stock"]})
     impls = out["impls"]
@@ -205,7 +205,7 @@ def test_tp_groups_share_a_group_and_a_case_that_hangs_gets_a_fresh_one(tmp_path
     assert run.accounting[-1]["build_s"] == 2 * 2.5  # both builds, the one after the hang too
     assert [s["tokens"] for s in specs] == [1, 8, 16, 64]
     assert specs[0]["op"] == "all_reduce_mhc" and specs[0]["hc"] == 4
-    assert specs[0]["watchdog_ns"] == 1_000_000_000 and specs[0]["baselines"] == ["unfused", "symm_mem"]
+    assert specs[0]["budget_ns"] == 1_000_000_000 and specs[0]["baselines"] == ["unfused", "symm_mem"]
     rows = read_results(tmp_path).to_pylist()
     fused = sorted((r["tokens"], r["outcome"]) for r in rows
                    if not r["variant"].startswith("baseline"))
@@ -290,7 +290,7 @@ def test_timing_spec_carries_the_case():
     fin = next(c for c in suite.of("profile") if c.op == "finalize_publish" and c.tp == 4
                and c.op_fields()["mode"] == "one_shot")
     spec = Spec.of(timing_spec(fin))
-    assert spec.top_k == 8 and spec.watchdog_ns == 1_000_000_000 and spec.seed == fin.tokens
+    assert spec.top_k == 8 and spec.budget_ns == 1_000_000_000 and spec.seed == fin.tokens
     assert spec.baselines == ("unfused", "symm_mem") and spec.mode == "one_shot"
     owner = next(c for c in suite.of("profile") if c.op == "finalize_publish" and c.tp == 4
                  and c.op_fields()["mode"] == "owner")
@@ -304,11 +304,11 @@ def test_benchmark_results_are_written_as_profile_rows(tmp_path):
     from benchmarks.rows import BenchmarkRows
     from jobs.results import read_results
     spec = dict(op="all_reduce_norm", hidden=64, tokens=3, calls=50, replays=2, rotate_mb=1.0,
-                eps=1e-6, seed=3, watchdog_ns=0, baselines=["unfused"])
+                eps=1e-6, seed=3, budget_ns=0, baselines=["unfused"])
     rows = BenchmarkRows(tmp_path, "python -m benchmarks.all_reduce_norm")
     rows.record(spec, _rank(0, {"fused": {"times_us": [3.0, 3.0], "compile_s": 1.0},
                                 "unfused": {"times_us": [9.0, 9.0], "compile_s": 0.1}}))
-    rows.record({**spec, "watchdog_ns": 10, "baselines": []},
+    rows.record({**spec, "budget_ns": 10, "baselines": []},
                 _rank(0, {"fused": {"times_us": [4.0, 4.0], "compile_s": 1.0}}))
     got = {r["variant"]: r for r in read_results(tmp_path).to_pylist()}
     assert sorted(got) == ["baseline:unfused", "plain", "watchdog"]

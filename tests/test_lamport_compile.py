@@ -35,7 +35,7 @@ def ptx_rows(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ptx"))
     variants = ops.get("all_reduce_norm").variants([2560], [2])
     # one-shot variants only: the owner ones share (kernel, transport, watchdog)
-    return {(v.kernel, v.transport, v.watchdog_ns): cc.run_variant(v, "sm_90a", root, i)
+    return {(v.kernel, v.transport, v.budget_ns): cc.run_variant(v, "sm_90a", root, i)
             for i, v in enumerate(variants) if v.mode != "owner"}
 
 
@@ -64,7 +64,7 @@ def test_checks_catch_mutations(ptx_rows):
 
 
 def test_watchdog_variant_reads_globaltimer(ptx_rows):
-    wd = ptx_rows[("consumer", "-", cv.WATCHDOG_CHECK_NS)]
+    wd = ptx_rows[("consumer", "-", cv.CHECK_BUDGET_NS)]
     assert not wd.errors and any("%globaltimer" in ln for ln in wd.lines)
     assert any("atom.global.add" in ln for ln in wd.lines)
 

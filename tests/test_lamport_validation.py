@@ -62,7 +62,7 @@ def test_unsupported_hidden(hidden, match):
     (dict(max_num_tokens=0), "max_num_tokens must be >= 1, got 0"),
     (dict(eps=0.0), "eps must be > 0"),
     (dict(transport="nvls"), "transport must be one of .*'nvls'"),
-    (dict(watchdog_ns=-1), "watchdog_ns must be >= 0, got -1"),
+    (dict(budget_ns=-1), "budget_ns must be >= 0, got -1"),
 ])
 def test_bad_options(kwargs, match):
     base = dict(hidden_size=4096, max_num_tokens=16, eps=1e-6)

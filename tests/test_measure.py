@@ -26,7 +26,7 @@ from cluster.measure.workloads import flashinfer as fi
 from cluster.ops.spec import resolve
 
 SPEC = dict(op="all_reduce_norm", hidden=64, tokens=3, calls=4, replays=5, rotate_mb=0.01,
-            eps=1e-6, baselines=["unfused"], seed=7, watchdog_ns=0)
+            eps=1e-6, baselines=["unfused"], seed=7, budget_ns=0)
 
 
 # ---------------------------------------------------------------- rotation, stats

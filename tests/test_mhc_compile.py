@@ -36,7 +36,7 @@ def rows(request, tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ptx"))
     configs = {
         "lanes_wd": MHCConfig(hidden=7168, tp=8, hc=4, cluster_size=7, threads=256, rank_lanes=2,
-                              watchdog_ns=cv.WATCHDOG_CHECK_NS),
+                              budget_ns=cv.CHECK_BUDGET_NS),
         "one_cta": MHCConfig(hidden=4096, tp=2, hc=4, cluster_size=1, threads=128, rank_lanes=1),
     }
     out = {}
@@ -44,7 +44,7 @@ def rows(request, tmp_path_factory):
         v = ptx.Variant("all_reduce_mhc", "consumer", "MHCKernel",
                         lambda arch, dump, c=config: mc.compile_mhc(
                             dataclasses.replace(c, arch=arch), dump_dir=dump),
-                        watchdog_ns=config.watchdog_ns, hidden=config.hidden, tp=config.tp,
+                        budget_ns=config.budget_ns, hidden=config.hidden, tp=config.tp,
                         check=lambda lines, v, c=config: mc.check_mhc_consumer(lines, v, config=c))
         out[name] = (cc.run_variant(v, request.param, root, i), config)
     return out
@@ -88,7 +88,7 @@ def test_checks_catch_mutations(rows):
     }
     for name, mutated in mutations.items():
         assert _check(row, config, mutated), f"mutation {name!r} not caught"
-    plain = dataclasses.replace(config, watchdog_ns=0)
+    plain = dataclasses.replace(config, budget_ns=0)
     assert any("globaltimer" in e for e in _check(row, plain, lines))
 
 

@@ -105,7 +105,7 @@ def test_finalize_needs_top_k():
     (dict(hc_mult=0), r"hc_mult must be an int in \[1, 8\], got 0"),
     (dict(max_num_tokens=0), "max_num_tokens must be an int >= 1, got 0"),
     (dict(transport="nvls"), r"transport must be one of \['unicast', 'multicast'\], got 'nvls'"),
-    (dict(watchdog_ns=-1), "watchdog_ns must be an int >= 0, got -1"),
+    (dict(budget_ns=-1), "budget_ns must be an int >= 0, got -1"),
     (dict(top_k=0), r"top_k must be None or an int in \[1, 128\], got 0"),
     (dict(tuning=MHCTuning(cluster_size=5, rank_lanes=2)), "rank_lanes=2 must divide tp=1"),
     (dict(tuning=MHCTuning(cluster_size=1, threads=32)), "needs 20 trips"),
@@ -143,5 +143,5 @@ def test_kernel_rejects_bad_hc_and_watchdog():
     base = dict(hidden=5120, tp=1, cluster_size=5, threads=128, rank_lanes=1)
     with pytest.raises(ValueError, match=r"hc_mult must be an int in \[1, 8\], got 9"):
         MHCKernel(hc=9, **base)
-    with pytest.raises(ValueError, match="watchdog_ns must be >= 0"):
-        MHCKernel(hc=4, watchdog_ns=-5, **base)
+    with pytest.raises(ValueError, match="budget_ns must be >= 0"):
+        MHCKernel(hc=4, budget_ns=-5, **base)

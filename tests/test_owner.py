@@ -247,10 +247,10 @@ def test_owner_publish_stores_once(owner_rows_ptx):
 
 
 def test_owner_consumer_order_and_watchdog(owner_rows_ptx):
-    consumers = {r.variant.watchdog_ns: r for r in owner_rows_ptx
+    consumers = {r.variant.budget_ns: r for r in owner_rows_ptx
                  if r.variant.kernel == "consumer"}
-    assert set(consumers) == {0, cv.WATCHDOG_CHECK_NS}
-    wd = consumers[cv.WATCHDOG_CHECK_NS]
+    assert set(consumers) == {0, cv.CHECK_BUDGET_NS}
+    wd = consumers[cv.CHECK_BUDGET_NS]
     assert any("%globaltimer" in ln for ln in wd.lines)
     assert not any("%globaltimer" in ln for ln in consumers[0].lines)
     plain = [ln.replace("ld.volatile.global.v4", "ld.global.v4") for ln in wd.lines]
@@ -382,7 +382,7 @@ def test_timing_spec_takes_the_mode():
     from cluster.measure.workload import Spec
 
     base = dict(op="all_reduce_norm", hidden=5120, tokens=64, calls=10, replays=5, rotate_mb=1.0,
-                eps=1e-6, baselines=["one_shot"], seed=0, watchdog_ns=0)
+                eps=1e-6, baselines=["one_shot"], seed=0, budget_ns=0)
     assert Spec.of(base).mode == "one_shot"
     assert Spec.of({**base, "mode": "owner"}).mode == "owner"
     with pytest.raises(ValueError, match=r"mode must be one of \['one_shot', 'owner'\], got 'rs'"):

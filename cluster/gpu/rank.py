@@ -214,7 +214,7 @@ class GpuRank:
         key = kind.key(case, budget)
         if key not in self._kernels:
             self._kernels[key] = kind(self._own(), hidden=self._hidden, capacity=self._capacity,
-                                      transport=self._transport, watchdog_ns=budget, case=case)
+                                      transport=self._transport, budget_ns=budget, case=case)
         return self._kernels[key]
 
     # -- one call
@@ -319,7 +319,7 @@ class GpuRank:
         its workload built on this group's mailbox); process per GPU only
         (the baselines need NCCL, and shared-GPU timings are no collective's
         speed). ``spec``: :data:`cluster.measure.workload.SPEC_KEYS` (+ ``hc``,
-        ``top_k``; ``watchdog_ns`` 0: the plain consumer; ``workload``: the
+        ``top_k``; ``budget_ns`` 0: the plain consumer; ``workload``: the
         builder's dotted name, default the op's ``OpSpec.workload``)."""
         import torch
 

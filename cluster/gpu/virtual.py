@@ -49,7 +49,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-SPEC_FIELDS = ("tp", "hidden", "capacity", "eps", "watchdog_ns", "cases")
+SPEC_FIELDS = ("tp", "hidden", "capacity", "eps", "budget_ns", "cases")
 CASE_FIELDS = ("tokens", "inputs", "seeds")
 
 
@@ -68,8 +68,8 @@ def validate_spec(spec: Mapping) -> None:
     _check_fields(op, fields, "spec")
     if spec["tp"] not in (1, 2, 4, 8):
         raise ValueError(f"tp must be one of 1, 2, 4, 8, got {spec['tp']}")
-    if spec["watchdog_ns"] < 0:
-        raise ValueError(f"watchdog_ns must be >= 0, got {spec['watchdog_ns']}")
+    if spec["budget_ns"] < 0:
+        raise ValueError(f"budget_ns must be >= 0, got {spec['budget_ns']}")
     for c in spec["cases"]:
         lacking = [f for f in CASE_FIELDS if f not in c]
         if lacking:
@@ -93,7 +93,7 @@ def _check_fields(op, fields: Mapping, what: str) -> None:
 
 def run_group(spec: Mapping) -> dict:
     """See the module docstring. ``spec``: ``tp``, ``hidden``, ``capacity``,
-    ``eps``, ``watchdog_ns`` (0: the plain consumer), ``op`` and ``fields``
+    ``eps``, ``budget_ns`` (0: the plain consumer), ``op`` and ``fields``
     (optional), ``cases``: a list of ``{"tokens", "inputs", "seeds": [one
     per call]}`` and optionally the case's own ``fields`` (the op's
     kernel-only fields, e.g. all_reduce_norm's mode: one kernel, with its
@@ -118,7 +118,7 @@ def run_group(spec: Mapping) -> dict:
         if key not in kernels:
             building = time.monotonic()
             kernels[key] = op.module().VirtualKernel(
-                tp=tp, hidden=hidden, capacity=capacity, watchdog_ns=int(spec["watchdog_ns"]),
+                tp=tp, hidden=hidden, capacity=capacity, budget_ns=int(spec["budget_ns"]),
                 case=make_case(capacity=capacity, tokens=1, **fields))
             setup_s["prepare"] += time.monotonic() - building
         kernel = kernels[key]

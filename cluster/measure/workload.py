@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 SPEC_KEYS = ("op", "hidden", "tokens", "calls", "replays", "rotate_mb", "eps", "baselines",
-             "seed", "watchdog_ns")
+             "seed", "budget_ns")
 """Keys every spec carries; ``hc`` (mHC) and ``top_k`` (finalize) where the op has them."""
 
 
@@ -50,7 +50,7 @@ class Spec:
     eps: float
     baselines: tuple[str, ...]
     seed: int
-    watchdog_ns: int = 0
+    budget_ns: int = 0
     hc: int | None = None
     top_k: int | None = None
     transport: str = "unicast"
@@ -79,7 +79,7 @@ class Spec:
                   calls=int(spec["calls"]), replays=int(spec["replays"]),
                   rotate_mb=float(spec["rotate_mb"]), eps=float(spec["eps"]),
                   baselines=tuple(spec["baselines"]), seed=int(spec["seed"]),
-                  watchdog_ns=int(spec.get("watchdog_ns") or 0),
+                  budget_ns=int(spec.get("budget_ns") or 0),
                   hc=None if spec.get("hc") is None else int(spec["hc"]),
                   top_k=None if spec.get("top_k") is None else int(spec["top_k"]),
                   transport=str(spec.get("transport") or "unicast"),

@@ -135,19 +135,19 @@ class RankKernel:
     """One rank's AllReduceMHC (``__call__`` or ``finalize``) on a GPU mailbox."""
 
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
-                 watchdog_ns: int, case) -> None:
+                 budget_ns: int, case) -> None:
         from kernels.lamport.all_reduce_mhc import AllReduceMHC
 
         self.finalize = bool(case["finalize"])
         self.kernel = AllReduceMHC(hidden_size=hidden, hc_mult=int(case["hc"]),
                                    max_num_tokens=capacity, transport=transport,
-                                   watchdog_ns=watchdog_ns, mailbox=mailbox,
+                                   budget_ns=budget_ns, mailbox=mailbox,
                                    top_k=top_k(case))
         self.hidden, self.hc = hidden, int(case["hc"])
 
     @staticmethod
-    def key(case, watchdog_ns: int) -> tuple:
-        return ("all_reduce_mhc", watchdog_ns, int(case["hc"]), top_k(case))
+    def key(case, budget_ns: int) -> tuple:
+        return ("all_reduce_mhc", budget_ns, int(case["hc"]), top_k(case))
 
     def load(self, case, inputs: dict, rank: int, device) -> None:
         tokens = inputs["residual"].shape[0]
@@ -185,12 +185,12 @@ class RankKernel:
 class VirtualKernel:
     """tp AllReduceMHC ranks in one process (MHCVirtualRanks) over static buffers."""
 
-    def __init__(self, *, tp: int, hidden: int, capacity: int, watchdog_ns: int, case) -> None:
+    def __init__(self, *, tp: int, hidden: int, capacity: int, budget_ns: int, case) -> None:
         from kernels.lamport.all_reduce_mhc import MHCVirtualRanks
 
         self.finalize = bool(case["finalize"])
         self.group = MHCVirtualRanks(tp=tp, hidden_size=hidden, hc_mult=int(case["hc"]),
-                                     max_num_tokens=capacity, watchdog_ns=watchdog_ns,
+                                     max_num_tokens=capacity, budget_ns=budget_ns,
                                      top_k=top_k(case))
         self.tp, self.hidden, self.hc, self.buffers = tp, hidden, int(case["hc"]), None
 

@@ -132,18 +132,18 @@ class RankKernel:
     """One rank's AllReduceNorm on a GPU mailbox (driven by :class:`cluster.gpu.rank.GpuRank`)."""
 
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
-                 watchdog_ns: int, case) -> None:
+                 budget_ns: int, case) -> None:
         from kernels.lamport.all_reduce_norm import AllReduceNorm
 
         self.kernel = AllReduceNorm(hidden_size=hidden, max_num_tokens=capacity,
                                     eps=float(case["eps"]), transport=transport,
-                                    watchdog_ns=watchdog_ns, mailbox=mailbox,
+                                    budget_ns=budget_ns, mailbox=mailbox,
                                     **self.extra_options(case))
         self.hidden = hidden
 
     @staticmethod
-    def key(case, watchdog_ns: int) -> tuple:
-        return ("all_reduce_norm", watchdog_ns, float(case["eps"]),
+    def key(case, budget_ns: int) -> tuple:
+        return ("all_reduce_norm", budget_ns, float(case["eps"]),
                 case.get("mode", "one_shot"))
 
     @classmethod
@@ -188,11 +188,11 @@ class VirtualKernel:
     """tp AllReduceNorm ranks in one process (VirtualRanks) over static
     buffers, capturable in a CUDA graph (driven by :mod:`cluster.gpu.virtual`)."""
 
-    def __init__(self, *, tp: int, hidden: int, capacity: int, watchdog_ns: int, case) -> None:
+    def __init__(self, *, tp: int, hidden: int, capacity: int, budget_ns: int, case) -> None:
         from kernels.lamport.all_reduce_norm import VirtualRanks
 
         self.group = VirtualRanks(tp=tp, hidden_size=hidden, max_num_tokens=capacity,
-                                  eps=float(case["eps"]), watchdog_ns=watchdog_ns,
+                                  eps=float(case["eps"]), budget_ns=budget_ns,
                                   **self.extra_options(case))
         self.tp, self.hidden, self.buffers = tp, hidden, None
 

@@ -111,22 +111,22 @@ class RankKernel:
     persistent buffer registered once (prepare_embedding compiles)."""
 
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
-                 watchdog_ns: int, case) -> None:
+                 budget_ns: int, case) -> None:
         import torch
 
         from kernels.lamport.all_reduce_norm import AllReduceNorm
 
         self.kernel = AllReduceNorm(hidden_size=hidden, max_num_tokens=capacity,
                                     eps=float(case["eps"]), transport=transport,
-                                    watchdog_ns=watchdog_ns, mailbox=mailbox)
+                                    budget_ns=budget_ns, mailbox=mailbox)
         self.table = torch.empty(VOCAB_PER_RANK, hidden, dtype=torch.bfloat16,
                                  device=mailbox.device)
         self.kernel.prepare_embedding(self.table, mailbox.rank * VOCAB_PER_RANK)
         self.hidden = hidden
 
     @staticmethod
-    def key(case, watchdog_ns: int) -> tuple:
-        return ("embed_norm", watchdog_ns, float(case["eps"]))
+    def key(case, budget_ns: int) -> tuple:
+        return ("embed_norm", budget_ns, float(case["eps"]))
 
     def load(self, case, inputs: dict, rank: int, device) -> None:
         import torch
@@ -159,13 +159,13 @@ class RankKernel:
 class VirtualKernel:
     """tp ranks' embedding path in one process (VirtualRanks.embed_norm)."""
 
-    def __init__(self, *, tp: int, hidden: int, capacity: int, watchdog_ns: int, case) -> None:
+    def __init__(self, *, tp: int, hidden: int, capacity: int, budget_ns: int, case) -> None:
         import torch
 
         from kernels.lamport.all_reduce_norm import VirtualRanks
 
         self.group = VirtualRanks(tp=tp, hidden_size=hidden, max_num_tokens=capacity,
-                                  eps=float(case["eps"]), watchdog_ns=watchdog_ns)
+                                  eps=float(case["eps"]), budget_ns=budget_ns)
         dev = self.group.device
         self.tables = [torch.empty(VOCAB_PER_RANK, hidden, dtype=torch.bfloat16, device=dev)
                        for _ in range(tp)]

@@ -123,8 +123,8 @@ class RankKernel(arn.RankKernel):
     """AllReduceNorm(top_k=...) publishing a MoEOutput (the finalize publish)."""
 
     @staticmethod
-    def key(case, watchdog_ns: int) -> tuple:
-        return ("finalize_publish", watchdog_ns, float(case["eps"]), int(case["top_k"]),
+    def key(case, budget_ns: int) -> tuple:
+        return ("finalize_publish", budget_ns, float(case["eps"]), int(case["top_k"]),
                 case.get("mode", "one_shot"))
 
     @classmethod

@@ -92,7 +92,7 @@ class RankKernel:
     """The indexer on this rank's GPU (the mailbox is not used)."""
 
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
-                 watchdog_ns: int, case) -> None:
+                 budget_ns: int, case) -> None:
         import torch
 
         from kernels.indexer.projection import IndexerProjection
@@ -107,7 +107,7 @@ class RankKernel:
         self.path, self.device = case["path"], device
 
     @staticmethod
-    def key(case, watchdog_ns: int) -> tuple:
+    def key(case, budget_ns: int) -> tuple:
         return ("indexer", int(case["heads"]), case["path"])
 
     def load(self, case, inputs: dict, rank: int, device) -> None:

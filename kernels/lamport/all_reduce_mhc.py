@@ -23,7 +23,7 @@ external peer table), :meth:`AllReduceMHC.virtual_ranks` (tp ranks in one
 process on one GPU), or a single-rank group (no group, no mailbox).
 Transports: ``unicast`` (peer table) and ``multicast`` (NVLS, behind the
 gate of :func:`kernels.lamport.mailbox.multicast_decision`). Faults:
-``watchdog_ns > 0`` compiles the watchdog consumer; :meth:`check` raises
+``budget_ns > 0`` compiles the watchdog consumer; :meth:`check` raises
 :class:`~kernels.lamport.all_reduce_norm.LamportTimeout` naming the missing
 ranks; :meth:`recover` is collective over the group.
 
@@ -67,7 +67,7 @@ class MHCOptions:
     hc_mult: int
     max_num_tokens: int
     transport: str = "unicast"
-    watchdog_ns: int = 0
+    budget_ns: int = 0
     top_k: int | None = None
 
     def validate(self) -> None:
@@ -80,9 +80,9 @@ class MHCOptions:
                 or self.max_num_tokens < 1:
             raise ValueError(f"max_num_tokens must be an int >= 1, got {self.max_num_tokens!r}")
         require_choice("transport", self.transport, TRANSPORTS)
-        if isinstance(self.watchdog_ns, bool) or not isinstance(self.watchdog_ns, int) \
-                or self.watchdog_ns < 0:
-            raise ValueError(f"watchdog_ns must be an int >= 0, got {self.watchdog_ns!r}")
+        if isinstance(self.budget_ns, bool) or not isinstance(self.budget_ns, int) \
+                or self.budget_ns < 0:
+            raise ValueError(f"budget_ns must be an int >= 0, got {self.budget_ns!r}")
         if self.top_k is not None and (isinstance(self.top_k, bool)
                                        or not isinstance(self.top_k, int)
                                        or not 1 <= self.top_k <= FINALIZE_THREADS):
@@ -178,13 +178,13 @@ class AllReduceMHC(LamportGroupMember):
     """
 
     def __init__(self, *, hidden_size: int, hc_mult: int, max_num_tokens: int,
-                 top_k: int | None = None, transport: str = "unicast", watchdog_ns: int = 0,
+                 top_k: int | None = None, transport: str = "unicast", budget_ns: int = 0,
                  group=None, mailbox: Mailbox | None = None, device=None,
                  allow_multicast: bool = False, error_records: int = ERR_DEFAULT_RECORDS,
                  tuning: MHCTuning | None = None,
                  finalize_tuning: FinalizeTuning | None = None) -> None:
         self.options = MHCOptions(hidden_size, hc_mult, max_num_tokens, transport,
-                                  watchdog_ns, top_k)
+                                  budget_ns, top_k)
         self.options.validate()
         tp = _tp_of(group, mailbox)
         tuning = tuning_for(hidden_size, tp) if tuning is None else tuning
@@ -215,7 +215,7 @@ class AllReduceMHC(LamportGroupMember):
         self._mailbox = mailbox
         self.tp, self.rank, self.device = mailbox.tp, mailbox.rank, mailbox.device
         self.hidden_size, self.hc_mult, self.capacity = hidden_size, hc_mult, max_num_tokens
-        self.top_k, self.transport, self.watchdog_ns = top_k, transport, int(watchdog_ns)
+        self.top_k, self.transport, self.budget_ns = top_k, transport, int(budget_ns)
         self.tuning, self.finalize_tuning = tuning, finalize_tuning
         if transport == "multicast":
             self._destination = require_multicast(opt_in=allow_multicast,
@@ -226,7 +226,7 @@ class AllReduceMHC(LamportGroupMember):
         self._ctas = publish_ctas_per_token(hidden_size)
         self._consumer = cached(MHCConfig.from_tuning(
             hidden=hidden_size, tp=self.tp, hc=hc_mult, tuning=tuning,
-            watchdog_ns=self.watchdog_ns))
+            budget_ns=self.budget_ns))
         self._finalize = None
         if top_k is not None:
             t = finalize_tuning
@@ -389,13 +389,13 @@ class MHCVirtualRanks(VirtualRanks):
     across TP) or one per rank."""
 
     def __init__(self, *, tp: int, hidden_size: int, hc_mult: int, max_num_tokens: int,
-                 top_k: int | None = None, transport: str = "unicast", watchdog_ns: int = 0,
+                 top_k: int | None = None, transport: str = "unicast", budget_ns: int = 0,
                  device=None, error_records: int = ERR_DEFAULT_RECORDS,
                  tuning: MHCTuning | None = None,
                  finalize_tuning: FinalizeTuning | None = None) -> None:
         if transport != "unicast":
             raise ValueError(f"virtual ranks support transport='unicast' only, got {transport!r}")
-        MHCOptions(hidden_size, hc_mult, max_num_tokens, transport, watchdog_ns,
+        MHCOptions(hidden_size, hc_mult, max_num_tokens, transport, budget_ns,
                    top_k).validate()
         require_tp("tp", tp)
         tuning = tuning_for(hidden_size, tp) if tuning is None else tuning
@@ -405,7 +405,7 @@ class MHCVirtualRanks(VirtualRanks):
                                       device=device, error_records=error_records)
         self.ranks = [AllReduceMHC(hidden_size=hidden_size, hc_mult=hc_mult,
                                    max_num_tokens=max_num_tokens, top_k=top_k,
-                                   transport=transport, watchdog_ns=watchdog_ns, mailbox=b,
+                                   transport=transport, budget_ns=budget_ns, mailbox=b,
                                    tuning=tuning, finalize_tuning=finalize_tuning)
                       for b in boxes]
         for r in self.ranks:

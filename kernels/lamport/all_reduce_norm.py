@@ -70,7 +70,7 @@ class AllReduceNormOptions:
     max_num_tokens: int
     eps: float
     transport: str = "unicast"
-    watchdog_ns: int = 0
+    budget_ns: int = 0
     mode: str = "one_shot"
 
     def validate(self) -> None:
@@ -79,7 +79,7 @@ class AllReduceNormOptions:
         require_int("max_num_tokens", self.max_num_tokens, low=1)
         require_number("eps", self.eps, positive=True)
         require_choice("transport", self.transport, TRANSPORTS)
-        require_int("watchdog_ns", self.watchdog_ns, low=0)
+        require_int("budget_ns", self.budget_ns, low=0)
         require_choice("mode", self.mode, MODES)
         check_owner_transport(self.mode == "owner", self.transport)
 
@@ -270,7 +270,7 @@ class AllReduceNorm(LamportGroupMember):
     """One rank of a Lamport all-reduce + norm group."""
 
     def __init__(self, *, hidden_size: int, max_num_tokens: int, eps: float,
-                 transport: str = "unicast", watchdog_ns: int = 0, group=None,
+                 transport: str = "unicast", budget_ns: int = 0, group=None,
                  mailbox: Mailbox | None = None, device=None,
                  allow_multicast: bool = False,
                  error_records: int = ERR_DEFAULT_RECORDS, top_k: int | None = None,
@@ -283,7 +283,7 @@ class AllReduceNorm(LamportGroupMember):
                 tp=1, top_k=top_k, elements_per_thread=finalize_tuning.elements_per_thread,
                 routed_scaling_factor=float(routed_scaling_factor), shared="after",
                 prefetch_group=finalize_tuning.prefetch_group or top_k, transport=transport)
-        options = AllReduceNormOptions(hidden_size, max_num_tokens, eps, transport, watchdog_ns,
+        options = AllReduceNormOptions(hidden_size, max_num_tokens, eps, transport, budget_ns,
                                        mode)
         options.validate()
         self.options = dataclasses.replace(options, eps=float(eps))
@@ -305,7 +305,7 @@ class AllReduceNorm(LamportGroupMember):
         self._mailbox = mailbox
         self.tp, self.rank, self.device = mailbox.tp, mailbox.rank, mailbox.device
         self.hidden_size, self.capacity, self.eps = hidden_size, max_num_tokens, float(eps)
-        self.transport, self.watchdog_ns = transport, int(watchdog_ns)
+        self.transport, self.budget_ns = transport, int(budget_ns)
         self.mode = mode
         if transport == "multicast":
             self._destination = require_multicast(opt_in=allow_multicast,
@@ -314,7 +314,7 @@ class AllReduceNorm(LamportGroupMember):
             self._destination = mailbox.peer_table_ptr
         self._publish = cached(PublishConfig(tp=self.tp, transport=transport, mode=mode))
         self._norm = cached(NormConfig(hidden=hidden_size, tp=self.tp,
-                                       watchdog_ns=self.watchdog_ns, mode=mode))
+                                       budget_ns=self.budget_ns, mode=mode))
         self._ctas = publish_ctas_per_token(hidden_size)
         self._virtual_peers = False  # set by VirtualRanks for tp > 1
         # MoE finalize publish: one compile per (weight dtype, shared expert or not).
@@ -442,7 +442,7 @@ class AllReduceNorm(LamportGroupMember):
             self._embed_publish = cached(EmbedPublishConfig(tp=self.tp,
                                                             transport=self.transport))
             self._embed_norm = cached(EmbedNormConfig(hidden=self.hidden_size, tp=self.tp,
-                                                      watchdog_ns=self.watchdog_ns))
+                                                      budget_ns=self.budget_ns))
         self._embeddings[weight.data_ptr()] = (weight, start, rows, eps)
 
     def validate_embedding(self, ids, positions, previous, weight, enorm, hnorm,
@@ -514,13 +514,13 @@ class VirtualRanks:
     """
 
     def __init__(self, *, tp: int, hidden_size: int, max_num_tokens: int, eps: float,
-                 transport: str = "unicast", watchdog_ns: int = 0, device=None,
+                 transport: str = "unicast", budget_ns: int = 0, device=None,
                  error_records: int = ERR_DEFAULT_RECORDS, top_k: int | None = None,
                  routed_scaling_factor: float = 1.0,
                  finalize_tuning: FinalizeTuning | None = None, mode: str = "one_shot") -> None:
         if transport != "unicast":
             raise ValueError(f"virtual ranks support transport='unicast' only, got {transport!r}")
-        options = AllReduceNormOptions(hidden_size, max_num_tokens, eps, transport, watchdog_ns,
+        options = AllReduceNormOptions(hidden_size, max_num_tokens, eps, transport, budget_ns,
                                        mode)
         options.validate()
         require_tp("tp", tp)
@@ -528,7 +528,7 @@ class VirtualRanks:
                                       hidden=hidden_size, device=device,
                                       error_records=error_records)
         self.ranks = [AllReduceNorm(hidden_size=hidden_size, max_num_tokens=max_num_tokens,
-                                    eps=eps, transport=transport, watchdog_ns=watchdog_ns,
+                                    eps=eps, transport=transport, budget_ns=budget_ns,
                                     mailbox=b, top_k=top_k,
                                     routed_scaling_factor=routed_scaling_factor,
                                     finalize_tuning=finalize_tuning, mode=mode) for b in boxes]

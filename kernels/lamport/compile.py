@@ -32,7 +32,7 @@ class PublishConfig:
 class NormConfig:
     hidden: int
     tp: int
-    watchdog_ns: int = 0
+    budget_ns: int = 0
     arch: str = ""
     mode: str = "one_shot"
 
@@ -74,7 +74,7 @@ def compile_norm(config: NormConfig, *, dump_dir: str | None = None):
 
     from .norm import NormKernel
 
-    kernel = NormKernel(hidden=config.hidden, tp=config.tp, watchdog_ns=config.watchdog_ns,
+    kernel = NormKernel(hidden=config.hidden, tp=config.tp, budget_ns=config.budget_ns,
                         owner=config.mode == "owner")
     return cute.compile(kernel, *([Int64(0)] * 7), Int32(1), Int32(1), Float32(1e-6),
                         Int32(1), Int32(0), make_fake_stream(),
@@ -123,7 +123,7 @@ class EmbedPublishConfig:
 class EmbedNormConfig:
     hidden: int
     tp: int
-    watchdog_ns: int = 0
+    budget_ns: int = 0
     arch: str = ""
 
 
@@ -168,7 +168,7 @@ def compile_embed_norm(config: EmbedNormConfig, *, dump_dir: str | None = None):
     from .embed import EmbedNormKernel
 
     kernel = EmbedNormKernel(hidden=config.hidden, tp=config.tp,
-                             watchdog_ns=config.watchdog_ns)
+                             budget_ns=config.budget_ns)
     return cute.compile(kernel, *([Int64(0)] * 8), Int32(1), Int32(1), Float32(1e-6),
                         Int32(1), make_fake_stream(), options=_options(config.arch, dump_dir))
 

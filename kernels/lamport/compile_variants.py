@@ -15,7 +15,7 @@ import functools
 
 from kernels.ptx_checks import Variant, check_finalize_publish
 
-WATCHDOG_CHECK_NS = 1_000_000
+CHECK_BUDGET_NS = 1_000_000
 """The watchdog budget of the watchdog builds (any nonzero budget compiles
 the same code)."""
 
@@ -46,12 +46,12 @@ def all_reduce_norm_variants(hiddens, tps) -> list[Variant]:
     for hidden in hiddens:
         norm_threads(hidden)  # ValueError for an unsupported hidden
         for tp in tps:
-            for wd in (0, WATCHDOG_CHECK_NS):
+            for wd in (0, CHECK_BUDGET_NS):
                 def build(arch, dump, hidden=hidden, tp=tp, wd=wd):
-                    return compile_norm(NormConfig(hidden=hidden, tp=tp, watchdog_ns=wd,
+                    return compile_norm(NormConfig(hidden=hidden, tp=tp, budget_ns=wd,
                                                    arch=arch), dump_dir=dump)
                 out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
-                                   watchdog_ns=wd, hidden=hidden, tp=tp))
+                                   budget_ns=wd, hidden=hidden, tp=tp))
     return out + _owner_variants(hiddens, tps)
 
 
@@ -68,12 +68,12 @@ def _owner_variants(hiddens, tps) -> list[Variant]:
                            transport="unicast", tp=tp, detail="owner", mode="owner"))
     for hidden in hiddens:
         for tp in tps:
-            for wd in (0, WATCHDOG_CHECK_NS):
+            for wd in (0, CHECK_BUDGET_NS):
                 def build(arch, dump, hidden=hidden, tp=tp, wd=wd):
-                    return compile_norm(NormConfig(hidden=hidden, tp=tp, watchdog_ns=wd,
+                    return compile_norm(NormConfig(hidden=hidden, tp=tp, budget_ns=wd,
                                                    arch=arch, mode="owner"), dump_dir=dump)
                 out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
-                                   watchdog_ns=wd, hidden=hidden, tp=tp, detail="owner",
+                                   budget_ns=wd, hidden=hidden, tp=tp, detail="owner",
                                    mode="owner"))
     return out
 
@@ -96,13 +96,13 @@ def embed_norm_variants(hiddens, tps) -> list[Variant]:
                                detail="embed"))
     for hidden in hiddens:
         for tp in tps:
-            for wd in (0, WATCHDOG_CHECK_NS):
+            for wd in (0, CHECK_BUDGET_NS):
                 def build(arch, dump, hidden=hidden, tp=tp, wd=wd):
                     return compile_embed_norm(EmbedNormConfig(hidden=hidden, tp=tp,
-                                                              watchdog_ns=wd, arch=arch),
+                                                              budget_ns=wd, arch=arch),
                                               dump_dir=dump)
                 out.append(Variant("embed_norm", "consumer", "EmbedNormKernel", build,
-                                   watchdog_ns=wd, hidden=hidden, tp=tp, detail="embed"))
+                                   budget_ns=wd, hidden=hidden, tp=tp, detail="embed"))
     return out
 
 

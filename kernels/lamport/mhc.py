@@ -50,8 +50,8 @@ Per token, in kernel order (``jobs.compile_check`` checks it in the PTX):
 8. ``layer_input = BF16(prenorm * rsqrt(total / hidden + eps) * weight)``
    (``rsqrt.approx``; within 1 BF16 ULP of an FP32 RMSNorm of ``prenorm``).
 
-Watchdog variant (``watchdog_ns > 0``, compile time): each thread's spins
-share one deadline (``%globaltimer`` at its first spin + ``watchdog_ns``). A
+Watchdog variant (``budget_ns > 0``, compile time): each thread's spins
+share one deadline (``%globaltimer`` at its first spin + ``budget_ns``). A
 lane still seeing a sentinel lane at the deadline gives up: it appends one
 record per source rank still missing (token, source rank, fragment index,
 stage, the 4 words seen; :meth:`kernels.lamport.norm.NormKernel._record`),
@@ -110,15 +110,15 @@ class MHCKernel:
     _record = NormKernel._record  # the watchdog's error record, shared
 
     def __init__(self, *, hidden: int, tp: int, hc: int, cluster_size: int, threads: int,
-                 rank_lanes: int, watchdog_ns: int = 0) -> None:
+                 rank_lanes: int, budget_ns: int = 0) -> None:
         check_geometry(hidden=hidden, tp=tp, cluster_size=cluster_size, threads=threads,
                        rank_lanes=rank_lanes)
         check_hc(hc)
-        if watchdog_ns < 0:
-            raise ValueError(f"watchdog_ns must be >= 0, got {watchdog_ns}")
+        if budget_ns < 0:
+            raise ValueError(f"budget_ns must be >= 0, got {budget_ns}")
         self.hidden, self.tp, self.hc = hidden, tp, hc
         self.cluster_size, self.threads, self.rank_lanes = cluster_size, threads, rank_lanes
-        self.watchdog_ns = int(watchdog_ns)
+        self.budget_ns = int(budget_ns)
         self.fragments = hidden // VEC_BF16
         self.groups = threads // rank_lanes          # fragments a CTA a trip
         self.stride = cluster_size * self.groups     # fragments a cluster a trip
@@ -195,8 +195,8 @@ class MHCKernel:
         if stage_ok:
             safe_stage = Int64(stage)
         deadline = Int64(0)
-        if cutlass.const_expr(self.watchdog_ns > 0):
-            deadline = prim.globaltimer_ns() + self.watchdog_ns
+        if cutlass.const_expr(self.budget_ns > 0):
+            deadline = prim.globaltimer_ns() + self.budget_ns
         reduced_words = cute.make_rmem_tensor(cute.make_layout((trips, 4)), Uint32)
         for trip in cutlass.range_constexpr(trips):
             fragment = base + trip * self.stride
@@ -218,7 +218,7 @@ class MHCKernel:
                 for w in cutlass.range_constexpr(waves):
                     pending = pending | prim.fragment_has_sentinel(
                         [words[w, 0], words[w, 1], words[w, 2], words[w, 3]])
-                if cutlass.const_expr(self.watchdog_ns > 0):
+                if cutlass.const_expr(self.budget_ns > 0):
                     if pending:
                         if prim.globaltimer_ns() > deadline:
                             pending = Boolean(False)
@@ -230,7 +230,7 @@ class MHCKernel:
                     lo, hi = prim.bf16x2_to_f32x2(words[w, i])
                     partial[2 * i] = prim.add_rn_f32(partial[2 * i], lo)
                     partial[2 * i + 1] = prim.add_rn_f32(partial[2 * i + 1], hi)
-            if cutlass.const_expr(self.watchdog_ns > 0):
+            if cutlass.const_expr(self.budget_ns > 0):
                 if timed_out:
                     for w in cutlass.range_constexpr(waves):
                         seen = [words[w, 0], words[w, 1], words[w, 2], words[w, 3]]
@@ -365,20 +365,20 @@ class MHCConfig:
     cluster_size: int
     threads: int
     rank_lanes: int
-    watchdog_ns: int = 0
+    budget_ns: int = 0
     arch: str = ""  # "" = the current device / CUTE_DSL_ARCH
 
     @classmethod
-    def from_tuning(cls, *, hidden: int, tp: int, hc: int, tuning, watchdog_ns: int = 0,
+    def from_tuning(cls, *, hidden: int, tp: int, hc: int, tuning, budget_ns: int = 0,
                     arch: str = "") -> "MHCConfig":
         return cls(hidden=hidden, tp=tp, hc=hc, cluster_size=tuning.cluster_size,
                    threads=tuning.threads, rank_lanes=tuning.rank_lanes,
-                   watchdog_ns=int(watchdog_ns), arch=arch)
+                   budget_ns=int(budget_ns), arch=arch)
 
     def kernel(self) -> MHCKernel:
         return MHCKernel(hidden=self.hidden, tp=self.tp, hc=self.hc,
                          cluster_size=self.cluster_size, threads=self.threads,
-                         rank_lanes=self.rank_lanes, watchdog_ns=self.watchdog_ns)
+                         rank_lanes=self.rank_lanes, budget_ns=self.budget_ns)
 
 
 @persistent

@@ -50,7 +50,7 @@ import re
 
 from kernels.ptx_checks import Variant
 
-from .compile_variants import WATCHDOG_CHECK_NS, finalize_publish_variant, publish_variant
+from .compile_variants import CHECK_BUDGET_NS, finalize_publish_variant, publish_variant
 from .mhc import MHCConfig, compile_mhc
 from .mhc_tuning import ARCHS, MHCTuning, tuning_for
 from .protocol import MAX_THREADS, VEC_BF16
@@ -158,9 +158,9 @@ def check_mhc_consumer(lines: list[str], v, *, config: MHCConfig) -> list[str]:
     if _ops(lines, "exit") or _ops(lines, "trap"):
         errs.append("exit/trap in a consumer (early return)")
     timer = any("%globaltimer" in ln for ln in lines)
-    if c.watchdog_ns and not (timer and _ops(lines, "atom.global.add")):
+    if c.budget_ns and not (timer and _ops(lines, "atom.global.add")):
         errs.append("watchdog variant without %globaltimer / record append")
-    if not c.watchdog_ns and timer:
+    if not c.budget_ns and timer:
         errs.append("plain variant reads %globaltimer")
     return errs
 
@@ -171,13 +171,13 @@ def _detail(c: MHCConfig) -> str:
             f"trips={k.trips}")
 
 
-def consumer_configs(hiddens, tps, *, watchdog_ns: int) -> list[MHCConfig]:
+def consumer_configs(hiddens, tps, *, budget_ns: int) -> list[MHCConfig]:
     """The consumer builds of the module docstring (deduplicated, in order)."""
     out: list[MHCConfig] = []
 
     def add(hidden, tp, hc, tuning, wd):
         config = MHCConfig.from_tuning(hidden=hidden, tp=tp, hc=hc, tuning=tuning,
-                                       watchdog_ns=wd)
+                                       budget_ns=wd)
         if config not in out:
             out.append(config)
 
@@ -187,7 +187,7 @@ def consumer_configs(hiddens, tps, *, watchdog_ns: int) -> list[MHCConfig]:
             for tuning in dict.fromkeys(tuning_for(hidden, tp, arch) for arch in ARCHS):
                 add(hidden, tp, CHECK_HC, tuning, 0)
                 if hidden in lane_hiddens or tp == tps[-1]:
-                    add(hidden, tp, CHECK_HC, tuning, watchdog_ns)
+                    add(hidden, tp, CHECK_HC, tuning, budget_ns)
     for hidden in lane_hiddens:
         for tp in tps:
             base = tuning_for(hidden, tp, ARCHS[0])
@@ -195,26 +195,26 @@ def consumer_configs(hiddens, tps, *, watchdog_ns: int) -> list[MHCConfig]:
                 if lanes <= tp and tp % lanes == 0:
                     threads = min(MAX_THREADS, base.threads * lanes)
                     add(hidden, tp, CHECK_HC, MHCTuning(base.cluster_size, threads, lanes),
-                        watchdog_ns)
+                        budget_ns)
     for tp in tps:
         add(hiddens[0], tp, 1, tuning_for(hiddens[0], tp, ARCHS[0]), 0)
     one = MHCTuning(cluster_size=1, threads=128, rank_lanes=1)
-    for wd in (0, watchdog_ns):  # 2 trips, no cluster
+    for wd in (0, budget_ns):  # 2 trips, no cluster
         add(ONE_CTA_HIDDEN, tps[-1], CHECK_HC, one, wd)
     return out
 
 
-def mhc_variants(hiddens, tps, *, watchdog_ns: int = WATCHDOG_CHECK_NS) -> list[Variant]:
+def mhc_variants(hiddens, tps, *, budget_ns: int = CHECK_BUDGET_NS) -> list[Variant]:
     """The compile-check variants of ``all_reduce_mhc`` (its declaration's
     ``compile_variants``): see the module docstring."""
     from .compile import FinalizePublishConfig
 
     out = []
-    for config in consumer_configs(hiddens, tps, watchdog_ns=watchdog_ns):
+    for config in consumer_configs(hiddens, tps, budget_ns=budget_ns):
         def build(arch, dump, config=config):
             return compile_mhc(dataclasses.replace(config, arch=arch), dump_dir=dump)
         out.append(Variant("all_reduce_mhc", "consumer", "MHCKernel", build,
-                           watchdog_ns=config.watchdog_ns, hidden=config.hidden, tp=config.tp,
+                           budget_ns=config.budget_ns, hidden=config.hidden, tp=config.tp,
                            check=functools.partial(check_mhc_consumer, config=config),
                            detail=_detail(config)))
     for tp in tps:

@@ -14,8 +14,8 @@ read, then the epilogue: ``sum`` rounded once to BF16,
 rsqrt(mean(residual_out^2) + eps) * gamma)`` with the mean reduced by warp
 shuffles and shared memory.
 
-Watchdog variant (``watchdog_ns > 0``, compile time): each thread's spins
-share one deadline, ``%globaltimer`` at the first spin + ``watchdog_ns``.
+Watchdog variant (``budget_ns > 0``, compile time): each thread's spins
+share one deadline, ``%globaltimer`` at the first spin + ``budget_ns``.
 A fragment still holding a sentinel lane at the deadline is given up:
 the thread appends a record (token, source rank, fragment index, stage, the
 4 words seen) to the error buffer (``ERR_COUNT`` is the atomic append
@@ -61,13 +61,13 @@ from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, ERR_COUNT,
 class NormKernel:
     """Lamport consume + residual add + RMSNorm for ``[M, hidden]``."""
 
-    def __init__(self, *, hidden: int, tp: int, watchdog_ns: int = 0,
+    def __init__(self, *, hidden: int, tp: int, budget_ns: int = 0,
                  owner: bool = False) -> None:
         require_tp("tp", tp)
-        require_int("watchdog_ns", watchdog_ns, low=0)
+        require_int("budget_ns", budget_ns, low=0)
         self.hidden = hidden
         self.tp = tp
-        self.watchdog_ns = int(watchdog_ns)
+        self.budget_ns = int(budget_ns)
         self.owner = bool(owner)
         self.threads = norm_threads(hidden)
         self.warps = self.threads // WARP_SIZE
@@ -206,8 +206,8 @@ class NormKernel:
 
         reduced.fill(0.0)
         deadline = Int64(0)
-        if cutlass.const_expr(self.watchdog_ns > 0):
-            deadline = prim.globaltimer_ns() + self.watchdog_ns
+        if cutlass.const_expr(self.budget_ns > 0):
+            deadline = prim.globaltimer_ns() + self.budget_ns
         for source in cutlass.range_constexpr(self.tp):
             address = mailbox + slot_index(safe_stage, self.tp, source,
                                            Int64(capacity), Int64(token),
@@ -220,12 +220,12 @@ class NormKernel:
             while pending:
                 w0, w1, w2, w3 = prim.load_volatile_u32x4(address)
                 pending = prim.fragment_has_sentinel([w0, w1, w2, w3])
-                if cutlass.const_expr(self.watchdog_ns > 0):
+                if cutlass.const_expr(self.budget_ns > 0):
                     if pending:
                         if prim.globaltimer_ns() > deadline:
                             pending = Boolean(False)
                             timed_out = Boolean(True)
-            if cutlass.const_expr(self.watchdog_ns > 0):
+            if cutlass.const_expr(self.budget_ns > 0):
                 if timed_out:
                     failed = Boolean(True)
                     self._record(error, error_records, record_token, source, tidx,

@@ -48,7 +48,7 @@ LAUNCHES = {"ours_watchdog": 2, "ours_plain": 2, "flashinfer_oneshot": 1}
 """Kernels one call launches: ours is a publish kernel then the norm
 (consumer) kernel, chained by PDL (seen under ncu on two H200s,
 2026-11-30); FlashInfer's is one kernel."""
-WATCHDOG_NS = 500_000_000
+BUDGET_NS = 500_000_000
 """Budget of ``ours_watchdog`` (500 ms, as benchmarks.owner_crossover's
 checks): bounds a replay gone wrong to a flagged call instead of a hang.
 2 ms was too short: under ncu a rank's first warm-up call is that late."""
@@ -83,7 +83,7 @@ def _build(impl: str, hidden: int, cap: int, rank: int, args, group):
     if impl.startswith("ours"):
         from kernels.all_reduce_norm import AllReduceNorm
         op = AllReduceNorm(hidden_size=hidden, max_num_tokens=cap, eps=args.eps, group=group,
-                           watchdog_ns=WATCHDOG_NS if impl == "ours_watchdog" else 0)
+                           budget_ns=BUDGET_NS if impl == "ours_watchdog" else 0)
 
         def call(x, res, w, norm_out, res_out):
             op(x, res, w, out=(norm_out, res_out))

@@ -4,6 +4,9 @@
         python tests/gpu/sanitize_case.py
 
 Exits 0 when the results match the reference and the mailbox is clean.
+``BUDGET_NS`` (env, default 0: the plain consumer) compiles the watchdog
+consumer with that budget (it was ``WATCHDOG_NS`` before the budget had
+one name).
 The consumers wait on every publish event, so the run does not depend on
 kernels of different streams running concurrently (sanitizers serialize).
 """
@@ -25,7 +28,7 @@ from kernels.reference.numerics import (assert_bit_exact, assert_within_ulp,  # 
 def main() -> int:
     tp, hidden, eps = 2, 2560, 1e-6
     grp = AllReduceNorm.virtual_ranks(tp=tp, hidden_size=hidden, max_num_tokens=8, eps=eps,
-                                      watchdog_ns=int(os.environ.get("WATCHDOG_NS", "0")))
+                                      budget_ns=int(os.environ.get("BUDGET_NS", "0")))
     weight = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
     for call, m in enumerate((3, 8, 1, 5)):
         xs = list(random_partials(tp, m, hidden, seed=call, device="cuda"))

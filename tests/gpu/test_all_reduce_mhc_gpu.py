@@ -67,7 +67,7 @@ HIDDENS = (4096, 5120, 7168)
 TOKENS = (1, 5, 16, 64)
 RANK_LANES = (1, 2)
 TOP_K = 8
-WATCHDOG_NS = 50_000_000  # 50 ms
+BUDGET_NS = 50_000_000  # 50 ms
 DEVICE = "cuda"
 """Where inputs are made; ``tests/test_mhc_oracle.py`` runs this module's
 helpers on "cpu" with the reference standing in for the kernel."""
@@ -91,14 +91,14 @@ def lanes_tuning(hidden: int, tp: int, rank_lanes: int):
 
 
 @functools.lru_cache(maxsize=None)
-def group(tp: int, hidden: int, hc: int, rank_lanes: int = 1, watchdog_ns: int = 0,
+def group(tp: int, hidden: int, hc: int, rank_lanes: int = 1, budget_ns: int = 0,
           tuning=None):
     from kernels.all_reduce_mhc import AllReduceMHC
 
     tuning = lanes_tuning(hidden, tp, rank_lanes) if tuning is None else tuning
     return AllReduceMHC.virtual_ranks(tp=tp, hidden_size=hidden, hc_mult=hc,
                                       max_num_tokens=CAPACITY, top_k=TOP_K,
-                                      watchdog_ns=watchdog_ns, tuning=tuning)
+                                      budget_ns=budget_ns, tuning=tuning)
 
 
 # ---------------------------------------------------------------- inputs
@@ -291,7 +291,7 @@ def test_watchdog_variant_smoke(tp):
     """Both kinds of call on the watchdog consumer first (cluster 5 at 5120,
     7 at 7168): a protocol bug times out here instead of hanging later."""
     for hidden in (5120, 7168):
-        grp = group(tp, hidden, 4, 1, WATCHDOG_NS)
+        grp = group(tp, hidden, 4, 1, BUDGET_NS)
         for i, m in enumerate((1, 5, CAPACITY)):
             what = f"watchdog smoke tp={tp} H={hidden} M={m}"
             full_case(grp, partials(tp, m, hidden, seed=i), mixes(m, 4, hidden, seed=i), 1, what)
@@ -307,7 +307,7 @@ def test_watchdog_names_the_missing_rank_cluster_does_not_deadlock(rank_lanes):
     output is written (NaN), recover() scrubs, and the next call is
     bit-exact; both call kinds."""
     tp, hidden, hc, m = 4, 7168, 4, 16
-    grp = group(tp, hidden, hc, rank_lanes, WATCHDOG_NS)
+    grp = group(tp, hidden, hc, rank_lanes, BUDGET_NS)
     grp.recover()
     xs, mix = partials(tp, m, hidden, seed=11), mixes(m, hc, hidden, seed=11)
     full_case(grp, xs, mix, rank_lanes, "before fault")
@@ -318,10 +318,10 @@ def test_watchdog_names_the_missing_rank_cluster_does_not_deadlock(rank_lanes):
         sync()
         elapsed = time.perf_counter() - t0
         d = grp.diagnose()
-        print(f"\nmhc watchdog {kind} R={rank_lanes}: budget {WATCHDOG_NS / 1e6:.0f} ms, "
+        print(f"\nmhc watchdog {kind} R={rank_lanes}: budget {BUDGET_NS / 1e6:.0f} ms, "
               f"returned in {elapsed * 1e3:.1f} ms; {d.summary()}; records per rank "
               f"{[e.count for e in grp.errors()]}")
-        assert elapsed < 10 * WATCHDOG_NS / 1e9 + 1.0, f"watchdog call took {elapsed:.3f} s"
+        assert elapsed < 10 * BUDGET_NS / 1e9 + 1.0, f"watchdog call took {elapsed:.3f} s"
         assert d.missing_ranks == {2} and d.stale_ranks == {2}, d.summary()
         assert "missing ranks: {2}" in d.summary()
         for e in grp.errors():
@@ -348,7 +348,7 @@ def test_one_fragment_times_out_in_one_cta_of_the_cluster():
     streams are NaN; token 1's whole layer input is NaN (the NaN square sum
     reaches every CTA through DSMEM); the other tokens are exact."""
     tp, hidden, hc, m, frag = 1, 5120, 4, 3, 600  # fragment 600: cluster CTA 4
-    grp = group(tp, hidden, hc, 1, WATCHDOG_NS)
+    grp = group(tp, hidden, hc, 1, BUDGET_NS)
     grp.recover()
     xs, mix = partials(tp, m, hidden, seed=41), mixes(m, hc, hidden, seed=41)
     stage = grp.ranks[0].mailbox.stage_state.tolist()[0]
@@ -381,7 +381,7 @@ def test_one_fragment_times_out_in_one_cta_of_the_cluster():
 
 def test_corrupt_stage_is_flagged_without_wild_stores():
     tp, hidden, hc, m = 2, 5120, 4, 4
-    grp = group(tp, hidden, hc, 1, WATCHDOG_NS)
+    grp = group(tp, hidden, hc, 1, BUDGET_NS)
     grp.recover()
     xs, mix = partials(tp, m, hidden, seed=31), mixes(m, hc, hidden, seed=31)
     grp.ranks[1].mailbox.stage_state[1] = 7  # NEXT_STAGE out of range
@@ -407,7 +407,7 @@ def test_sentinel_like_payload_and_order(kind, rank_lanes):
     mistaken sentinel test fails instead of hanging; order-sensitive
     partials (2^24, 1, -2^24) tell rank order from the butterfly."""
     tp, hidden, hc = 4, 5120, 4
-    grp = group(tp, hidden, hc, rank_lanes, WATCHDOG_NS)
+    grp = group(tp, hidden, hc, rank_lanes, BUDGET_NS)
     grp.recover()
     for m in (1, 5, CAPACITY):
         xs = partials(tp, m, hidden, seed=m, kind=kind)
@@ -630,7 +630,7 @@ def test_external_peer_table_placement():
     box = Mailbox.from_peer_table(rank=0, tp=1, capacity=CAPACITY, hidden=hidden, buffer=buf,
                                   peers=[buf.data_ptr()])
     op = AllReduceMHC(hidden_size=hidden, hc_mult=hc, max_num_tokens=CAPACITY, mailbox=box,
-                      watchdog_ns=WATCHDOG_NS)
+                      budget_ns=BUDGET_NS)
     for m in (1, CAPACITY, 5):
         xs, mix = partials(1, m, hidden, seed=m), mixes(m, hc, hidden, seed=m)
         out = poisoned_outs(1, m, hc, hidden)[0]
@@ -669,7 +669,7 @@ def test_symmetric_memory_group_of_one():
     try:
         hidden, hc = 5120, 4
         op = AllReduceMHC(hidden_size=hidden, hc_mult=hc, max_num_tokens=32, top_k=TOP_K,
-                          group=dist.group.WORLD, watchdog_ns=WATCHDOG_NS)
+                          group=dist.group.WORLD, budget_ns=BUDGET_NS)
         assert op.tp == 1 and op.rank == 0
         for m in (1, 32, 5):
             xs, mix = partials(1, m, hidden, seed=m), mixes(m, hc, hidden, seed=m)

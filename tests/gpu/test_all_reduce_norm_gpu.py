@@ -26,15 +26,15 @@ CAPACITY = 96
 TPS = (1, 2, 4, 8)
 HIDDENS = (2560, 4096, 5120, 7168, 8192)
 TOKENS = (1, 2, 7, 16, 64, CAPACITY)
-WATCHDOG_NS = 50_000_000  # 50 ms
+BUDGET_NS = 50_000_000  # 50 ms
 
 
 @functools.lru_cache(maxsize=None)
-def group(tp: int, hidden: int, watchdog_ns: int = 0, capacity: int = CAPACITY):
+def group(tp: int, hidden: int, budget_ns: int = 0, capacity: int = CAPACITY):
     from kernels.all_reduce_norm import AllReduceNorm
 
     return AllReduceNorm.virtual_ranks(tp=tp, hidden_size=hidden, max_num_tokens=capacity,
-                                       eps=EPS, watchdog_ns=watchdog_ns)
+                                       eps=EPS, budget_ns=budget_ns)
 
 
 def inputs(tp, m, hidden, seed, kind="random"):
@@ -75,7 +75,7 @@ def check(outs, xs, residual, weight, what):
 # --------------------------------------------------------------- watchdog first
 def test_watchdog_names_the_rank_that_skipped_then_recovers():
     tp, hidden, m = 4, 4096, 16
-    grp = group(tp, hidden, WATCHDOG_NS)
+    grp = group(tp, hidden, BUDGET_NS)
     xs, residual, weight = inputs(tp, m, hidden, seed=11)
     check(run(grp, xs, residual, weight), xs, residual, weight, "before fault")
     assert grp.diagnose().ok
@@ -83,9 +83,9 @@ def test_watchdog_names_the_rank_that_skipped_then_recovers():
     outs = run(grp, xs, residual, weight, skip_publish=(2,))
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
-    assert elapsed < 10 * WATCHDOG_NS / 1e9 + 1.0, f"watchdog call took {elapsed:.3f} s"
+    assert elapsed < 10 * BUDGET_NS / 1e9 + 1.0, f"watchdog call took {elapsed:.3f} s"
     d = grp.diagnose()
-    print(f"\nwatchdog: budget {WATCHDOG_NS / 1e6:.0f} ms, skipped-publish call returned "
+    print(f"\nwatchdog: budget {BUDGET_NS / 1e6:.0f} ms, skipped-publish call returned "
           f"in {elapsed * 1e3:.1f} ms; diagnosis: {d.summary()}; records per rank: "
           f"{[e.count for e in grp.errors()]}")
     assert d.missing_ranks == {2}, d.summary()
@@ -108,7 +108,7 @@ def test_watchdog_names_the_rank_that_skipped_then_recovers():
 
 def test_corrupt_stage_is_flagged_without_wild_stores():
     tp, hidden, m = 2, 2560, 4
-    grp = group(tp, hidden, WATCHDOG_NS)
+    grp = group(tp, hidden, BUDGET_NS)
     grp.recover()
     xs, residual, weight = inputs(tp, m, hidden, seed=31)
     grp.ranks[1].mailbox.stage_state[1] = 7  # NEXT_STAGE out of range
@@ -131,7 +131,7 @@ def test_corrupt_stage_is_flagged_without_wild_stores():
 
 def test_unsanitized_lane_is_reported_apart_from_missing():
     hidden, m = 2560, 3
-    grp = group(1, hidden, WATCHDOG_NS)
+    grp = group(1, hidden, BUDGET_NS)
     grp.recover()
     xs, residual, weight = inputs(1, m, hidden, seed=41)
     stage = grp.ranks[0].mailbox.stage_state.tolist()[0]
@@ -154,7 +154,7 @@ def test_unsanitized_lane_is_reported_apart_from_missing():
 @pytest.mark.parametrize("kind", ["sentinel", "order"])
 def test_sentinel_like_payload_and_order(kind):
     tp, hidden = 4, 5120
-    grp = group(tp, hidden, WATCHDOG_NS)
+    grp = group(tp, hidden, BUDGET_NS)
     for m in (1, 7, CAPACITY):
         xs, residual, weight = inputs(tp, m, hidden, seed=m, kind=kind)
         outs = run(grp, xs, residual, weight)
@@ -293,7 +293,7 @@ def test_symmetric_memory_group_of_one():
         created = True
     try:
         op = AllReduceNorm(hidden_size=4096, max_num_tokens=32, eps=EPS,
-                           group=dist.group.WORLD, watchdog_ns=WATCHDOG_NS)
+                           group=dist.group.WORLD, budget_ns=BUDGET_NS)
         assert op.tp == 1 and op.rank == 0
         for m in (1, 32, 5):
             xs, residual, weight = inputs(1, m, 4096, seed=m)

@@ -94,7 +94,7 @@ def test_collective_op_through_virtual_ranks(name, tp):
     fields = {k: v for k, v in COLLECTIVE[name].items()}
     kinds = ops.get(op).inputs
     out = run_group({"op": op, "fields": fields, "tp": tp, "hidden": HIDDEN,
-                     "capacity": CAPACITY, "eps": 1e-6, "watchdog_ns": BUDGET_NS,
+                     "capacity": CAPACITY, "eps": 1e-6, "budget_ns": BUDGET_NS,
                      "cases": [{"tokens": m, "inputs": kinds[i % len(kinds)],
                                 "seeds": [10 * m, 10 * m + 1, 10 * m + 2]}
                                for i, m in enumerate((1, 5, CAPACITY))]})

@@ -18,7 +18,7 @@ def test_m_sequence_eager_then_graph_replays_match_the_reference(tp, inputs):
 
     tokens = [1, 5, 16, 3]
     out = run_group({"tp": tp, "hidden": 2048, "capacity": 16, "eps": 1e-6,
-                     "watchdog_ns": 1_000_000_000,
+                     "budget_ns": 1_000_000_000,
                      "cases": [{"tokens": m, "inputs": inputs, "seeds": [10 * m, 10 * m + 1,
                                                                          10 * m + 2]}
                                for m in tokens]})

@@ -30,17 +30,17 @@ TPS = (1, 2, 4, 8)
 HIDDENS = (4096, 5120, 7168)
 TOKENS = (1, 7, 16, 64)
 TOP_KS = (1, 6, 8)
-WATCHDOG_NS = 50_000_000  # 50 ms
+BUDGET_NS = 50_000_000  # 50 ms
 VOCAB_PER_RANK = 50
 
 
 @functools.lru_cache(maxsize=None)
-def group(tp: int, hidden: int, top_k: int = 8, watchdog_ns: int = 0, scale: float = 1.0,
+def group(tp: int, hidden: int, top_k: int = 8, budget_ns: int = 0, scale: float = 1.0,
           tuning=None):
     from kernels.all_reduce_norm import AllReduceNorm
 
     grp = AllReduceNorm.virtual_ranks(tp=tp, hidden_size=hidden, max_num_tokens=CAPACITY,
-                                      eps=EPS, watchdog_ns=watchdog_ns, top_k=top_k,
+                                      eps=EPS, budget_ns=budget_ns, top_k=top_k,
                                       routed_scaling_factor=scale, finalize_tuning=tuning)
     shards = make_shards(tp, hidden)
     grp.prepare_embedding([w for w, _, _ in shards], [s for _, s, _ in shards],
@@ -165,7 +165,7 @@ def test_watchdog_variant_smoke(tp):
     """Every kind of call on the watchdog consumer first: a protocol bug in
     a new publish times out here instead of hanging a plain consumer."""
     hidden = 5120
-    grp = group(tp, hidden, 8, WATCHDOG_NS)
+    grp = group(tp, hidden, 8, BUDGET_NS)
     for i, m in enumerate((1, 7, CAPACITY)):
         for wdtype in (torch.float32, torch.bfloat16):
             xs, residual, weight = moe_inputs(tp, m, hidden, 8, seed=i, wdtype=wdtype)
@@ -182,7 +182,7 @@ def test_watchdog_variant_smoke(tp):
 
 def test_embed_norm_watchdog_names_the_rank_that_skipped():
     tp, hidden, m = 4, 4096, 16
-    grp = group(tp, hidden, 8, WATCHDOG_NS)
+    grp = group(tp, hidden, 8, BUDGET_NS)
     grp.recover()
     e = embed_inputs(tp, m, hidden, seed=21)
     check_embed(run_embed(grp, *e), grp, *e, "before fault")
@@ -193,10 +193,10 @@ def test_embed_norm_watchdog_names_the_rank_that_skipped():
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     d = grp.diagnose()
-    print(f"\nembed-norm watchdog: budget {WATCHDOG_NS / 1e6:.0f} ms, skipped-publish call "
+    print(f"\nembed-norm watchdog: budget {BUDGET_NS / 1e6:.0f} ms, skipped-publish call "
           f"returned in {elapsed * 1e3:.1f} ms; diagnosis: {d.summary()}; records per rank: "
           f"{[x.count for x in grp.errors()]}")
-    assert elapsed < 10 * WATCHDOG_NS / 1e9 + 1.0
+    assert elapsed < 10 * BUDGET_NS / 1e9 + 1.0
     assert d.missing_ranks == {2} and d.stale_ranks == {2}, d.summary()
     assert "missing ranks: {2}" in d.summary()
     ids, positions, previous, enorm, hnorm = e

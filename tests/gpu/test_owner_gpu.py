@@ -40,16 +40,16 @@ CAPACITY = 300  # not a multiple of any tp; owner capacity 300, 150, 75, 38
 TPS = (1, 2, 4, 8)
 HIDDENS = (2560, 5120, 7168)
 TOKENS = (1, 2, 7, 16, 64, 256, CAPACITY)
-WATCHDOG_NS = 200_000_000  # 200 ms
+BUDGET_NS = 200_000_000  # 200 ms
 
 
 @functools.lru_cache(maxsize=None)
 def group(tp: int, hidden: int, top_k: int | None = None, tuning=None,
-          watchdog_ns: int = WATCHDOG_NS):
+          budget_ns: int = BUDGET_NS):
     from kernels.all_reduce_norm import AllReduceNorm
 
     return AllReduceNorm.virtual_ranks(tp=tp, hidden_size=hidden, max_num_tokens=CAPACITY,
-                                       eps=EPS, watchdog_ns=watchdog_ns, mode="owner",
+                                       eps=EPS, budget_ns=budget_ns, mode="owner",
                                        top_k=top_k, finalize_tuning=tuning)
 
 
@@ -136,10 +136,10 @@ def test_skipped_publish_is_diagnosed_then_recovers(tp, m):
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     d = grp.diagnose()
-    print(f"\nowner watchdog tp={tp} M={m}: budget {WATCHDOG_NS / 1e6:.0f} ms, skipped-publish "
+    print(f"\nowner watchdog tp={tp} M={m}: budget {BUDGET_NS / 1e6:.0f} ms, skipped-publish "
           f"call returned in {elapsed * 1e3:.1f} ms; diagnosis: {d.summary()}; records per "
           f"rank: {[e.count for e in grp.errors()]}")
-    assert elapsed < 10 * WATCHDOG_NS / 1e9 + 1.0, f"watchdog call took {elapsed:.3f} s"
+    assert elapsed < 10 * BUDGET_NS / 1e9 + 1.0, f"watchdog call took {elapsed:.3f} s"
     assert d.missing_ranks == {skip} and d.stale_ranks == {skip}, d.summary()
     assert f"missing ranks: {{{skip}}}" in d.summary()
     for rank, (norm_out, res_out) in enumerate(outs):
@@ -345,7 +345,7 @@ def test_api_refusals_and_tp1_call():
     from kernels.all_reduce_norm import AllReduceNorm
 
     op = AllReduceNorm(hidden_size=5120, max_num_tokens=64, eps=EPS, mode="owner",
-                       watchdog_ns=WATCHDOG_NS)
+                       budget_ns=BUDGET_NS)
     assert op.mailbox.capacity == 64  # tp=1: owner capacity = capacity
     xs = partials(1, 8, 5120, seed=5)
     residual, weight = shared_inputs(8, 5120, seed=5)
@@ -374,7 +374,7 @@ def test_profile_workload_times_owner_against_one_shot(op):
 
     out = measure_tp1({"op": op, "hidden": 5120, "tokens": 16, "calls": 20, "replays": 20,
                        "rotate_mb": 8, "eps": EPS, "baselines": ["one_shot"], "seed": 1,
-                       "watchdog_ns": WATCHDOG_NS, "mode": "owner",
+                       "budget_ns": BUDGET_NS, "mode": "owner",
                        "top_k": 8 if op == "finalize_publish" else None})
     for name in ("fused", "one_shot"):
         times = out["impls"][name]["times_us"]
@@ -412,7 +412,7 @@ def _rank_main(rank: int, world: int, port: int, result_dir: str) -> None:
         step("process group up")
         hidden = 7168
         op = AllReduceNorm(hidden_size=hidden, max_num_tokens=CAPACITY, eps=EPS,
-                           group=dist.group.WORLD, mode="owner", watchdog_ns=WATCHDOG_NS)
+                           group=dist.group.WORLD, mode="owner", budget_ns=BUDGET_NS)
         step("AllReduceNorm(mode='owner') built (mailbox rendezvous, compiles)")
         for i, m in enumerate(TOKENS):
             for kind in ("random", "order", "sentinel") if m in (7, CAPACITY) else ("random",):

@@ -35,7 +35,7 @@ def spec(op: str) -> dict:
     return {"op": op, "hidden": HIDDEN, "tokens": TOKENS, "hc": 4 if op == "all_reduce_mhc" else None,
             "top_k": 8 if op == "finalize_publish" else None,
             "calls": 20, "replays": REPLAYS, "rotate_mb": 16, "eps": 1e-6,
-            "watchdog_ns": 1_000_000_000, "seed": TOKENS,
+            "budget_ns": 1_000_000_000, "seed": TOKENS,
             "baselines": ["unfused", "symm_mem", "flashinfer"]}
 
 

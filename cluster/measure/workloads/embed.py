@@ -58,7 +58,7 @@ def embed_norm_workload(ctx: RankContext, spec: Spec) -> Workload:
     def fused() -> Call:
         from kernels.lamport.all_reduce_norm import AllReduceNorm
         op = AllReduceNorm(hidden_size=h, max_num_tokens=ctx.capacity, eps=spec.eps,
-                           transport=spec.transport, watchdog_ns=spec.watchdog_ns,
+                           transport=spec.transport, budget_ns=spec.budget_ns,
                            mailbox=ctx.mailbox, device=dev)
         op.prepare_embedding(table, start, VOCAB_ROWS)
         return Call(lambda i: op.embed_norm(ids[i], positions[i], previous[i], table, enorm,

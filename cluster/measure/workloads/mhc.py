@@ -59,7 +59,7 @@ def all_reduce_mhc_workload(ctx: RankContext, spec: Spec) -> Workload:
 
     def fused() -> Call:
         op = AllReduceMHC(hidden_size=h, hc_mult=hc, max_num_tokens=ctx.capacity,
-                          transport=spec.transport, watchdog_ns=spec.watchdog_ns,
+                          transport=spec.transport, budget_ns=spec.budget_ns,
                           mailbox=ctx.mailbox, device=ctx.device)
         t = op.tuning
         lanes.append(t.rank_lanes)

@@ -30,7 +30,7 @@ from kernels.reference.numerics import NORM_MAX_ULP, assert_bit_exact, assert_wi
 def _kernel(ctx: RankContext, spec: Spec, **kw):
     from kernels.lamport.all_reduce_norm import AllReduceNorm
     return AllReduceNorm(hidden_size=spec.hidden, max_num_tokens=ctx.capacity, eps=spec.eps,
-                         transport=spec.transport, watchdog_ns=spec.watchdog_ns,
+                         transport=spec.transport, budget_ns=spec.budget_ns,
                          mailbox=ctx.mailbox, device=ctx.device, **kw)
 
 
