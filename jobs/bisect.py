@@ -206,6 +206,31 @@ def case_params(key: CaseKey, suite: str) -> tuple[dict, int]:
     return {}, 1
 
 
+def reads_budget_ns(tree: Path) -> bool:
+    """Whether the suite loader of the tree at ``tree`` reads the budget as
+    ``budget_ns`` (a tree from before the budget had one name reads
+    ``budget_ms`` in correctness / faults sweeps and ``watchdog_ns`` in
+    profile ones, and refuses ``budget_ns`` as an unknown key)."""
+    try:
+        return '_limited("budget_ns")' in (tree / "jobs" / "config.py").read_text()
+    except OSError:
+        return True
+
+
+def older_budget(job: str, params: dict) -> dict:
+    """``params`` as a tree that predates ``budget_ns`` reads them
+    (:func:`reads_budget_ns`): ``budget_ns`` written as ``budget_ms`` (float
+    milliseconds) for correctness and faults, ``watchdog_ns`` for profile."""
+    if params.get("budget_ns") is None:
+        return params
+    out = {k: v for k, v in params.items() if k != "budget_ns"}
+    if job == "profile":
+        out["watchdog_ns"] = params["budget_ns"]
+    else:
+        out["budget_ms"] = params["budget_ns"] / 1e6
+    return out
+
+
 def suite_toml(key: CaseKey, params: dict, repeats: int) -> str:
     """A suite of one case: ``key`` with ``params`` and ``repeats`` calls."""
     lines = ["format = 1", 'name = "bisect"', "version = 1",
@@ -365,7 +390,8 @@ class Runner:
         where = self.scratch / f"{n:03d}-{sha[:12]}"
         where.mkdir(parents=True)
         config = where / "case.toml"
-        config.write_text(suite_toml(self.key, self.params, repeats))
+        params = self.params if reads_budget_ns(tree) else older_budget(self.key.job, self.params)
+        config.write_text(suite_toml(self.key, params, repeats))
         argv = [sys.executable, "-m", "jobs", self.key.job, "--config", str(config),
                 "--results", str(where / "results"), "--address", self.address,
                 "--pool", self.pool, "--trigger", "adhoc"]

@@ -74,6 +74,21 @@ def test_a_case_key_reads_back_as_the_suite_file_writes_it(tmp_path):
     assert one.key() == key.text and one.repeats == 7 and dict(one.params)["budget_ns"] == 10**9
 
 
+def test_a_candidate_from_before_budget_ns_gets_the_budget_as_it_reads_it(tmp_path):
+    """A candidate tree whose loader predates ``budget_ns`` refuses it as an
+    unknown key: its one-case suite spells the budget the old way."""
+    assert bs.reads_budget_ns(Path(bs.__file__).resolve().parents[1])
+    old = tmp_path / "old"
+    (old / "jobs").mkdir(parents=True)
+    (old / "jobs" / "config.py").write_text('"budget_ms": (1000, _limited("budget_ms")),\n')
+    assert not bs.reads_budget_ns(old)
+    params = {"budget_ns": 2_000_000_000, "timeout_s": 10.0}
+    assert bs.older_budget("correctness", params) == {"budget_ms": 2000.0, "timeout_s": 10.0}
+    assert bs.older_budget("faults", {"budget_ns": 250_000}) == {"budget_ms": 0.25}
+    assert bs.older_budget("profile", {"budget_ns": 10**9}) == {"watchdog_ns": 10**9}
+    assert bs.older_budget("correctness", {}) == {}
+
+
 def test_probes_cut_the_range_evenly_and_step_over_skipped():
     assert bs.probes(-1, 9, 2, set()) == [4]
     assert bs.probes(-1, 9, 3, set()) == [3, 6]
