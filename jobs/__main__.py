@@ -891,9 +891,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                        help="Ray cluster to join (default: RAY_ADDRESS, else an embedded one "
                             "started once for every candidate)")
         p.add_argument("--pool", type=pool_choice, default="job", metavar="job|off",
-                       help="the candidates' rank processes: job (a pool per candidate run, "
-                            "default) or off; a standing pool runs its own tree's code and is "
-                            "refused")
+                       help="the candidates' rank processes: job (default: pools of the "
+                            "bisect's own; on an emulated cluster a latency step keeps one per "
+                            "commit across its runs) or off (started per run); a standing pool "
+                            "runs its own tree's code and is refused")
         _add_rule_arguments(p)
     p.set_defaults(func=_bisect)
     from jobs import pool

@@ -25,7 +25,15 @@ A candidate runs only the case, through the service: ``python -m jobs
 <job> --config GEN.toml --address GCS`` (a one-case suite with the case's
 own parameters from its suite) on the cluster this command starts once
 (embedded, loopback, token) or joins (``--address``), results in a scratch
-dataset. The verdict per commit:
+dataset. A latency step runs each commit several times (good in every
+step): on an emulated cluster those runs go to the commit's warm driver
+(:class:`WarmDriver`, :mod:`jobs.bisect_driver`), a process in its worktree
+that joined once and keeps a standing pool of the commit's own rank
+workers (``--pool off``: none) between its runs, so only the first run of a
+commit pays for the driver's start and its ranks' imports; the drivers of
+a step start together before its first run, and a commit's driver ends
+once it is judged (the embedded cluster keeps their idle task workers:
+:data:`IDLE_WORKERS`). The verdict per commit:
 
 - a wrong result (the case's red row failed, hung or errored; ``--kind
   wrong``): one run; ``pass`` is good, ``fail`` / ``hang`` bad, anything
@@ -102,6 +110,11 @@ first call of a group pays lazy imports and first touches: 50-250 ms
 against 2 ms on the 2-core box)."""
 RUN_TIMEOUT_S = 900.0
 """Bound on one candidate run (a subprocess)."""
+IDLE_WORKERS = 16
+"""Idle Ray workers the embedded cluster keeps beyond its CPUs
+(``RAY_num_workers_soft_limit``): each warm driver leaves one (its topology
+discovery's task), which Ray would otherwise end after a second and the
+driver's next run start again (4-8 s on the loaded 2-core box)."""
 FAILING = ("fail", "hang", "error")
 
 
@@ -373,38 +386,192 @@ class Outcome:
     command: str
 
 
+class WarmDriver:
+    """One commit's warm driver (:mod:`jobs.bisect_driver`): a process in the
+    commit's worktree that joined the cluster once and keeps its standing
+    pool ``pool`` (``-``: none) of ``warm`` rank workers up, running one
+    ``python -m jobs`` command line a request (``warmup``, when given, once
+    before it is ready: its first use's costs are paid then). Started by the
+    constructor; :meth:`wait_ready` before :meth:`run`."""
+
+    def __init__(self, tree: Path, address: str, pool: str, warm: int, log: Path,
+                 env: dict, warmup: tuple[list[str], Path] | None = None) -> None:
+        import queue
+        import threading
+        self.pool, self.log = pool, log
+        first = "-" if warmup is None else json.dumps({"argv": warmup[0],
+                                                       "output": str(warmup[1])})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", DRIVER_SOURCE, address, pool, str(warm), str(log), first],
+            cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._answers: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.ready: bool | None = None   # None: not answered yet
+        self.error: str | None = None
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._answers.put(json.loads(line))
+        self._answers.put(None)  # EOF: the driver is gone
+
+    def _answer(self, timeout_s: float) -> dict | None:
+        import queue
+        try:
+            return self._answers.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether it started (``error`` says why not)."""
+        if self.ready is None:
+            said = self._answer(timeout_s)
+            self.ready = bool(said and said.get("ready"))
+            if said is not None and not self.ready:
+                self.error = said.get("error") or f"not ready: {said}"
+            elif said is None:
+                self.error = (f"no answer within {timeout_s:g} s" if self.alive() else
+                              f"exit {self.proc.poll()} (its output: {self.log})")
+        return self.ready
+
+    def run(self, argv: list[str], output: Path, timeout_s: float) -> tuple[int | None, str]:
+        """(the exit status of ``python -m jobs *argv`` run in the driver,
+        None where it raised, died or ran past ``timeout_s``; what it said)."""
+        self.proc.stdin.write(json.dumps({"argv": argv, "output": str(output)}) + "\n")
+        self.proc.stdin.flush()
+        said = self._answer(timeout_s)
+        text = output.read_text() if output.is_file() else ""
+        if said is None:
+            why = (f"timed out after {timeout_s:g} s" if self.alive()
+                   else f"the warm driver exited ({self.proc.poll()})")
+            self.close(timeout_s=0)
+            return None, f"{text}\n{why}"
+        return said.get("code"), text + (said.get("error") or "")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Ends it: EOF (its pool stopped, Ray left), killed after ``timeout_s``."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=timeout_s if self.ready else 0.1)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+            self._stop_pool()
+
+    def _stop_pool(self) -> None:
+        """A killed driver's standing pool (its workers are detached)."""
+        if self.pool == "-":
+            return
+        from cluster.pool import WorkerPool
+        try:
+            WorkerPool.attach(self.pool).stop()
+        except Exception as err:  # noqa: BLE001 - said, not fatal: the bisect goes on
+            print(f"   (the standing pool {self.pool} of a killed warm driver was not stopped: "
+                  f"{err}; python -m jobs pool stop --name {self.pool})", flush=True)
+
+
+DRIVER_SOURCE = (Path(__file__).with_name("bisect_driver.py")).read_text()
+
+
 class Runner:
-    """Runs the case on one commit's worktree through the service."""
+    """Runs the case on one commit's worktree through the service.
+
+    A cold run is one ``python -m jobs JOB`` process: the driver starts,
+    joins the cluster and starts its ranks (seconds to tens of seconds on a
+    loaded box, against milliseconds a call). With ``warm`` (an emulated
+    cluster) a run asked for warm goes to the commit's :class:`WarmDriver`
+    instead (started by :meth:`prepare` or the commit's first warm run,
+    ended by :meth:`retire`): the same command line in a driver that stays
+    joined, its ranks from a standing pool of the commit's own (``--pool
+    off``: started per run). A commit whose warm driver cannot start runs
+    cold. On GPUs every run is cold: a standing pool holds every GPU of its
+    node, so two commits' pools could not both stand."""
 
     def __init__(self, key: CaseKey, suite: str, worktrees: Worktrees, scratch: Path,
-                 address: str, pool: str) -> None:
+                 address: str, pool: str, *, warm: bool = False) -> None:
         self.key, self.worktrees, self.scratch = key, worktrees, scratch
-        self.address, self.pool = address, pool
+        self.address, self.pool, self.warm = address, pool, warm
         self.params, self.repeats = case_params(key, suite)
         self.runs = 0
+        self.drivers: dict[str, WarmDriver | None] = {}  # None: runs cold
 
-    def run(self, sha: str, repeats: int) -> Outcome:
-        tree, made = self.worktrees.get(sha)
-        self.runs += 1
-        n = self.runs
-        where = self.scratch / f"{n:03d}-{sha[:12]}"
-        where.mkdir(parents=True)
+    def _argv(self, tree: Path, where: Path, repeats: int, pool: str) -> list[str]:
+        """``python -m jobs`` arguments of a run of the case on the worktree
+        ``tree``, ``repeats`` calls, ranks from ``pool``, its config (written
+        now, in the budget field that tree reads) and results in the new
+        directory ``where``."""
+        where.mkdir(parents=True, exist_ok=True)
         config = where / "case.toml"
         params = self.params if reads_budget_ns(tree) else older_budget(self.key.job, self.params)
         config.write_text(suite_toml(self.key, params, repeats))
-        argv = [sys.executable, "-m", "jobs", self.key.job, "--config", str(config),
-                "--results", str(where / "results"), "--address", self.address,
-                "--pool", self.pool, "--trigger", "adhoc"]
-        if self.key.job == "profile":
-            argv += ["--backend", "gpu"]
-        env = {**os.environ, "PYTHONPATH": str(tree), "LAMPORT_GIT_COMMIT": sha}
+        argv = [self.key.job, "--config", str(config), "--results", str(where / "results"),
+                "--address", self.address, "--pool", pool, "--trigger", "adhoc"]
+        return argv + (["--backend", "gpu"] if self.key.job == "profile" else [])
+
+    def _env(self, tree: Path, sha: str) -> dict:
+        return {**os.environ, "PYTHONPATH": str(tree), "LAMPORT_GIT_COMMIT": sha}
+
+    def prepare(self, shas: list[str]) -> None:
+        """The warm drivers of ``shas`` up (started together), or their
+        commits marked to run cold. Before a step's runs: a driver starting
+        beside a measured run would slow it down."""
+        if not self.warm:
+            return
+        t0, new = time.monotonic(), [sha for sha in shas if sha not in self.drivers]
+        for sha in new:
+            tree, _ = self.worktrees.get(sha)
+            pool = "-" if self.pool == "off" else f"bisect-{sha[:12]}-{self.scratch.name[-8:]}"
+            where = self.scratch / f"warmup-{sha[:12]}"
+            argv = self._argv(tree, where, WARMUP, self.pool if pool == "-" else pool)
+            self.drivers[sha] = WarmDriver(tree, self.address, pool, self.key.tp,
+                                           self.scratch / f"driver-{sha[:12]}.txt",
+                                           self._env(tree, sha), (argv, where / "output.txt"))
+        for sha in shas:
+            driver = self.drivers[sha]
+            if driver is not None and not driver.wait_ready(RUN_TIMEOUT_S):
+                print(f"   ({sha[:12]}: no warm driver ({driver.error.strip().splitlines()[-1]}"
+                      f"); its runs start cold)", flush=True)
+                driver.close()
+                self.drivers[sha] = None
+        if new:
+            print(f"   (warm drivers of {', '.join(s[:12] for s in new)}: "
+                  f"{time.monotonic() - t0:.1f} s to start)", flush=True)
+
+    def retire(self, keep: set[str]) -> None:
+        """End the warm drivers of every commit but ``keep``."""
+        for sha in [s for s in self.drivers if s not in keep]:
+            driver = self.drivers.pop(sha)
+            if driver is not None:
+                driver.close()
+
+    def close(self) -> None:
+        self.retire(set())
+
+    def run(self, sha: str, repeats: int, *, warm: bool = False) -> Outcome:
+        """The case's row on ``sha``, run ``repeats`` times; through the
+        commit's warm driver with ``warm`` where the runner is warm."""
+        tree, made = self.worktrees.get(sha)
+        self.runs += 1
+        where = self.scratch / f"{self.runs:03d}-{sha[:12]}"
+        command = [sys.executable, "-m", "jobs", *self._argv(tree, where, repeats, self.pool)]
         t0 = time.monotonic()
-        try:
-            done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True,
-                                  timeout=RUN_TIMEOUT_S)
-            said, code = done.stdout + done.stderr, done.returncode
-        except subprocess.TimeoutExpired as err:
-            said, code = f"timed out after {RUN_TIMEOUT_S:g} s: {err}", None
+        if warm:
+            self.prepare([sha])
+        driver = self.drivers.get(sha) if warm and self.warm else None
+        if driver is not None:
+            argv = self._argv(tree, where, repeats, self.pool if driver.pool == "-" else driver.pool)
+            code, said = driver.run(argv, where / "output.txt", RUN_TIMEOUT_S)
+            if not driver.alive():
+                del self.drivers[sha]  # the next run starts a new one
+        else:
+            try:
+                done = subprocess.run(command, cwd=tree, env=self._env(tree, sha),
+                                      capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+                said, code = done.stdout + done.stderr, done.returncode
+            except subprocess.TimeoutExpired as err:
+                said, code = f"timed out after {RUN_TIMEOUT_S:g} s: {err}", None
         wall = time.monotonic() - t0
         (where / "output.txt").write_text(said)
         outcome, values, reason = self._read(where / "results")
@@ -412,7 +579,7 @@ class Runner:
             tail = " | ".join(said.strip().splitlines()[-3:])
             reason = f"no row (exit {code}): {tail[-300:]}"
         return Outcome(sha, outcome, values, reason, wall,
-                       f"cd {shlex.quote(str(tree))} && PYTHONPATH=. {shlex.join(argv)}")
+                       f"cd {shlex.quote(str(tree))} && PYTHONPATH=. {shlex.join(command)}")
 
     def _read(self, results: Path):
         from jobs.results import read_results
@@ -471,7 +638,7 @@ class Bisect:
                    else self.runner.repeats)
         retried = False
         while out is None or (out.outcome == "pass" and len(out.values) < self.need):
-            more = self.runner.run(sha, per_run)
+            more = self.runner.run(sha, per_run, warm=True)
             if more.outcome != "pass" and not retried:
                 # a latency step judges speed: a run that did not pass (a host
                 # deadline missed on a loaded machine) is run once more
@@ -479,7 +646,7 @@ class Bisect:
                       flush=True)
                 retried = True
                 lost = more.wall_s
-                more = self.runner.run(sha, per_run)
+                more = self.runner.run(sha, per_run, warm=True)
                 more.wall_s += lost
             if out is None:
                 out = more
@@ -502,6 +669,7 @@ class Bisect:
             outs = _at_once(lambda sha: self.runner.run(sha, self.runner.repeats), shas,
                             self.parallel)
             return [self._wrong(o) for o in outs]
+        self.runner.prepare([self.good, *shas])
         for attempt in range(2):
             outs = _at_once(self._values, [self.good, *shas],
                             self.parallel + 1 if self.parallel > 1 else 1)
@@ -628,8 +796,12 @@ def run_bisect(args) -> int:
           f"{subject(repo, good)}\n  bad  {bad[:12]} {subject(repo, bad)}\n  {len(commits)} "
           f"commit(s) after good; environment: this interpreter ({sys.executable}), each "
           f"commit's tree on PYTHONPATH", flush=True)
+    if not (args.address or os.environ.get("RAY_ADDRESS")):
+        os.environ.setdefault("RAY_num_workers_soft_limit",
+                              str((os.cpu_count() or 2) + IDLE_WORKERS))
+    import contextlib
     import ray
-    with ray_session(args.address) as how:
+    with ray_session(args.address) as how, contextlib.ExitStack() as stack:
         address = ray.get_runtime_context().gcs_address
         parallel = args.parallel or _room(key)
         print(f"ray: {how}; candidates join it at {address}; {parallel} at once", flush=True)
@@ -637,7 +809,9 @@ def run_bisect(args) -> int:
         run_id = new_run_id()
         worktrees = Worktrees(repo)
         scratch = worktrees.root / "runs" / run_id
-        runner = Runner(key, suite, worktrees, scratch, address, args.pool)
+        runner = stack.enter_context(contextlib.closing(Runner(
+            key, suite, worktrees, scratch, address, args.pool,
+            warm=key.job != "profile" and not ray.cluster_resources().get("GPU"))))
         kind = args.kind if args.kind != "auto" else hint
         writer = _writer(args, run_id)
         step = 0
@@ -698,6 +872,7 @@ def run_bisect(args) -> int:
             if not picks:
                 break
             step += 1
+            runner.retire({good})  # the commits judged so far are not run again
             record(bis.step([commits[i] for i in picks]))
         wall = time.monotonic() - t_start
         tested = len(verdicts)

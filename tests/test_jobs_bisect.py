@@ -125,6 +125,63 @@ def test_a_regressed_candidate_is_judged_again_before_it_counts_as_bad(judgments
         assert f"of {len(judgments)} judgments regressed" in out.why
 
 
+_FAKE_MAIN = """import sys
+def main(argv):
+    print("ran", argv, flush=True)
+    if argv[0] == "raise":
+        raise RuntimeError("it broke")
+    with open("calls.txt", "a") as f:
+        f.write(" ".join(argv) + "\\n")
+    return int(argv[1]) if argv[0] == "exit" else 0
+"""
+_FAKE_SESSION = """import contextlib
+@contextlib.contextmanager
+def ray_session(address):
+    open("session.txt", "w").write(address)
+    yield "fake"
+"""
+
+
+def _fake_tree(where: Path, *, session: bool = True) -> Path:
+    """A tree whose ``jobs`` package only answers what the warm driver calls
+    (without ``session``: an older tree with no ``ray_session``)."""
+    (where / "jobs").mkdir(parents=True)
+    (where / "jobs" / "__init__.py").write_text("")
+    (where / "jobs" / "__main__.py").write_text(_FAKE_MAIN)
+    (where / "jobs" / "session.py").write_text(_FAKE_SESSION if session else "")
+    return where
+
+
+def test_a_warm_driver_runs_command_lines_in_the_commits_tree(tmp_path):
+    tree = _fake_tree(tmp_path / "tree")
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    driver = bs.WarmDriver(tree, "127.0.0.1:1", "lab", 2, tmp_path / "log.txt", env,
+                           (["warm", "up"], tmp_path / "warmup.txt"))
+    assert driver.wait_ready(60) and driver.alive()
+    assert (tmp_path / "warmup.txt").read_text() == "ran ['warm', 'up']\n"
+    assert driver.run(["exit", "3"], tmp_path / "one.txt", 60) == (3, "ran ['exit', '3']\n")
+    code, said = driver.run(["raise"], tmp_path / "two.txt", 60)
+    assert code is None and "RuntimeError: it broke" in said and driver.alive()
+    assert driver.run(["correctness", "x"], tmp_path / "three.txt", 60)[0] == 0
+    driver.close()
+    assert driver.proc.returncode == 0
+    assert (tree / "session.txt").read_text() == "127.0.0.1:1"
+    assert (tree / "calls.txt").read_text().splitlines() == [
+        "pool start --name lab --address 127.0.0.1:1 --warm 2", "warm up", "exit 3",
+        "correctness x",
+        "pool stop --name lab --address 127.0.0.1:1"]
+
+
+def test_a_commit_that_cannot_be_driven_warm_says_why(tmp_path):
+    tree = _fake_tree(tmp_path / "tree", session=False)
+    driver = bs.WarmDriver(tree, "127.0.0.1:1", "-", 2, tmp_path / "log.txt",
+                           {**os.environ, "PYTHONPATH": str(tree)})
+    assert not driver.wait_ready(60)
+    assert "cannot import name 'ray_session'" in driver.error
+    driver.close()
+    assert not driver.alive()
+
+
 def test_good_and_bad_default_to_the_newest_green_and_red_nights(tmp_path):
     key = bs.CaseKey.parse(WRONG_KEY)
     start = dt.datetime(2026, 11, 25, 2, tzinfo=dt.timezone.utc)
