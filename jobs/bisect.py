@@ -412,25 +412,34 @@ class WarmDriver:
     def _read(self) -> None:
         for line in self.proc.stdout:
             self._answers.put(json.loads(line))
-        self._answers.put(None)  # EOF: the driver is gone
+        self._answers.put({"gone": True})  # EOF: the driver exits
 
     def _answer(self, timeout_s: float) -> dict | None:
+        """Its next answer; None where none came within ``timeout_s``;
+        ``{"gone": True}`` where it exited (reaped)."""
         import queue
         try:
-            return self._answers.get(timeout=timeout_s)
+            said = self._answers.get(timeout=timeout_s)
         except queue.Empty:
             return None
+        if said.get("gone"):
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        return said
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Whether it started (``error`` says why not)."""
         if self.ready is None:
             said = self._answer(timeout_s)
             self.ready = bool(said and said.get("ready"))
-            if said is not None and not self.ready:
+            if said is None:
+                self.error = f"no answer within {timeout_s:g} s"
+            elif said.get("gone"):
+                self.error = f"exit {self.proc.poll()} (its output: {self.log})"
+            elif not self.ready:
                 self.error = said.get("error") or f"not ready: {said}"
-            elif said is None:
-                self.error = (f"no answer within {timeout_s:g} s" if self.alive() else
-                              f"exit {self.proc.poll()} (its output: {self.log})")
         return self.ready
 
     def run(self, argv: list[str], output: Path, timeout_s: float) -> tuple[int | None, str]:
@@ -440,8 +449,8 @@ class WarmDriver:
         self.proc.stdin.flush()
         said = self._answer(timeout_s)
         text = output.read_text() if output.is_file() else ""
-        if said is None:
-            why = (f"timed out after {timeout_s:g} s" if self.alive()
+        if said is None or said.get("gone"):
+            why = (f"timed out after {timeout_s:g} s" if said is None
                    else f"the warm driver exited ({self.proc.poll()})")
             self.close(timeout_s=0)
             return None, f"{text}\n{why}"
@@ -466,7 +475,11 @@ class WarmDriver:
             return
         from cluster.pool import WorkerPool
         try:
-            WorkerPool.attach(self.pool).stop()
+            pool = WorkerPool.attach(self.pool)
+        except ValueError:
+            return  # not started, or stopped already
+        try:
+            pool.stop()
         except Exception as err:  # noqa: BLE001 - said, not fatal: the bisect goes on
             print(f"   (the standing pool {self.pool} of a killed warm driver was not stopped: "
                   f"{err}; python -m jobs pool stop --name {self.pool})", flush=True)

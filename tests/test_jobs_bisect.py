@@ -130,6 +130,9 @@ def main(argv):
     print("ran", argv, flush=True)
     if argv[0] == "raise":
         raise RuntimeError("it broke")
+    if argv[0] == "die":
+        import os
+        os._exit(7)
     with open("calls.txt", "a") as f:
         f.write(" ".join(argv) + "\\n")
     return int(argv[1]) if argv[0] == "exit" else 0
@@ -166,6 +169,10 @@ def test_a_warm_driver_runs_command_lines_in_the_commits_tree(tmp_path):
     driver.close()
     assert driver.proc.returncode == 0
     assert (tree / "session.txt").read_text() == "127.0.0.1:1"
+    dies = bs.WarmDriver(tree, "127.0.0.1:1", "-", 2, tmp_path / "log2.txt", env)
+    assert dies.wait_ready(60)
+    code, said = dies.run(["die"], tmp_path / "four.txt", 60)
+    assert code is None and "the warm driver exited (7)" in said and not dies.alive()
     assert (tree / "calls.txt").read_text().splitlines() == [
         "pool start --name lab --address 127.0.0.1:1 --warm 2", "warm up", "exit 3",
         "correctness x",
