@@ -568,13 +568,15 @@ class Runner:
         tree, made = self.worktrees.get(sha)
         self.runs += 1
         where = self.scratch / f"{self.runs:03d}-{sha[:12]}"
-        command = [sys.executable, "-m", "jobs", *self._argv(tree, where, repeats, self.pool)]
+        argv = self._argv(tree, where, repeats, self.pool)
+        command = [sys.executable, "-m", "jobs", *argv]  # the repro: no pool of the bisect's
         t0 = time.monotonic()
         if warm:
             self.prepare([sha])
         driver = self.drivers.get(sha) if warm and self.warm else None
         if driver is not None:
-            argv = self._argv(tree, where, repeats, self.pool if driver.pool == "-" else driver.pool)
+            if driver.pool != "-":
+                argv[argv.index("--pool") + 1] = driver.pool
             code, said = driver.run(argv, where / "output.txt", RUN_TIMEOUT_S)
             if not driver.alive():
                 del self.drivers[sha]  # the next run starts a new one
