@@ -189,6 +189,35 @@ def test_a_commit_that_cannot_be_driven_warm_says_why(tmp_path):
     assert not driver.alive()
 
 
+def test_a_warm_runner_keeps_a_driver_per_commit_and_falls_back_to_cold(tmp_path, capsys):
+    trees = {"a" * 40: _fake_tree(tmp_path / "a"), "b" * 40: _fake_tree(tmp_path / "b"),
+             "c" * 40: _fake_tree(tmp_path / "c", session=False)}
+    worktrees = type("W", (), {"get": lambda self, sha: (trees[sha], False)})()
+    runner = bs.Runner(bs.CaseKey.parse(LATENCY_KEY), "smoke", worktrees,
+                       tmp_path / "runs" / "20261201T000000Z-0123abcd", "127.0.0.1:1", "job",
+                       warm=True)
+    try:
+        runner.prepare(["a" * 40, "b" * 40, "c" * 40])
+        assert runner.drivers["c" * 40] is None  # no warm driver: cold
+        assert "cccccccccccc: no warm driver (ImportError: cannot import name 'ray_session'" \
+            in capsys.readouterr().out
+        for sha in ("a" * 40, "a" * 40, "b" * 40):
+            out = runner.run(sha, 9, warm=True)
+            assert out.outcome is None and "--pool job" in out.command  # the repro as given
+        calls = (trees["a" * 40] / "calls.txt").read_text().splitlines()
+        pool = "bisect-aaaaaaaaaaaa-0123abcd"
+        assert calls[0] == f"pool start --name {pool} --address 127.0.0.1:1 --warm 2"
+        assert len(calls) == 4 and all(f"--pool {pool}" in c for c in calls[1:])  # warm-up, 2
+        assert runner.run("c" * 40, 9, warm=True).outcome is None  # cold: a process of its own
+        runner.retire({"a" * 40})
+        assert list(runner.drivers) == ["a" * 40]
+        assert (trees["b" * 40] / "calls.txt").read_text().splitlines()[-1].startswith(
+            "pool stop --name bisect-bbbbbbbbbbbb-0123abcd")
+    finally:
+        runner.close()
+    assert not runner.drivers
+
+
 def test_good_and_bad_default_to_the_newest_green_and_red_nights(tmp_path):
     key = bs.CaseKey.parse(WRONG_KEY)
     start = dt.datetime(2026, 11, 25, 2, tzinfo=dt.timezone.utc)
