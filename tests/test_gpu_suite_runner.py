@@ -117,12 +117,16 @@ def test_lanes_run_parts_at_once_at_most_two_ray_ones_and_timed_ones_alone(
     assert spans[last][0] >= min(spans[p][1] for p in first_two)  # waited for one to end
     assert spans[timed][0] >= max(t1 for _, t1 in (spans[p] for p in [*shared, *serial]))
     assert "4 lane(s)" in capsys.readouterr().out
+    said = json.loads((tmp_path / "state" / "summary.json").read_text())["command"]
+    assert said == "bash scripts/gpu/suite.sh --lanes 4 --ray-at-once 2"  # the row says the form run
 
     spans.clear()  # the default, --ray-at-once 1: the Ray parts one after another
     monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state-one-ray"))
     assert suite.main([*shared, *serial, timed, "--lanes", "4"]) == 0
     assert not any(overlap(p, q) for p in serial for q in serial if p < q)
     assert any(overlap(p, shared[0]) for p in serial)
+    said = json.loads((tmp_path / "state-one-ray" / "summary.json").read_text())["command"]
+    assert said == "bash scripts/gpu/suite.sh --lanes 4"
 
     spans.clear()  # one lane: every part in turn, in the order given
     monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state1"))

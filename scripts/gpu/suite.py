@@ -272,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
                "parts_run": len(results), "not_run": left, **total, "wall_s": wall,
                "elapsed_s": round(elapsed, 1), "lanes": args.lanes,
                "command": "bash scripts/gpu/suite.sh" + (" --slow" if args.slow else "")
-               + (f" --lanes {args.lanes}" if args.lanes > 1 else "")}
+               + (f" --lanes {args.lanes}" if args.lanes > 1 else "")
+               + (f" --ray-at-once {args.ray_at_once}"
+                  if args.lanes > 1 and args.ray_at_once != RAY_AT_ONCE else "")}
     (state / "summary.json").write_text(json.dumps({**summary, "results": results}, indent=1))
     machine = f"{len(names)}x {names[0]}" if names else "no GPU"
     row = (f"| {sha[:12]} | {summary['date']} | {machine} | -m \"{mark}\""
