@@ -443,13 +443,24 @@ class TPGroup:
     def _await_exit(self, rank: int) -> None:
         """Return once rank's killed process can no longer write: Ray reports
         the actor dead and, when it ran on this node, its pid is gone (or a
-        zombie)."""
+        zombie). An idle actor (one whose setup raised) may still answer a
+        call sent right after ``ray.kill``, before the kill reaches it: it is
+        asked again until it is dead; RuntimeError if it still answers
+        ``CONTROL_TIMEOUT_S`` after the kill."""
         deadline = time.monotonic() + CONTROL_TIMEOUT_S
-        try:
-            ray.get(self._actors[rank].metadata.remote(), timeout=CONTROL_TIMEOUT_S)
-            raise RuntimeError(f"rank {rank} still answers after ray.kill")
-        except ray.exceptions.RayActorError:
-            pass
+        while True:
+            try:
+                ray.get(self._actors[rank].metadata.remote(),
+                        timeout=max(0.1, deadline - time.monotonic()))
+            except ray.exceptions.RayActorError:
+                break
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(f"rank {rank} neither answered nor was reported dead "
+                                   f"{CONTROL_TIMEOUT_S} s after ray.kill") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {rank} still answers {CONTROL_TIMEOUT_S} s "
+                                   f"after ray.kill")
+            time.sleep(0.05)
         meta = self.metadata[rank] if rank < len(self.metadata) else None
         if meta is None or meta["node_id"] != ray.get_runtime_context().get_node_id():
             return

@@ -130,6 +130,30 @@ def test_a_failed_setup_is_retried_once_on_replaced_workers(pool, monkeypatch):
     assert (c["replaced"], c["replaced_fresh"]) == (2, 0)
 
 
+def test_a_killed_rank_that_still_answers_is_waited_for(pool, monkeypatch):
+    """``ray.kill`` is asynchronous: a rank whose setup raised is idle and
+    may answer a call sent right after the kill (CI saw it, under load).
+    Here the first kill lands at once and each later one 2 s after the one
+    before, so a rank is asked while its kill is on the way; the group
+    waits for the killed ranks to be reported dead and forms on replaced
+    workers."""
+    import itertools
+    import threading
+
+    import ray
+    real_kill, nth = ray.kill, itertools.count()
+
+    def late_kill(actor, **kwargs):
+        threading.Timer(2.0 * next(nth), real_kill, (actor,), kwargs).start()
+    monkeypatch.setattr(ray, "kill", late_kill)
+    monkeypatch.setattr("cluster.actors.RankActor", sc.Starts({1}, "setup"))
+    assert pool.prestart(4, wait=True) == 4
+    with TPGroup(tp=2, hidden=sc.HIDDEN, capacity=sc.CAPACITY, backend="emulated",
+                 call_timeout_s=sc.CALL_TIMEOUT_S, setup_timeout_s=60, pool=pool) as g:
+        assert g.replaced_ranks == {0, 1}
+        assert g.run(sc.Kind(2, "emulated").case(g, 3, 1)).outcome == "pass"
+
+
 def test_a_second_failed_setup_is_raised_and_no_rank_serves_again(pool, monkeypatch):
     monkeypatch.setattr("cluster.actors.RankActor", sc.Starts({1, 3}, "setup"))
     segments = sc.own_segments()
