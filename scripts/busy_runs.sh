@@ -4,7 +4,8 @@
 # check of docs/results/tests_cpu_*.md. Usage, from a checkout:
 #   scripts/busy_runs.sh 5 [DIR]     # clone HEAD into DIR (default /tmp/busy-runs)
 # Each run's log is DIR.<i>.log; one line a run: exit, wall, pytest's summary.
-# Exit 0 only when every run passed.
+# Exit 0 only when every run passed. Stopped (SIGINT, SIGTERM), it stops the run
+# under way, Ray clusters included, before it exits.
 set -u
 n=${1:?usage: busy_runs.sh N [DIR]}
 dir=${2:-/tmp/busy-runs}
@@ -14,12 +15,28 @@ rm -rf "$dir" && git clone -q "$src" "$dir" && cd "$dir" || exit 2
 echo "tree $(git rev-parse --short=12 HEAD), $(nproc) cores"
 scripts/setup --dev > "$dir.setup.log" 2>&1 || { echo "setup failed: $dir.setup.log" >&2; exit 2; }
 python3 -c "while True: pass" & hog=$!
-trap 'kill $hog 2>/dev/null' EXIT
+# Each run is a session of its own (pytest, its xdist workers and the Ray
+# clusters its tests start), so stopping this script stops all of it.
+run=''
+stop() {
+  kill "$hog" 2>/dev/null
+  if [ -n "$run" ]; then
+    kill -TERM -- "-$run" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 -- "-$run" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- "-$run" 2>/dev/null
+  fi
+}
+trap stop EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 rc_all=0
 for i in $(seq 1 "$n"); do
   start=$(date +%s)
-  timeout -k 30 2400 .venv/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider > "$dir.$i.log" 2>&1
+  setsid timeout -k 30 2400 .venv/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider > "$dir.$i.log" 2>&1 &
+  run=$!
+  wait "$run"
   rc=$?
+  run=''
   [ $rc -ne 0 ] && rc_all=1
   echo "run $i: exit $rc, wall $(( $(date +%s) - start )) s, $(grep -E '(passed|failed|error)' "$dir.$i.log" | tail -1)"
 done
