@@ -44,7 +44,9 @@ once it is judged (the embedded cluster keeps their idle task workers:
   calls per value, the fastest of the slowest rank's call phase,
   ``extra.calls_s``; a profile case: one run's ``t_median_us`` per value);
   the candidate's median is judged against the good commit's values by
-  :func:`jobs.regression.judge` with the rule's own sigmas and threshold:
+  :func:`jobs.regression.judge` with the rule's own sigmas and threshold,
+  robustly (median and scaled MAD of good's values, so one disturbed good
+  run cannot hide a slowdown):
   ``regressed`` is bad, ``ok`` good; ``improved`` (faster than good beyond
   the rule: the good rerun was disturbed) reruns the step once, then
   counts as good. A ``regressed`` candidate is judged again, beside a new
@@ -736,9 +738,10 @@ class Bisect:
             # result in the range is a bisect of its own (--kind wrong)
             return Verdict(cand.sha, "skip", f"{cand.outcome}: {cand.reason}", cand, good.values)
         from jobs.regression import judge
-        v = judge((self.key.text,), statistics.median(cand.values), good.values, (), self.rule)
-        why = (f"{v.status}: median {_fmt(v.current_us, self.key)} vs good "
-               f"{_fmt(v.mean_us, self.key)} (stdev {_fmt(v.stdev_us, self.key)}, "
+        v = judge((self.key.text,), statistics.median(cand.values), good.values, (), self.rule,
+                  robust=True)
+        why = (f"{v.status}: median {_fmt(v.current_us, self.key)} vs good's median "
+               f"{_fmt(v.mean_us, self.key)} (MAD sigma {_fmt(v.stdev_us, self.key)}, "
                f"n={v.n} values beside it), {v.change:+.1%}")
         return Verdict(cand.sha, "bad" if v.status == "regressed" else "good", why, cand,
                        good.values)

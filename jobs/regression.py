@@ -143,14 +143,32 @@ def _per_case(rows: list[dict]) -> dict[tuple, float]:
     return {k: statistics.median(v) for k, v in grouped.items()}
 
 
+MAD_TO_SIGMA = 1.4826  # the median absolute deviation of a normal sample, scaled to its stdev
+
+
 def judge(key: tuple, current: float, history: list[float], runs: tuple[str, ...],
-          rule: Rule) -> Verdict:
-    """The rule on one case (see the module docstring)."""
+          rule: Rule, *, robust: bool = False) -> Verdict:
+    """The rule on one case (see the module docstring).
+
+    ``robust``: the history's centre is its median and its spread the
+    median absolute deviation scaled to a standard deviation
+    (:data:`MAD_TO_SIGMA`), in place of mean and stdev; the verdict's
+    ``mean_us`` / ``stdev_us`` then hold those two. For a handful of values
+    measured beside the candidate (a bisect step: five good runs), where
+    one disturbed run would widen the stdev enough to let a fivefold
+    slowdown through. A spread of zero (identical values) falls back to the
+    stdev, itself zero then, and the threshold alone decides."""
     n = len(history)
     if n < rule.min_history:
         return Verdict(key, "insufficient-history", current, None, None, n, None, None, runs)
-    mean = statistics.fmean(history)
-    stdev = statistics.stdev(history) if n > 1 else 0.0
+    if robust:
+        mean = statistics.median(history)
+        stdev = MAD_TO_SIGMA * statistics.median(abs(x - mean) for x in history)
+        if stdev == 0 and n > 1:
+            stdev = statistics.stdev(history)
+    else:
+        mean = statistics.fmean(history)
+        stdev = statistics.stdev(history) if n > 1 else 0.0
     change = current / mean - 1 if mean else math.inf
     diff = current - mean
     z = diff / stdev if stdev > 0 else (math.inf if diff > 0 else -math.inf if diff < 0 else 0.0)

@@ -57,6 +57,23 @@ def test_rule_needs_both_sigmas_and_percent():
     assert rg.judge(("k",), 10.2, history, (), loose).status == "regressed"
 
 
+def test_robust_judgment_is_not_blinded_by_one_disturbed_value():
+    # the good commit's five values beside a candidate in CI's red bisect
+    # (b03bceb): one run disturbed by load gave stdev 14.6 ms on a 12.7 ms
+    # mean, and a fivefold slowdown passed the 5-sigma rule
+    rule = rg.Rule()
+    good = [6.1, 6.3, 6.0, 6.2, 38.9]
+    assert rg.judge(("k",), 31.0, good, (), rule).status == "ok"
+    robust = rg.judge(("k",), 31.0, good, (), rule, robust=True)
+    assert robust.status == "regressed"
+    assert robust.mean_us == 6.2 and robust.stdev_us == pytest.approx(rg.MAD_TO_SIGMA * 0.1)
+    # a small change stays within the threshold however tight the spread
+    assert rg.judge(("k",), 6.4, good, (), rule, robust=True).status == "ok"
+    # identical values: the threshold alone decides, as without robust
+    assert rg.judge(("k",), 6.6, [6.0] * 5, (), rule, robust=True).status == "regressed"
+    assert rg.judge(("k",), 6.2, [6.0] * 5, (), rule, robust=True).status == "ok"
+
+
 @pytest.mark.parametrize("slowdown, code", [(1.20, 1), (1.02, 0)])
 def test_synthetic_history_flags_a_20_percent_slowdown_not_2(tmp_path, capsys, slowdown, code):
     after = _history(tmp_path)
