@@ -72,9 +72,10 @@ MAX_WORKERS_PER_SLOT = 128
 def gpu_worker_env() -> dict[str, str]:
     """A GPU worker sees every GPU of its node (cluster.gpu.ALL_GPUS_VISIBLE:
     it may be a process-per-GPU rank) and has enough hardware queues for the
-    streams of tp virtual ranks (set before its CUDA context exists)."""
-    from cluster.gpu import ALL_GPUS_VISIBLE
-    return {ALL_GPUS_VISIBLE: "1", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+    streams of tp virtual ranks, no more (cluster.gpu.WORKER_CONNECTIONS)."""
+    from cluster.gpu import ALL_GPUS_VISIBLE, WORKER_CONNECTIONS
+    return {ALL_GPUS_VISIBLE: "1", "CUDA_DEVICE_MAX_CONNECTIONS": str(WORKER_CONNECTIONS)}
+
 CONTROL_TIMEOUT_S = 30.0
 """Bound on one call to a standing pool's keeper and on reserving slots."""
 WAIT_STEP_S = 0.05

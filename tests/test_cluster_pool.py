@@ -51,6 +51,18 @@ def test_requests_are_checked():
         Request(tp=0, placement="emulated")
 
 
+def test_a_gpu_worker_has_queues_for_its_virtual_ranks_and_not_every_queue():
+    from cluster.gpu import ALL_GPUS_VISIBLE
+    from cluster.pool import gpu_worker_env
+    from kernels.validation import TP_SIZES
+    env = gpu_worker_env()
+    assert env[ALL_GPUS_VISIBLE] == "1"
+    connections = int(env["CUDA_DEVICE_MAX_CONNECTIONS"])
+    # tp virtual ranks' streams plus the caller's each get a queue of their
+    # own; 32 (CUDA's most) a worker left sixteen workers of one H200 short
+    assert max(TP_SIZES) + 1 <= connections < 32
+
+
 def test_registry_arguments_are_checked():
     reg = Registry("emulated", name="checks")
     with pytest.raises(ValueError, match=r"per_slot must be in \[0, 128\], got 129"):

@@ -21,6 +21,17 @@ rendezvous tells peers apart by device index and opens their allocations
 by it (with each rank seeing only "its" cuda:0 it refuses: "allocations
 from overlapping devices from different ranks")."""
 
+WORKER_CONNECTIONS = 16
+"""CUDA_DEVICE_MAX_CONNECTIONS of a pooled GPU worker (cluster.pool), set
+before its CUDA context exists: the hardware queues its streams map onto.
+A worker may host tp virtual ranks, one stream each plus the caller's
+(9 at tp 8), whose spinning consumers must not queue behind one another,
+so it needs more than the default 8. It is not 32, the most CUDA allows:
+the queues of one GPU are shared by every context on it, and on an H200
+sixteen contexts of 32 (the workers of two tp-8 groups a GPU) left three
+failing in their first CUDA call with "out of memory" while sixteen of 8
+all came up (``scripts/gpu/context_probe.py``, results in
+docs/results/nightly_h200_2026-12-01.md)."""
 
 UNSUPPORTED_INJECTIONS = {
     "unsanitized_lane": "the GPU publish always sanitizes; the consumer's unsanitized-lane "

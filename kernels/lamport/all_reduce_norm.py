@@ -510,7 +510,8 @@ class VirtualRanks:
     publish, makes every rank's consumer stream wait on every publish event
     (so spinning consumers can never occupy the GPU while a publish is still
     queued), then joins back. It is capturable in a CUDA graph. Set
-    ``CUDA_DEVICE_MAX_CONNECTIONS=32`` before CUDA starts when tp is large.
+    ``CUDA_DEVICE_MAX_CONNECTIONS`` above tp (a queue per stream) before
+    CUDA starts.
     """
 
     def __init__(self, *, tp: int, hidden_size: int, max_num_tokens: int, eps: float,
