@@ -274,18 +274,30 @@ def recorded_auth(address: str):
     token, in the environment for the block (Ray reads it there, and caches
     it: jobs.embedded.reread_auth), so a user never sets Ray's auth
     variables by hand for their own head. Yields whether it did."""
-    from jobs.embedded import reread_auth
     state = read_state(head_dir())
     if (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
             or state is None or state.get("address") != address):
         yield False
         return
-    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": state["token_path"]}
+    with head_token(state["token_path"]):
+        yield True
+
+
+@contextlib.contextmanager
+def head_token(token_path: str):
+    """Ray's auth variables set to the token file ``token_path`` (and no
+    RAY_AUTH_TOKEN) for the block, re-read by Ray on the way in and out."""
+    from jobs.embedded import reread_auth
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path, "RAY_AUTH_TOKEN": None}
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     reread_auth()
     try:
-        yield True
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
@@ -361,10 +373,10 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     token_path = ray_token.ensure((head / TOKEN_FILE).resolve(), "the head's token file")
     # Ray's unix sockets live under the temp dir: keep its path short.
     temp_dir = tempfile.mkdtemp(prefix="lamport-ray-", dir="/tmp")
+    # dashboard-port too without the dashboard: Ray still binds it to check it.
     ports = {name: free_port(host) for name in (
-        "port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-        "runtime-env-agent-port", "metrics-export-port", "ray-client-server-port",
-        *(() if without else ("dashboard-port",)))}
+        "port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+        "runtime-env-agent-port", "metrics-export-port", "ray-client-server-port")}
     cpus = num_cpus or max(2, os.cpu_count() or 2)
     ray_bin = Path(sys.executable).with_name("ray")
     argv = [str(ray_bin) if ray_bin.exists() else "ray", "start", "--head", "--block",
@@ -413,13 +425,16 @@ def _ready(state: dict, token: str) -> tuple[bool, str]:
     """Whether the head just started takes work, else (False, what it waits
     for): with a job server, once the job server and the job agent answer
     (a submit before the agent is up fails); without, once the GCS answers
-    (a driver joining it waits for the head's node itself)."""
+    with the head's node alive (what a driver joining it needs)."""
     if no_job_server(state):
-        host, _, port = state["address"].rpartition(":")
+        from ray._raylet import GcsClient
+        from ray.core.generated.gcs_pb2 import GcsNodeInfo
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
-                return True, ""
-        except OSError:
+            with head_token(state["token_path"]):
+                alive = GcsClient(address=state["address"]).get_all_node_info(
+                    timeout=2, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+            return bool(alive), "the head's node"
+        except Exception:  # noqa: BLE001 (not up yet: Ray's RPC errors vary)
             return False, "the GCS"
     try:
         if http_status(f"{state['dashboard']}/api/jobs/", token=token) != 200:

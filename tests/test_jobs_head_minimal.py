@@ -7,10 +7,6 @@ NAME`` join its GCS as they would any head's; ``head status|stop`` work."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +15,8 @@ from jobs import exits
 from jobs import head as hd
 from jobs.__main__ import main
 from jobs.config import ConfigError
+from tests.test_jobs_head import jobs
 
-REPO = Path(__file__).resolve().parents[1]
 MISSING = ImportError("No module named 'aiohttp'")
 SMALL_CHECK = ("correctness", "--suite", "nightly", "--ops", "all_reduce_norm", "--tp", "1",
                "--hidden", "7168", "--tokens", "8", "--no-results", "--backend", "emulated")
@@ -67,43 +63,38 @@ def test_the_job_server_of_a_head_without_the_dashboard_is_refused(tmp_path, mon
             f"job server for {command[0]}") in err, err
 
 
-def _jobs(head: Path, *argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(LAMPORT_HEAD_DIR=str(head), PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "jobs", *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.mark.xdist_group("ray-head")
 @pytest.mark.timeout(600)
-def test_a_head_without_the_dashboard_serves_a_pool_and_refuses_submit(tmp_path):
+def test_a_head_without_the_dashboard_serves_a_pool_and_refuses_submit(tmp_path, monkeypatch):
     head = tmp_path / "head"
+    monkeypatch.setenv("LAMPORT_HEAD_DIR", str(head))  # for every command below
     left: dict[int, int] = {}
     try:
-        done = _jobs(head, "head", "start", "--dashboard", "off", "--num-cpus", "2")
+        done = jobs("head", "start", "--dashboard", "off", "--num-cpus", "2", timeout=240)
         assert done.returncode == 0, done.stdout + done.stderr
         assert ("runs without the dashboard and so without a job server (--dashboard off)"
                 in done.stdout), done.stdout
         state = json.loads((head / hd.STATE_FILE).read_text())
         assert state["dashboard"] is None and state["no_dashboard"] == "--dashboard off"
-        status = _jobs(head, "head", "status")
+        status = jobs("head", "status", timeout=120)
         assert status.returncode == 0 and "no job server (--dashboard off)" in status.stdout
-        done = _jobs(head, "pool", "start", "--name", "minimal", "--backend", "emulated",
-                     "--warm", "1")
+        done = jobs("pool", "start", "--name", "minimal", "--backend", "emulated",
+                    "--warm", "1", timeout=240)
         assert done.returncode == 0, done.stdout + done.stderr
-        done = _jobs(head, *SMALL_CHECK, "--pool", "minimal", timeout=400)
+        done = jobs(*SMALL_CHECK, "--pool", "minimal", timeout=400)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         assert "6 pass, 0 fail, 0 hang, 0 error, 0 skipped" in done.stdout, done.stdout[-4000:]
-        done = _jobs(head, "submit", "--", *SMALL_CHECK, timeout=120)
+        left = {state["pid"]: state["start"], **procs.descendants(state["pid"])}  # pool's too
+        done = jobs("submit", "--", *SMALL_CHECK, timeout=120)
         assert done.returncode == 2, done.stdout + done.stderr
         assert f"the head at {head} runs without the dashboard (--dashboard off)" in done.stderr
-        done = _jobs(head, "pool", "stop", "--name", "minimal")
+        done = jobs("pool", "stop", "--name", "minimal", timeout=240)
         assert done.returncode == 0 and "stopped" in done.stdout, done.stdout + done.stderr
-        left = {state["pid"]: state["start"], **procs.descendants(state["pid"])}
+        left.update(procs.descendants(state["pid"]))
     finally:
-        stopped = _jobs(head, "head", "stop", timeout=120)
+        stopped = jobs("head", "stop", timeout=120)
     assert stopped.returncode == 0 and "stopped the head" in stopped.stdout, stopped.stdout
     assert not (head / hd.STATE_FILE).exists()
     assert left and not [pid for pid, start in left.items() if procs.alive(pid, start)]
-    status = _jobs(head, "head", "status")
+    status = jobs("head", "status", timeout=120)
     assert status.returncode == 1 and f"no head recorded in {head}" in status.stdout
