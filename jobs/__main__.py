@@ -31,7 +31,7 @@ from pathlib import Path
 from jobs import exits, limits
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
 from jobs.exits import InfraError, Interrupted
-from jobs.head import DEFAULT_HEAD_DIR, HEAD_DIR_ENV
+from jobs.head import DASHBOARD_MODES, DEFAULT_HEAD_DIR, HEAD_DIR_ENV
 from jobs.options import (DEFAULT_RESULTS, add_results_arguments, groups_per_gpu,
                           int_list, name_arg, number, open_results, path_arg,
                           pool_choice, report, str_list)
@@ -533,7 +533,7 @@ def _job_server(args):
     (jobs.head.job_server_auth)."""
     from jobs import head as hd
     head = hd.head_dir(args.dir)
-    url = hd.job_server_url(args.address, head)
+    url = hd.job_server_url(args.address, head, use=args.cmd)
     return url, hd.job_server_auth(url, head)
 
 
@@ -677,15 +677,27 @@ def _head(args) -> int:
     if args.action == "stop":
         print(hd.stop(where))
         return exits.OK
-    state = hd.start(where, num_cpus=args.num_cpus, wait_s=args.wait, host=args.host)
+    if args.action == "status":
+        running, said = hd.status(where)
+        print(said)
+        return exits.OK if running else exits.FAILED
+    state = hd.start(where, num_cpus=args.num_cpus, wait_s=args.wait, host=args.host,
+                     dashboard=args.dashboard)
     if args.host != hd.LOOPBACK:
         print(f"note: the head listens on {args.host}, reachable from the network; its token "
               f"({state['token_path']}, 0600) is all that keeps it yours: give it only to "
               f"those who may run code on this machine")
-    print(f"ray head: {state['dashboard']} (job server, token auth; token in "
-          f"{state['token_path']}), GCS {state['address']}, {state['num_cpus']} CPUs\n"
-          f"  submit: python -m jobs submit -- nightly --suite smoke --results \"$PWD/ray-results\"\n"
-          f"  stop:   python -m jobs head stop" + (f" --dir {args.dir}" if args.dir else ""))
+    without = hd.no_job_server(state)
+    if without:
+        print(f"note: the head runs without the dashboard and so without a job server "
+              f"({without}): `jobs submit` is refused; pools and --pool NAME join its GCS")
+    print(f"ray head: {hd.describe(state)} (" + ("" if without else "job server, ")
+          + f"token auth; token in {state['token_path']}), GCS {state['address']}, "
+          f"{state['num_cpus']} CPUs\n"
+          + ("  pool:   python -m jobs pool start --name lab\n" if without else
+             "  submit: python -m jobs submit -- nightly --suite smoke --results "
+             "\"$PWD/ray-results\"\n")
+          + "  stop:   python -m jobs head stop" + (f" --dir {args.dir}" if args.dir else ""))
     return exits.OK
 
 
@@ -834,11 +846,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if action == "logs":
             p.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
         p.set_defaults(func=_follow)
-    p = sub.add_parser("head", help="start or stop a local Ray head for `submit`",
+    p = sub.add_parser("head", help="start, check or stop a local Ray head for `submit` and "
+                                    "standing pools",
                        description="A local Ray head with token authentication, every server "
                                    "on 127.0.0.1 (or --host), free ports, and its job agent up "
-                                   "before this returns (jobs/head.py).")
-    p.add_argument("action", choices=("start", "stop"))
+                                   "before this returns (without the dashboard: its GCS; "
+                                   "jobs/head.py). status: exit 0 when it runs, 1 when not.")
+    p.add_argument("action", choices=("start", "status", "stop"))
     p.add_argument("--dir", type=path_arg, default=None,
                    help=f"where the head's token, log and address live (default: "
                         f"${{{HEAD_DIR_ENV}}} or {DEFAULT_HEAD_DIR})")
@@ -850,7 +864,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--num-cpus", type=number("num_cpus"), default=None, metavar="N",
                    help="CPUs the head offers (default: this machine's, at least 2)")
     p.add_argument("--wait", type=number("wait_s"), default=180.0, metavar="S",
-                   help="how long to wait for the job agent (default: %(default)s s)")
+                   help="how long to wait for the job agent (without the dashboard: the GCS; "
+                        "default: %(default)s s)")
+    p.add_argument("--dashboard", choices=DASHBOARD_MODES, default="auto",
+                   help="start: run Ray's dashboard, and with it the job server `submit` needs "
+                        "(default: %(default)s: where Ray's dashboard packages import; on: "
+                        "refused where they do not; off: never). Without it the head is ready "
+                        "once its GCS answers, and serves pools and --pool NAME, not submit")
     p.set_defaults(func=_head)
     p = sub.add_parser("bisect", help="find the commit that turned a case red: each candidate "
                                       "in a git worktree of its own, only that case run "

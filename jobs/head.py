@@ -12,7 +12,13 @@ and every port free when it starts (none of Ray's fixed defaults:
 6379, 8265, 52365, 10001 may belong to another cluster on the machine). It
 returns once the head's job agent answers (the agent, not the dashboard,
 takes a submitted job: a submit before it is up fails with "No available
-agent"), and records the head in ``DIR/head.json``. ``stop`` ends that
+agent"), and records the head in ``DIR/head.json``. Without Ray's
+dashboard packages (a minimal ``ray`` install; ``dashboard``: auto, on,
+off) the head runs without the dashboard and so without a job server: it is
+ready once its GCS answers, its state records why
+(:func:`no_job_server`), and what needs the job server refuses it
+(:func:`job_server_url`) while what joins the GCS (pools, ``--pool NAME``)
+does not care. ``stop`` ends that
 process group (SIGTERM, then SIGKILL), never ``ray stop``, which stops every
 Ray on the machine.
 
@@ -55,6 +61,47 @@ LOG_FILE = "head.log"
 LOG_HEADER = "# lamport-lab: log of `python -m jobs head start` (ray start --head)\n"
 """The first line of every head log: a head.log without it is someone
 else's file, which ``start`` refuses to write over."""
+
+
+DASHBOARD_MODES = ("auto", "on", "off")
+
+
+def dashboard_dependency_error() -> ImportError | None:
+    """Why Ray's dashboard cannot run here (the ImportError of its
+    packages, as Ray itself checks before ``--include-dashboard true``),
+    None when it can."""
+    from ray._private.utils import get_dashboard_dependency_error
+    return get_dashboard_dependency_error()
+
+
+def decide_dashboard(mode: str) -> str | None:
+    """Whether the head runs the dashboard (and with it the job server):
+    None when it does, else why not, in words. ``auto``: where Ray's
+    dashboard packages import; ``on``: always, ConfigError (exit 2) where
+    they do not; ``off``: never."""
+    if mode not in DASHBOARD_MODES:
+        raise ConfigError(f"--dashboard {mode!r}: one of {', '.join(DASHBOARD_MODES)}")
+    if mode == "off":
+        return "--dashboard off"
+    error = dashboard_dependency_error()
+    if error is None:
+        return None
+    if mode == "on":
+        raise ConfigError(f"--dashboard on: Ray's dashboard packages do not import here "
+                          f"({error}); install them (ray[default]) or give --dashboard "
+                          f"auto|off for a head without the job server")
+    return f"ray minimal: {error}"
+
+
+def no_job_server(state: dict) -> str | None:
+    """Why the recorded head ``state`` has no job server (it runs without
+    the dashboard), None when it has one."""
+    return None if state.get("dashboard") else (state.get("no_dashboard") or "no dashboard")
+
+
+def describe(state: dict) -> str:
+    """The recorded head in a few words: its job server, else its GCS."""
+    return state["dashboard"] or f"GCS {state['address']}, no dashboard"
 
 
 def head_dir(given: Path | None = None) -> Path:
@@ -171,17 +218,24 @@ def job_server_auth(url: str, head: Path | None = None, timeout_s: float = 10.0)
         + "; give the head's token in RAY_AUTH_TOKEN_PATH")
 
 
-def job_server_url(address: str | None, head: Path) -> str:
+def job_server_url(address: str | None, head: Path, use: str = "submit") -> str:
     """The job server to talk to: ``address`` (``--address``), else
     RAY_ADDRESS, else the head ``head start`` recorded in ``head``; a URL
-    without a trailing slash. ConfigError (exit 2) when there is none, or
-    it is not an http(s) URL."""
+    without a trailing slash. ConfigError (exit 2) when there is none (no
+    head recorded, or one without the dashboard: ``use`` names what needed
+    it), or it is not an http(s) URL."""
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         state = read_state(head)
         if state is None:
             raise ConfigError(f"no head to talk to: none recorded in {head} (start one with "
                               f"`python -m jobs head start`), no --address, no RAY_ADDRESS")
+        why = no_job_server(state)
+        if why:
+            raise ConfigError(f"the head at {head} runs without the dashboard ({why}): no job "
+                              f"server for {use}; start it with the dashboard packages "
+                              f"installed (python -m jobs head start --dashboard on), or give "
+                              f"--address")
         address = state["dashboard"]
     if not address.startswith(("http://", "https://")):
         raise ConfigError(f"--address {address!r}: give the job server's URL, "
@@ -220,18 +274,30 @@ def recorded_auth(address: str):
     token, in the environment for the block (Ray reads it there, and caches
     it: jobs.embedded.reread_auth), so a user never sets Ray's auth
     variables by hand for their own head. Yields whether it did."""
-    from jobs.embedded import reread_auth
     state = read_state(head_dir())
     if (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
             or state is None or state.get("address") != address):
         yield False
         return
-    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": state["token_path"]}
+    with head_token(state["token_path"]):
+        yield True
+
+
+@contextlib.contextmanager
+def head_token(token_path: str):
+    """Ray's auth variables set to the token file ``token_path`` (and no
+    RAY_AUTH_TOKEN) for the block, re-read by Ray on the way in and out."""
+    from jobs.embedded import reread_auth
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path, "RAY_AUTH_TOKEN": None}
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     reread_auth()
     try:
-        yield True
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
@@ -283,11 +349,13 @@ def _alive(pgid: int | None) -> bool:
 
 
 def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
-          host: str = LOOPBACK) -> dict:
+          host: str = LOOPBACK, dashboard: str = "auto") -> dict:
     """Start a local head (see the module docstring); returns its state
-    (``dashboard``: the job server's URL, ``address``: the GCS address,
-    ``pid``, ``temp_dir``, ``log``). ``host``: the address its servers
-    listen on (:func:`check_host`). ConfigError when one recorded in
+    (``dashboard``: the job server's URL, None without one, then
+    ``no_dashboard`` says why; ``address``: the GCS address, ``pid``,
+    ``temp_dir``, ``log``). ``host``: the address its servers listen on
+    (:func:`check_host`); ``dashboard``: :func:`decide_dashboard`.
+    ConfigError when ``--dashboard on`` cannot be, one recorded in
     ``head`` still runs, the token file there is not one
     (:mod:`jobs.ray_token`) or a head.json or head.log there is someone
     else's (:func:`check_dir`); InfraError (exit 3) when it does not come up
@@ -295,15 +363,17 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     state = read_state(head)
     if state and _alive(state["pid"]):
         raise ConfigError(f"a head started from {head} still runs (pid {state['pid']}, "
-                          f"{state['dashboard']}); stop it first: python -m jobs head stop")
+                          f"{describe(state)}); stop it first: python -m jobs head stop")
     if num_cpus is not None and num_cpus < 1:
         raise ConfigError(f"--num-cpus {num_cpus}: must be >= 1")
     check_host(host)
     check_dir(head)
+    without = decide_dashboard(dashboard)
     head.mkdir(parents=True, exist_ok=True)
     token_path = ray_token.ensure((head / TOKEN_FILE).resolve(), "the head's token file")
     # Ray's unix sockets live under the temp dir: keep its path short.
     temp_dir = tempfile.mkdtemp(prefix="lamport-ray-", dir="/tmp")
+    # dashboard-port too without the dashboard: Ray still binds it to check it.
     ports = {name: free_port(host) for name in (
         "port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
         "runtime-env-agent-port", "metrics-export-port", "ray-client-server-port")}
@@ -311,7 +381,8 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     ray_bin = Path(sys.executable).with_name("ray")
     argv = [str(ray_bin) if ray_bin.exists() else "ray", "start", "--head", "--block",
             "--node-ip-address", host, "--dashboard-host", host,
-            "--include-dashboard", "true", "--num-cpus", str(cpus), "--disable-usage-stats",
+            "--include-dashboard", "false" if without else "true", "--num-cpus", str(cpus),
+            "--disable-usage-stats",
             "--temp-dir", temp_dir, *[a for k, v in ports.items() for a in (f"--{k}", str(v))]]
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", *LOOPBACK_ENV)}
@@ -328,22 +399,18 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     where = url_host(host)
     state = {"pid": proc.pid, "start": procs.process_start(proc.pid),  # tells a reused pid apart
              "host": host, "address": f"{where}:{ports['port']}",
-             "dashboard": f"http://{where}:{ports['dashboard-port']}",
-             "agent": f"http://{where}:{ports['dashboard-agent-listen-port']}",
+             "dashboard": None if without else f"http://{where}:{ports['dashboard-port']}",
+             "agent": None if without else f"http://{where}:{ports['dashboard-agent-listen-port']}",
+             "no_dashboard": without,
              "temp_dir": temp_dir, "log": str(log_path), "token_path": str(token_path),
              "num_cpus": cpus}
     (head / STATE_FILE).write_text(json.dumps(state, indent=1))
     token = ray_token.read(token_path, "the head's token file")
     deadline = time.monotonic() + wait_s
-    waiting_for = "the job server"
     while True:
-        try:
-            if (http_status(f"{state['dashboard']}/api/jobs/", token=token) == 200
-                    and http_status(f"{state['agent']}/api/healthz") == 200):
-                return state
-            waiting_for = "the job agent"
-        except OSError:
-            pass
+        ready, waiting_for = _ready(state, token)
+        if ready:
+            return state
         if proc.poll() is not None or time.monotonic() > deadline:
             tail = log_path.read_text()[-3000:]
             stop(head)
@@ -352,6 +419,46 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
             print(f"end of {log_path}:\n{tail}", file=sys.stderr)
             raise InfraError(f"the Ray head {why} (its log: {log_path})")
         time.sleep(0.5)
+
+
+def _ready(state: dict, token: str) -> tuple[bool, str]:
+    """Whether the head just started takes work, else (False, what it waits
+    for): with a job server, once the job server and the job agent answer
+    (a submit before the agent is up fails); without, once the GCS answers
+    with the head's node alive (what a driver joining it needs)."""
+    if no_job_server(state):
+        from ray._raylet import GcsClient
+        from ray.core.generated.gcs_pb2 import GcsNodeInfo
+        try:
+            with head_token(state["token_path"]):
+                alive = GcsClient(address=state["address"]).get_all_node_info(
+                    timeout=2, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+            return bool(alive), "the head's node"
+        except Exception:  # noqa: BLE001 (not up yet: Ray's RPC errors vary)
+            return False, "the GCS"
+    try:
+        if http_status(f"{state['dashboard']}/api/jobs/", token=token) != 200:
+            return False, "the job server"
+        return http_status(f"{state['agent']}/api/healthz") == 200, "the job agent"
+    except OSError:
+        return False, "the job server"
+
+
+def status(head: Path) -> tuple[bool, str]:
+    """(whether the head recorded in ``head`` runs, what it is, in words)."""
+    state = read_state(head)
+    if state is None:
+        return False, f"no head recorded in {head}"
+    leader = procs.process_start(state["pid"])
+    alive = _alive(state["pid"]) and state.get("start") in (None, leader)
+    why = no_job_server(state)
+    what = (f"GCS {state['address']}, "
+            + (f"no dashboard, no job server ({why})" if why else
+               f"job server {state['dashboard']}")
+            + f", pid {state['pid']}, log {state['log']}")
+    return alive, (f"head at {head} runs: {what}" if alive else
+                   f"head at {head} not running (recorded: {what}); forget it with "
+                   f"`python -m jobs head stop`")
 
 
 def stop(head: Path, grace_s: float = 3.0) -> str:
@@ -373,7 +480,7 @@ def stop(head: Path, grace_s: float = 3.0) -> str:
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         if not _alive(pgid):
             break
-        outcome = f"stopped the head (pid {pgid}, {state['dashboard']})"
+        outcome = f"stopped the head (pid {pgid}, {describe(state)})"
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
         with contextlib.suppress(ChildProcessError):

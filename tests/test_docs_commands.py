@@ -118,6 +118,10 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     ".venv/bin/python -m jobs report --results ray-results": Covered(README_RAY),
     "ls ray-site/index.html": Covered(README_RAY),
     ".venv/bin/python -m jobs head stop": Covered(README_RAY),
+    # README: a head without the dashboard (a minimal Ray); with a pool, a pooled check and a
+    # refused submit in tests/test_jobs_head_minimal.py.
+    "python -m jobs head start --dashboard off": Run(cleanup="python -m jobs head stop",
+                                                     ray=True),
     # README: GPU tests, benchmarks and the GPU machine.
     "timeout -s KILL 900 bash scripts/gpu/suite.sh                  # the GPU suite (add --slow "
     "for all)": Skip(GPU),
