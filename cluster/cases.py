@@ -69,12 +69,20 @@ def make_case(*, capacity: int, **fields) -> dict:
     return case
 
 
-def case_inputs(case: Mapping, *, tp: int, hidden: int, tokens: int | None = None) -> dict:
+def case_inputs(case: Mapping, *, tp: int, hidden: int, tokens: int | None = None,
+                reference_device=None) -> dict:
     """Every input tensor of the group's call (the op's ``make_inputs``), BF16
     / FP32 / int on CPU, deterministic in the case's fields; ``tokens``
-    overrides M."""
+    overrides M. ``reference_device`` (a torch device; None: the CPU) is kept
+    as ``inputs["reference_device"]``: where an op's reference may compute
+    the parts proven bit-identical to the CPU's there (the finalize payloads:
+    :func:`cluster.ops.finalize_publish.payloads`); its results come back to
+    the CPU, and everything else of the reference stays on the CPU."""
     m = int(case["tokens"] if tokens is None else tokens)
-    return ops.get(case["op"]).module().make_inputs(case, tp=tp, hidden=hidden, tokens=m)
+    inputs = ops.get(case["op"]).module().make_inputs(case, tp=tp, hidden=hidden, tokens=m)
+    if reference_device is not None:
+        inputs["reference_device"] = reference_device
+    return inputs
 
 
 def bf16_from_bits(a: np.ndarray) -> torch.Tensor:

@@ -327,24 +327,28 @@ def discover_local() -> Topology:
 
 def discover_cluster(timeout_s: float = 60.0) -> Topology:
     """One :func:`discover_node` per alive Ray node, run there as a task that
-    holds all the node's GPUs (so it sees all of them); call before the TP
-    groups take the GPUs. TimeoutError names the nodes that did not answer."""
+    holds no GPU and sees all of them (Ray leaves its CUDA_VISIBLE_DEVICES
+    alone: cluster.gpu.ALL_GPUS_VISIBLE). Discovery only reads, so GPUs held
+    by a standing pool or another job do not delay it (a task that asked for
+    every GPU waited out the timeout behind a pool's placement group).
+    TimeoutError names the nodes that did not answer."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(num_cpus=0, max_retries=0)(discover_node)
+    from cluster.gpu import ALL_GPUS_VISIBLE
+
+    task = ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(discover_node)
     refs = {}
     for n in ray.nodes():
         if not n.get("Alive"):
             continue
-        gpus = n.get("Resources", {}).get("GPU", 0)
         refs[n["NodeID"]] = task.options(
-            num_gpus=gpus, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            runtime_env={"env_vars": {ALL_GPUS_VISIBLE: "1"}},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
         ).remote(n["NodeID"])
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     late = [nid for nid, ref in refs.items() if ref not in ready]
     if late:
         raise TimeoutError(f"topology discovery: nodes {late} did not answer within {timeout_s} s "
-                           f"(each task asks for all the node's GPUs; available "
-                           f"{ray.available_resources()})")
+                           f"(available {ray.available_resources()})")
     return Topology(tuple(ray.get(list(refs.values()), timeout=timeout_s)))

@@ -92,7 +92,10 @@ def run_group(pool, backend: str, kind: Kind, seed: int, fault: str | None = Non
                                     fields=dict(kind.fields))
                 assert verdict.met, (kind, fault, verdict.seen)
             call = g.run(kind.case(g, m, seed + i))
-            assert call.outcome == "pass", (kind, call.diagnosis.summary(), call.errors)
+            assert call.outcome == "pass", (
+                kind, fault, i, call.outcome, call.diagnosis.summary(), call.errors,
+                [None if x is None else x["mailbox_clean"] for x in call.results],
+                [None if c is None else c["ok"] for c in call.checks])
         return {"kind": kind, "formed_s": formed_s, "pids": pids, "cold": cold,
                 "replaced": sorted(g.replaced_ranks), "cold_after": g.cold_ranks,
                 "pids_after": [m["pid"] for m in g.metadata]}

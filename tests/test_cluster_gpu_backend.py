@@ -235,6 +235,27 @@ def test_gpu_backend_group_reaches_setup_with_a_rendezvous(fake_gpu_cluster):
     assert not os.environ.get("MASTER_PORT")  # nothing leaked into the driver
 
 
+def test_topology_discovery_answers_while_every_gpu_is_held(fake_gpu_cluster):
+    # a standing pool holds every GPU of its nodes in a placement group; the
+    # discovery task used to ask for all of them and waited out its timeout
+    # behind it (60 s of every --pool run on the H200)
+    import time
+
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from cluster.topology import discover_cluster
+    held = placement_group([{"GPU": 1}, {"GPU": 1}], strategy="STRICT_PACK")
+    ray.get(held.ready(), timeout=30)
+    try:
+        assert ray.available_resources().get("GPU", 0) == 0
+        started = time.monotonic()
+        topo = discover_cluster(timeout_s=20)
+        assert time.monotonic() - started < 20
+        assert len(topo.nodes) == 1
+    finally:
+        remove_placement_group(held)
+
+
 def test_each_peer_gets_an_export_of_its_own():
     """torch's CUDA IPC counts one reference per export: a shared-GPU rank
     exports its mailbox once per peer (never for itself), and each rank

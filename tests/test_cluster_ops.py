@@ -211,17 +211,22 @@ def test_static_buffers_follow_the_structure_of_moe_inputs():
     ("embed_norm", {}),
     ("all_reduce_mhc", {"hc": 2, "finalize": True, "top_k": 2}),
 ])
-def test_one_set_of_inputs_checks_every_rank_of_a_call(op, fields):
+@pytest.mark.parametrize("device", [None, "cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_one_set_of_inputs_checks_every_rank_of_a_call(op, fields, device):
     """cluster.cases.check_outputs with the call's inputs shared by every
-    rank's check (what virtual ranks and rank actors pass) reports exactly
-    what it reports from inputs of its own, per rank (owner mode: each rank
-    its own rows), and still fails a wrong element."""
+    rank's check (what virtual ranks and rank actors pass, with their GPU as
+    the reference device) reports exactly what it reports from inputs of its
+    own on the CPU, per rank (owner mode: each rank its own rows), and still
+    fails a wrong element."""
+    import torch
+
     from cluster.cases import bits_from_bf16, case_inputs, check_outputs, make_case
 
     tp, hidden = 4, 64
     case = make_case(capacity=8, tokens=5, op=op, inputs="random", seed=11, budget_ns=10**9,
                      **fields)
-    shared = case_inputs(case, tp=tp, hidden=hidden)
+    shared = case_inputs(case, tp=tp, hidden=hidden,
+                         reference_device=None if device is None else torch.device(device))
     module = ops.get(op).module()
     for rank in range(tp):
         expected = module.expected(case, case_inputs(case, tp=tp, hidden=hidden), tp=tp,

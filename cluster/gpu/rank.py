@@ -235,7 +235,8 @@ class GpuRank:
             raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")
         kernel = self._op_kernel(case)
         clock = PhaseClock()
-        inputs = case_inputs(case, tp=self._tp, hidden=self._hidden, tokens=tokens)
+        inputs = case_inputs(case, tp=self._tp, hidden=self._hidden, tokens=tokens,
+                             reference_device=self._device)
         clock.mark("inputs")
         kernel.load(case, inputs, self._rank, self._device)
         seq = int(case["seq"])

@@ -151,7 +151,7 @@ def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int):
     graph = None
     for i, case in enumerate(cases):
         clock = PhaseClock()
-        inputs = case_inputs(case, tp=tp, hidden=hidden)
+        inputs = case_inputs(case, tp=tp, hidden=hidden, reference_device=dev)
         clock.mark("inputs")
         kernel.load(case, inputs, m)
         torch.cuda.synchronize(dev)

@@ -90,10 +90,24 @@ def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
 
 
 def payloads(inputs: dict):
-    """``[tp, M, H]`` BF16: every rank's finalize payload (exact FMA)."""
-    from kernels.reference.moe import finalize_payloads
+    """``[tp, M, H]`` BF16 on the CPU: every rank's finalize payload (exact
+    FMA), computed on ``inputs["reference_device"]`` where the caller set one
+    (:func:`cluster.cases.case_inputs`: a GPU rank's own device). Bit for bit
+    the CPU's result there (``tests/test_reference_moe.py``, its CUDA test),
+    and a few milliseconds where the CPU's exact-FMA emulation in FP64 takes
+    about 0.3 s a call at tp 8, M 64, top_k 8."""
+    from kernels.reference.moe import MoEPartial, finalize_payloads
 
-    return shared(inputs, "payloads", lambda: finalize_payloads(inputs["moes"], fma=True))
+    def make():
+        device = inputs.get("reference_device")
+        moes = inputs["moes"]
+        if device is not None:
+            moes = [MoEPartial(*(None if t is None else t.to(device) for t in
+                                 (p.gemm2_permuted, p.expert_weights,
+                                  p.expanded_idx_to_permuted_idx, p.shared_output)))
+                    for p in moes]
+        return finalize_payloads(moes, fma=True).cpu()
+    return shared(inputs, "payloads", make)
 
 
 def payload(case, inputs: dict, rank: int):

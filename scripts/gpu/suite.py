@@ -59,9 +59,10 @@ inside those deadlines (seconds); what bounds them is the worker processes
 starting at once (torch and CuTe DSL imports, CUDA contexts) on the host's
 cores."""
 RAY_AT_ONCE = 1
-"""The default ``--ray-at-once``: the form run on the H200 (docs/results/gpu_suite.md).
-``--lanes 4 --ray-at-once 2`` shortens the critical path (the three Ray parts
-took 218 s one after another of the 281 s run at deaf606) and is not yet run there."""
+"""The default ``--ray-at-once``: one Ray part at a time. ``--lanes 4
+--ray-at-once 2`` shortens the critical path (the three Ray parts took 218 s
+one after another of the 281 s run at deaf606) and is the form the rows of
+docs/results/gpu_suite.md are run in since d76a8eb."""
 
 
 def gpu_files(root: Path = ROOT, marks: tuple[str, ...] = ("gpu", "multigpu")) -> list[str]:
