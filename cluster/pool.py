@@ -174,6 +174,8 @@ class Registry:
         self.per_slot = 0
         """Workers :meth:`prestart` put in every slot (the largest asked):
         what :meth:`replace` tops a slot back up to."""
+        self._topology: tuple[tuple[str, ...], Any] | None = None
+        """(alive node ids, their cluster.topology.Topology) as last kept."""
 
     # -- slots
     def _reserve(self, node_id: str, timeout_s: float) -> None:
@@ -412,6 +414,16 @@ class Registry:
         return {"name": self.name, "backend": self.backend, "detached": self.detached,
                 "created_unix": self.created}
 
+    # -- the cluster's topology, discovered once per set of nodes
+    def kept_topology(self, nodes: tuple[str, ...]):
+        """The topology kept for exactly these alive ``nodes``, else None."""
+        if self._topology is not None and self._topology[0] == nodes:
+            return self._topology[1]
+        return None
+
+    def keep_topology(self, nodes: tuple[str, ...], topology) -> None:
+        self._topology = (nodes, topology)
+
     def snapshot(self) -> list[Worker]:
         return list(self.workers.values())
 
@@ -505,6 +517,23 @@ class WorkerPool:
         import ray
         return ray.get(getattr(self._keeper, method).remote(*args, **kwargs),
                        timeout=CONTROL_TIMEOUT_S)
+
+    def topology(self):
+        """The cluster's :class:`~cluster.topology.Topology`, discovered
+        (:func:`~cluster.topology.discover_cluster`, by this process) the
+        first time and again whenever the alive nodes differ from those it
+        was discovered on, else the one the pool keeps: a job on a standing
+        pool does not pay for a discovery (seconds: a task per node
+        importing torch) that ``jobs pool start`` already made."""
+        import ray
+
+        from cluster.topology import discover_cluster
+        nodes = tuple(sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive")))
+        kept = self._call("kept_topology", nodes)
+        if kept is None:
+            kept = discover_cluster()
+            self._call("keep_topology", nodes, kept)
+        return kept
 
     # -- leases
     def acquire(self, request: Request, *, timeout_s: float) -> Lease:

@@ -333,8 +333,8 @@ def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bo
         from jobs import trace
         runners["correctness"] = functools.partial(trace.run, out=args.trace_out)
     backend, why = resolve_backend(args.backend)
-    view = ClusterView(backend, groups_per_gpu=args.groups_per_gpu)
-    with worker_pool(args.pool, backend) as view.pool:
+    with worker_pool(args.pool, backend) as pool:
+        view = ClusterView(backend, groups_per_gpu=args.groups_per_gpu, pool=pool)
         try:
             run, checked = _run_jobs(args, jobs, plan, runners, view,
                                      f"ray: {how}\nbackend: {why}", nightly=nightly,

@@ -45,13 +45,15 @@ class ClusterView:
     no such placement's timing is a collective's speed anyway). Process per
     GPU always holds whole GPUs."""
 
-    def __init__(self, backend: str, *, groups_per_gpu: int = 1) -> None:
+    def __init__(self, backend: str, *, groups_per_gpu: int = 1, pool=None) -> None:
         check_groups_per_gpu(groups_per_gpu)
         self.backend = backend
         self.groups_per_gpu = groups_per_gpu
-        self.pool = None
+        self.pool = pool
         """The cluster.pool.WorkerPool the jobs take their ranks from (None:
-        every group starts actors of its own; set by the driver)."""
+        every group starts actors of its own); it also keeps the topology
+        (:meth:`cluster.pool.WorkerPool.topology`: a standing pool's was
+        discovered when it started)."""
         self.topology = None
         self.topology_error = None
         _, self.gpus_per_node = cluster_gpus()
@@ -61,7 +63,7 @@ class ClusterView:
             self.topology_error = f"cluster.topology unavailable: {err}"
         else:
             try:
-                self.topology = discover_cluster()
+                self.topology = discover_cluster() if pool is None else pool.topology()
             except Exception as err:  # a topology we cannot read is not a reason to stop
                 self.topology_error = f"topology discovery failed: {type(err).__name__}: {err}"
 

@@ -85,7 +85,11 @@ def _start(args) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     warmed = pool.prestart(args.warm, wait=True)
-    print(f"pool {args.name}: started ({why}); {warmed} worker(s) warm in "
+    try:
+        gpus = f"{pool.topology().gpu_count} GPU(s) discovered"
+    except Exception as err:  # noqa: BLE001 - each job then discovers (and reports) it itself
+        gpus = f"topology not discovered ({type(err).__name__}: {err})"
+    print(f"pool {args.name}: started ({why}); {warmed} worker(s) warm, {gpus}, in "
           f"{time.monotonic() - started:.1f} s; jobs use it with --pool {args.name}")
     _print_status(pool)
     return 0

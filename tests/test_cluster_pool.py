@@ -76,6 +76,22 @@ def test_registry_arguments_are_checked():
         reg.replace("l", 1)
 
 
+def test_the_pool_keeps_the_topology_until_the_nodes_change(pool, monkeypatch):
+    import ray
+
+    import cluster.topology as topology
+    found = []
+    real = topology.discover_cluster
+    monkeypatch.setattr(topology, "discover_cluster", lambda: found.append(1) or real())
+    first = pool.topology()
+    assert first.nodes and pool.topology() is first and len(found) == 1  # kept
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes + [{"NodeID": "f" * 56, "Alive": True}])
+    monkeypatch.setattr(topology, "discover_cluster", lambda: found.append(2) or "rediscovered")
+    assert pool.topology() == "rediscovered" and found == [1, 2]  # a node joined
+    assert pool.topology() == "rediscovered" and found == [1, 2]
+
+
 def test_groups_reuse_the_workers_of_earlier_groups(pool):
     first = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=1)
     assert first["cold"] == [0, 1]
