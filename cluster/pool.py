@@ -64,9 +64,16 @@ from cluster.placement import Placement
 POOL_NAMESPACE = "lamport-pool"
 """Ray namespace of standing pools' keepers and workers."""
 WORKER_GPU_SHARE = 1 / 128
-"""Ray GPU resource one worker holds inside its slot's bundle (of 1): at
-most 128 workers a GPU (a GPU's peak is groups_per_gpu x tp <= 8 x 8)."""
-MAX_WORKERS_PER_SLOT = 128
+"""Ray GPU resource one worker holds inside its slot's bundle (of 1): never
+what limits a slot (:data:`MAX_WORKERS_PER_SLOT` does)."""
+MAX_WORKERS_PER_SLOT = 24
+"""Workers one slot holds at most, idle ones included. Every worker is a
+CUDA context on the slot's GPU, and the contexts of one GPU share its
+hardware queues: on an H200, 28 contexts of ``cluster.gpu.WORKER_CONNECTIONS``
+(16) came up and the 29th failed with "out of memory"
+(``scripts/gpu/context_probe.py``). A request that would pass the cap waits
+for room, so fewer groups run at once than ``groups_per_gpu`` asks when
+``groups_per_gpu x tp`` is past it (two tp-8 groups a GPU, 16 workers, fit)."""
 
 
 def gpu_worker_env() -> dict[str, str]:
@@ -317,12 +324,13 @@ class Registry:
         for node in self._gpu_nodes(request.node_id):
             self._reserve(node, CONTROL_TIMEOUT_S)
             slots = sorted(s for (n, s) in self.load if n == node)
+            per_slot = request.workers // request.slots
+            # the workers a slot would start for it (its idle ones serve first)
             free = [s for s in slots if self.load[node, s] + request.share <= 1 + 1e-6
-                    and len(self._at(node, s)) + (request.workers // request.slots)
+                    and len(self._at(node, s)) + max(0, per_slot - len(self._idle(node, s)))
                     <= MAX_WORKERS_PER_SLOT]
             if len(free) < request.slots:
                 continue
-            per_slot = request.workers // request.slots
             # prefer slots whose idle workers cover the request, then the least loaded
             free.sort(key=lambda s: (len(self._idle(node, s)) < per_slot, self.load[node, s]))
             return [(node, s, per_slot) for s in sorted(free[:request.slots])]

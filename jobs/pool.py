@@ -67,8 +67,10 @@ def main(args) -> int:
         require_name("--name", args.name)
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
-    if not 0 <= args.warm <= 64:
-        raise ConfigError(f"--warm {args.warm}: must be in 0..64")
+    from cluster.pool import MAX_WORKERS_PER_SLOT
+    if not 0 <= args.warm <= MAX_WORKERS_PER_SLOT:
+        raise ConfigError(f"--warm {args.warm}: must be in 0..{MAX_WORKERS_PER_SLOT} "
+                          f"(the workers a GPU holds at most)")
     address = cluster_address(args.address)
     from jobs.session import ray_session
     with ray_session(address):

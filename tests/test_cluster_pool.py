@@ -63,10 +63,34 @@ def test_a_gpu_worker_has_queues_for_its_virtual_ranks_and_not_every_queue():
     assert max(TP_SIZES) + 1 <= connections < 32
 
 
+def test_a_gpu_slot_holds_at_most_the_cap_and_its_idle_workers_serve_first(monkeypatch):
+    # the gpu backend's fit without Ray: one node, one slot, workers as plain records
+    from cluster import pool as pl
+    reg = Registry("gpu", name="cap")
+    monkeypatch.setattr(reg, "_gpu_nodes", lambda node_id: ["n"])
+    monkeypatch.setattr(reg, "_reserve", lambda node, timeout_s: reg.load.setdefault(("n", 0), 0.0))
+    monkeypatch.setattr(reg, "_warm_raised", lambda w: False)
+
+    def start(node, slot):
+        worker = Worker(f"w{len(reg.workers)}", None, node, slot, 0.0)
+        reg.workers[worker.key] = worker
+        return worker
+    monkeypatch.setattr(reg, "_start", start)
+    tp8 = Request(tp=8, placement="shared-gpu", share=0.25)
+    per_group = tp8.workers
+    held = [reg.try_acquire(tp8) for _ in range(pl.MAX_WORKERS_PER_SLOT // per_group)]
+    assert all(held) and len(reg.workers) == pl.MAX_WORKERS_PER_SLOT
+    assert reg.try_acquire(tp8) is None  # room by share, none by the cap: it waits
+    reg.release(held[0].id, [True] * per_group)
+    again = reg.try_acquire(tp8)  # the released workers serve it: none started
+    assert again is not None and len(reg.workers) == pl.MAX_WORKERS_PER_SLOT
+    assert {w.key for w in again.workers} == {w.key for w in held[0].workers}
+
+
 def test_registry_arguments_are_checked():
     reg = Registry("emulated", name="checks")
-    with pytest.raises(ValueError, match=r"per_slot must be in \[0, 128\], got 129"):
-        reg.prestart(129)
+    with pytest.raises(ValueError, match=r"per_slot must be in \[0, 24\], got 25"):
+        reg.prestart(25)
     with pytest.raises(ValueError, match="pool checks: no lease 'nonesuch'"):
         reg.replace("nonesuch", 0)
     worker = Worker(key="w0", actor=None, node_id="n", slot=None, started_unix=0.0)
