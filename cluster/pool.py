@@ -196,7 +196,7 @@ class Registry:
         if gpus < 1:
             raise ValueError(f"pool {self.name}: node {node_id} has no GPU to reserve")
         pg = placement_group([{"GPU": 1}] * gpus, strategy="STRICT_PACK",
-                             name=f"{self.name}-{node_id[:8]}",
+                             name=_slot_group_name(self.name, node_id),
                              bundle_label_selector=[{NODE_ID_LABEL_KEY: node_id}] * gpus,
                              lifetime="detached" if self.detached else None)
         try:
@@ -472,6 +472,9 @@ class WorkerPool:
         and how many of those because their warm-up raised."""
         self.wait_s = 0.0
         """Summed time requests waited for room."""
+        self.cleared = (0, 0)
+        """What :meth:`start` cleared of a dead keeper of this name
+        (:func:`clear_orphans`): workers killed, placement groups removed."""
 
     # -- construction
     @classmethod
@@ -495,11 +498,14 @@ class WorkerPool:
         else:
             raise ValueError(f"a pool named {name!r} already runs on this cluster "
                              f"(python -m jobs pool status --name {name})")
+        cleared = clear_orphans(name)
         keeper = ray.remote(num_cpus=0, max_restarts=0)(Registry).options(
             name=name, namespace=POOL_NAMESPACE, lifetime="detached").remote(
             backend, name=name, detached=True)
         ray.get(keeper.describe_load.remote(), timeout=CONTROL_TIMEOUT_S)
-        return cls(keeper=keeper, name=name, backend=backend)
+        pool = cls(keeper=keeper, name=name, backend=backend)
+        pool.cleared = cleared
+        return pool
 
     @classmethod
     def attach(cls, name: str) -> "WorkerPool":
@@ -715,6 +721,38 @@ def alive_jobs() -> set[str] | None:
         return {j["JobID"] for j in state.jobs() if not j.get("IsDead")}
     except Exception:  # noqa: BLE001
         return None
+
+
+def _slot_group_name(pool: str, node_id: str) -> str:
+    """The name of the placement group holding ``pool``'s slots on a node."""
+    return f"{pool}-{node_id[:8]}"
+
+
+def clear_orphans(name: str) -> tuple[int, int]:
+    """What a standing pool named ``name`` left when its keeper died without
+    :meth:`WorkerPool.stop` (a crash, its node lost): its named workers
+    (killed) and its slots' placement groups (removed, giving their GPUs
+    back). Only for a name no keeper holds: :meth:`WorkerPool.start` calls
+    it. Returns (workers killed, placement groups removed)."""
+    import re
+
+    import ray
+    from ray.util import list_named_actors
+    from ray.util.placement_group import PlacementGroup, placement_group_table
+    workers = [a["name"] for a in list_named_actors(all_namespaces=True)
+               if a.get("namespace") == POOL_NAMESPACE and a["name"].startswith(f"{name}.")]
+    for worker in workers:
+        try:
+            ray.kill(ray.get_actor(worker, namespace=POOL_NAMESPACE), no_restart=True)
+        except ValueError:  # gone meanwhile
+            pass
+    ours = re.compile(re.escape(_slot_group_name(name, "")) + "[0-9a-f]{8}")
+    groups = [pg_id for pg_id, info in placement_group_table().items()
+              if ours.fullmatch(info.get("name") or "") and info.get("state") != "REMOVED"]
+    for pg_id in groups:
+        from ray._raylet import PlacementGroupID
+        ray.util.remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
+    return len(workers), len(groups)
 
 
 def standing_pools() -> list[str]:

@@ -86,6 +86,9 @@ def _start(args) -> int:
         pool = WorkerPool.start(args.name, backend)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if any(pool.cleared):
+        print(f"pool {args.name}: a keeper of this name had died; cleared what it left: "
+              f"{pool.cleared[0]} worker(s), {pool.cleared[1]} GPU reservation(s)")
     warmed = pool.prestart(args.warm, wait=True)
     try:
         gpus = f"{pool.topology().gpu_count} GPU(s) discovered"

@@ -116,6 +116,34 @@ def test_the_pool_keeps_the_topology_until_the_nodes_change(pool, monkeypatch):
     assert pool.topology() == "rediscovered" and found == [1, 2]
 
 
+def test_a_pool_whose_keeper_died_is_started_again_and_its_leftovers_cleared(cluster):
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+
+    from cluster.pool import POOL_NAMESPACE
+    first = WorkerPool.start("orphaned", "emulated")
+    assert first.prestart(1, wait=True) == 1
+    (row,) = first.status()
+    pid = row["pid"]
+    held = placement_group([{"CPU": 0.01}], name="orphaned-0123abcd", lifetime="detached")
+    ray.get(held.ready(), timeout=30)
+    ray.kill(first._keeper, no_restart=True)  # died without stopping its workers
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor("orphaned", namespace=POOL_NAMESPACE)
+        except ValueError:
+            break
+        time.sleep(0.1)
+    again = WorkerPool.start("orphaned", "emulated")  # the same name: no clash
+    try:
+        assert again.cleared == (1, 1)
+        assert not _gone([pid])
+        assert placement_group_table(held)["state"] == "REMOVED"
+    finally:
+        again.stop()
+
+
 def test_groups_reuse_the_workers_of_earlier_groups(pool):
     first = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=1)
     assert first["cold"] == [0, 1]
