@@ -1,11 +1,13 @@
 """A temporary git repository made from this checkout for ``jobs bisect``
 (tests/test_jobs_bisect.py, docs/results/bisect_cpu_2026-12-01.md): a base
 commit (the project as it is here), then ``COMMITS`` commits, each touching
-a notes file; one of them also slows all_reduce_norm's emulated epilogue
-down by ``SLOWDOWN_S`` a call, another makes embed_norm's emulated epilogue
-produce one wrong element.
+a notes file; one of them also slows all_reduce_norm down (its emulated
+epilogue by ``SLOWDOWN_S`` a call, its GPU rank's publish by a
+``GPU_SLEEP_CYCLES`` spin on the GPU, so the same repository serves a
+latency bisect on either backend: ``LATENCY_KEY``, ``GPU_LATENCY_KEY``),
+another makes embed_norm's emulated epilogue produce one wrong element.
 
-    python -m tests.bisect_repo DEST      # prints the commits as JSON
+    python -m tests.bisect_repo DEST [COMMITS]   # prints the commits as JSON
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ SLOWDOWN_S = 0.02
 
 LATENCY_KEY = ("correctness|all_reduce_norm|watchdog|unicast|emulated|2|1024|3|None|None|"
                "bfloat16|random|None|None|")
+GPU_SLEEP_CYCLES = 2_000_000
+"""About 1 ms at an H200's 1.98 GHz: several times a tp=1 call's host-timed
+publish + consume (0.4 ms)."""
+GPU_LATENCY_KEY = ("correctness|all_reduce_norm|watchdog|unicast|process-per-gpu|1|7168|8|None|"
+                   "None|bfloat16|random|None|None|mode=one_shot")
+"""A case of the nightly suite (its parameters and repeats come from there)."""
 WRONG_KEY = ("correctness|embed_norm|watchdog|unicast|emulated|2|1024|5|None|None|bfloat16|"
              "random|None|None|")
 
@@ -34,6 +42,12 @@ _SLOW = ('def epilogue(case, inputs: dict, reduced, rank: int) -> dict:\n'
          '    import time\n'
          f'    time.sleep({SLOWDOWN_S})  # "prefetch the weights" (the injected slowdown)\n'
          '    return norm_epilogue(case, inputs, reduced, rank)\n')
+_SLOW_GPU = ('    def publish(self) -> None:\n'
+             '        self.kernel.publish(self.xd)\n',
+             '    def publish(self) -> None:\n'
+             '        import torch\n'
+             f'        torch.cuda._sleep({GPU_SLEEP_CYCLES})  # the injected slowdown, on the GPU\n'
+             '        self.kernel.publish(self.xd)\n')
 _WRONG = ('    return {"sum": reduced, "embedding": rms_norm(embedding, inputs["enorm"], '
           'case["eps"]),\n',
           '    embedded = rms_norm(embedding, inputs["enorm"], case["eps"]).clone()\n'
@@ -54,9 +68,13 @@ def _edit(path: Path, old_new: tuple[str, str]) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
-def make_repo(dest: Path) -> dict:
-    """Build the repository at ``dest`` (new); returns its commits: ``base``,
-    ``commits`` (oldest first), ``slow`` and ``wrong`` (the injecting ones)."""
+def make_repo(dest: Path, commits: int = COMMITS) -> dict:
+    """Build the repository at ``dest`` (new) with ``commits`` commits after
+    the base (at least ``SLOW_AT``); returns its commits: ``base``,
+    ``commits`` (oldest first), ``slow`` and ``wrong`` (the injecting ones;
+    ``wrong`` only when there are ``WRONG_AT`` commits or more)."""
+    if not isinstance(commits, int) or commits < SLOW_AT:
+        raise ValueError(f"commits must be an int >= {SLOW_AT} (the slow one), got {commits!r}")
     dest = Path(dest)
     dest.mkdir(parents=True)
     files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
@@ -75,11 +93,12 @@ def make_repo(dest: Path) -> dict:
     _git(dest, "commit", "-q", "-m", "base: the project as it is")
     out = {"base": _git(dest, "rev-parse", "HEAD"), "commits": []}
     notes = dest / "NOTES.txt"
-    for i in range(1, COMMITS + 1):
+    for i in range(1, commits + 1):
         notes.write_text((notes.read_text() if notes.exists() else "") + f"note {i}\n")
         message = f"note {i}"
         if i == SLOW_AT:
             _edit(dest / "cluster/ops/all_reduce_norm.py", _SLOW)
+            _edit(dest / "cluster/ops/all_reduce_norm.py", _SLOW_GPU)
             message += ": all_reduce_norm prefetches its weights"
         if i == WRONG_AT:
             _edit(dest / "cluster/ops/embed_norm.py", _WRONG)
@@ -96,4 +115,4 @@ def make_repo(dest: Path) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(make_repo(Path(sys.argv[1])), indent=1))
+    print(json.dumps(make_repo(Path(sys.argv[1]), *map(int, sys.argv[2:3])), indent=1))

@@ -22,7 +22,8 @@ from jobs import bisect as bs
 from jobs.config import load_suite, suite_path
 from jobs.regression import Rule
 from jobs.results import ResultsWriter, make_row, read_results
-from tests.bisect_repo import LATENCY_KEY, WRONG_KEY, make_repo
+from tests.bisect_repo import (GPU_LATENCY_KEY, GPU_SLEEP_CYCLES, LATENCY_KEY, WRONG_KEY,
+                               make_repo)
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_S = 120.0
@@ -87,6 +88,30 @@ def test_a_candidate_from_before_budget_ns_gets_the_budget_as_it_reads_it(tmp_pa
     assert bs.older_budget("faults", {"budget_ns": 250_000}) == {"budget_ms": 0.25}
     assert bs.older_budget("profile", {"budget_ns": 10**9}) == {"watchdog_ns": 10**9}
     assert bs.older_budget("correctness", {}) == {}
+
+
+def test_the_slow_commit_slows_the_gpu_rank_too_and_its_case_is_a_nightly_one(repo):
+    # what a latency bisect on a GPU machine runs (issue 37): the same repository
+    where, commits = repo
+    diff = subprocess.run(["git", "-C", str(where), "show", commits["slow"], "--",
+                           "cluster/ops/all_reduce_norm.py"], capture_output=True, text=True,
+                          check=True).stdout
+    assert f"+        torch.cuda._sleep({GPU_SLEEP_CYCLES})" in diff
+    key = bs.CaseKey.parse(GPU_LATENCY_KEY)
+    assert key.text == GPU_LATENCY_KEY and (key.tp, key.tokens) == (1, 8)
+    params, repeats = bs.case_params(key, "nightly")  # {} and 1 when the suite lacks it
+    assert params["budget_ns"] > 0 and repeats > 1
+
+
+def test_a_shorter_repository_for_the_gpu_bisect(tmp_path):
+    import json
+    out = subprocess.run([sys.executable, "-m", "tests.bisect_repo", str(tmp_path / "r"), "5"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
+    made = json.loads(out.stdout)
+    assert len(made["commits"]) == 5 and made["slow"] == made["commits"][3]
+    assert "wrong" not in made  # its commit would be the 7th
+    with pytest.raises(ValueError, match="commits must be an int >= 4"):
+        make_repo(tmp_path / "short", 3)
 
 
 def test_probes_cut_the_range_evenly_and_step_over_skipped():
