@@ -118,7 +118,9 @@ def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--min-history", type=number("history"), default=rg.DEFAULT_MIN_HISTORY,
                    help="fewer runs than this: status insufficient-history (default: %(default)s)")
     r.add_argument("--sigmas", type=number("sigmas"), default=rg.DEFAULT_SIGMAS,
-                   help="standard deviations beyond the history mean (default: %(default)s)")
+                   help="standard deviations beyond the history mean; a bisect: beyond the "
+                        "median of good's values, their MAD scaled to a standard deviation "
+                        "(default: %(default)s)")
     r.add_argument("--threshold", type=number("threshold"), default=rg.DEFAULT_THRESHOLD,
                    help="and more than this fraction worse (default: %(default)s)")
 
