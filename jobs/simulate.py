@@ -130,6 +130,13 @@ def simulate(nodes: int, *, units: int, jobs: Sequence[str], suite: str,
             "peak_groups": peak_groups(rows)}
 
 
+MAX_NODES = 32
+"""Simulated nodes at most: each is a Ray node (a raylet and its workers)
+started on this one machine."""
+MAX_UNITS = 64
+"""Emulated GPUs a simulated node declares at most."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jobs.simulate", description=__doc__.splitlines()[0])
     p.add_argument("--nodes", default="1,2,4", help="comma-separated node counts (default 1,2,4)")
@@ -145,9 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--nodes {args.nodes!r}: expected comma-separated integers")
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
     bad = [j for j in jobs if j not in ("correctness", "faults")]
-    if bad or not counts or min(counts) < 1:
+    if bad or not counts or not all(1 <= n <= MAX_NODES for n in counts):
         p.error(f"--jobs {args.jobs!r} / --nodes {args.nodes!r}: jobs among correctness,faults; "
-                f"node counts >= 1")
+                f"node counts in 1..{MAX_NODES} (each is a raylet on this machine)")
+    if not 1 <= args.units <= MAX_UNITS:
+        p.error(f"--units {args.units}: must be in 1..{MAX_UNITS} (emulated GPUs per node)")
     figures = []
     for n in counts:
         try:

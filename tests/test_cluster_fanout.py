@@ -205,3 +205,19 @@ def test_groups_fan_out_over_simulated_nodes_and_survive_a_lost_node(tmp_path, m
             assert "node" in r["reason"].lower() or "died" in r["reason"].lower(), r["reason"]
         else:
             assert r["outcome"] == "pass", (r["outcome"], r["reason"])
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--units", "0"], "--units 0: must be in 1..64"),
+    (["--units", "65"], "--units 65: must be in 1..64"),
+    (["--nodes", "1,33"], "node counts in 1..32"),
+    (["--nodes", "0"], "node counts in 1..32"),
+])
+def test_simulate_refuses_counts_out_of_range_before_ray(argv, said, capsys, monkeypatch):
+    import ray
+
+    from jobs import simulate
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
+    with pytest.raises(SystemExit) as stop:
+        simulate.main(argv)
+    assert stop.value.code == 2 and said in capsys.readouterr().err
