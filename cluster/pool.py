@@ -416,7 +416,9 @@ class Registry:
         busy = sum(1 for w in self.workers.values() if w.lease)
         slots = ", ".join(f"{n[:8]}/g{s}: {v:g}" for (n, s), v in sorted(self.load.items()))
         return (f"pool {self.name}: {len(self.workers)} worker(s), {busy} leased, "
-                f"{len(self.leases)} lease(s)" + (f"; slots held {slots}" if slots else ""))
+                f"{len(self.leases)} lease(s)" + (f"; slots held {slots}" if slots else "")
+                + (f"; {self.warm_failed} worker(s) killed because their warm-up raised"
+                   if self.warm_failed else ""))
 
     def info(self) -> dict:
         return {"name": self.name, "backend": self.backend, "detached": self.detached,

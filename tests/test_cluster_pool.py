@@ -81,6 +81,9 @@ def test_a_gpu_slot_holds_at_most_the_cap_and_its_idle_workers_serve_first(monke
     held = [reg.try_acquire(tp8) for _ in range(pl.MAX_WORKERS_PER_SLOT // per_group)]
     assert all(held) and len(reg.workers) == pl.MAX_WORKERS_PER_SLOT
     assert reg.try_acquire(tp8) is None  # room by share, none by the cap: it waits
+    assert "killed because" not in reg.describe_load()
+    reg.warm_failed = 2
+    assert reg.describe_load().endswith("; 2 worker(s) killed because their warm-up raised")
     reg.release(held[0].id, [True] * per_group)
     again = reg.try_acquire(tp8)  # the released workers serve it: none started
     assert again is not None and len(reg.workers) == pl.MAX_WORKERS_PER_SLOT
