@@ -739,6 +739,7 @@ def clear_orphans(name: str) -> tuple[int, int]:
     import re
 
     import ray
+    from ray._raylet import PlacementGroupID
     from ray.util import list_named_actors
     from ray.util.placement_group import PlacementGroup, placement_group_table
     workers = [a["name"] for a in list_named_actors(all_namespaces=True)
@@ -752,7 +753,6 @@ def clear_orphans(name: str) -> tuple[int, int]:
     groups = [pg_id for pg_id, info in placement_group_table().items()
               if ours.fullmatch(info.get("name") or "") and info.get("state") != "REMOVED"]
     for pg_id in groups:
-        from ray._raylet import PlacementGroupID
         ray.util.remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
     return len(workers), len(groups)
 
