@@ -41,6 +41,8 @@ class RankActor:
         self._started_unix = time.time()
         self._served = 0
         """Groups joined and tasks run by this process (cluster.pool: reuse)."""
+        self._warm = None
+        """:meth:`warm`'s figures, once it ran."""
 
     def metadata(self) -> dict:
         """Node id and IP, hostname, pid, Ray's GPU ids, backend name."""
@@ -74,7 +76,10 @@ class RankActor:
         """Pay this process's one-time costs now (a pooled worker, while the
         driver does other work): the backend's imports and, on a GPU, the
         CUDA context on this rank's device and the kernel DSL's import.
-        Returns the seconds each took and the metadata."""
+        Returns the seconds each took (``imports_s``; on a GPU ``dsl_s``, the
+        DSL's import, and ``cuda_s``, the context; ``ready_s``: from the
+        actor's construction to the end of its warm-up) and the metadata; the
+        figures stay in :meth:`stats` (``warm``)."""
         timings = {}
         t0 = time.monotonic()
         make_backend(self._backend_name)
@@ -85,9 +90,13 @@ class RankActor:
             import torch
 
             from cluster.gpu.rank import local_device_index
+            timings["dsl_s"] = time.monotonic() - t0
+            t0 = time.monotonic()
             torch.cuda.set_device(local_device_index())
             torch.cuda.synchronize()
             timings["cuda_s"] = time.monotonic() - t0
+        timings["ready_s"] = time.time() - self._started_unix
+        self._warm = {k: round(v, 3) for k, v in timings.items()}
         return {**timings, "metadata": self.metadata()}
 
     def run_function(self, fn, spec: dict):
@@ -108,7 +117,8 @@ class RankActor:
                 torch.cuda.empty_cache()
 
     def stats(self) -> dict:
-        """What a pooled worker holds: pid, age, groups served, open file
+        """What a pooled worker holds: pid, age, groups served, its warm-up's
+        figures (``warm``: :meth:`warm`'s, None before), open file
         descriptors (all, and by kind: cluster.procs.open_files), resident
         memory and, on
         a GPU, its device memory (torch: allocated and reserved; NVML: the
@@ -116,6 +126,7 @@ class RankActor:
         from cluster.procs import open_files, process_memory
         out = {**self.metadata(), "age_s": time.time() - self._started_unix,
                "served": self._served, "in_group": self._backend is not None,
+               "warm": self._warm,
                **open_files(), "rss_bytes": process_memory(os.getpid())}
         if self._metadata["gpu_ids"]:
             import torch
@@ -158,15 +169,19 @@ class RankActor:
         result that is not clean on this rank (:func:`cluster.backend.rank_clean`,
         aborting the barrier so every rank stops there too): the group
         recovers before anything else runs. A raised exception ends the
-        stream."""
+        stream. A backend with ``plan(case)`` is told each call before the
+        one it is running, to make its host work meanwhile (cluster.ahead)."""
         from cluster.backend import rank_clean
         from cluster.cases import check_outputs
-        self._joined()
+        plan = getattr(self._joined(), "plan", None)
         tp = self._shape["tp"]
         for i, case in enumerate(batch):
             if i and barrier is not None and \
                     not ray.get(barrier.arrive.remote(f"{key}/{i - 1}", tp)):
                 return  # a peer's call i - 1 was not clean
+            if plan is not None:
+                for ahead in batch[i:i + 2]:
+                    plan(ahead)
             try:
                 result = self.run_case(case)  # through the tracer's call range, if tracing
             except BaseException:

@@ -53,7 +53,10 @@ Result contract of :meth:`RankBackend.run_case` (a plain dict):
 
 A rank actor also offers ``run_cases(batch)`` (cluster.actors): the calls
 of a batch in order in one Ray call, each result streamed back as its call
-ends, stopping after the first result that is not :func:`rank_clean`.
+ends, stopping after the first result that is not :func:`rank_clean`. A
+backend may offer ``plan(case)``: told the batch's next call while it runs
+the current one, it makes that call's inputs and reference on a helper
+thread (:mod:`cluster.ahead`; the gpu backend does).
 
 An output may be None where the backend cannot observe it (the GPU consumers
 do not write the reduced sum; all_reduce_norm shows it with a zero

@@ -140,26 +140,37 @@ def compare(name: str, got_bits: np.ndarray | None, ref: torch.Tensor, bound: in
             "nan": nan, "bound_ulp": bound, "ok": ok}
 
 
-def check_outputs(case: Mapping, *, tp: int, hidden: int, outputs: Mapping[str, np.ndarray | None],
-                  facts: Mapping | None = None, rank: int | None = None,
-                  inputs: dict | None = None) -> dict:
-    """Compare one rank's outputs (bit arrays, by output name) with the op's
-    torch reference (``expected``: bit for bit or within its ULP bound; NaN
-    never passes). ``facts``: what the rank's kernel decided that the
-    reference takes as a parameter (e.g. mHC ``rank_lanes``); ``rank``, when
-    given, joins them as ``facts["rank"]`` (owner mode: the reference is the
-    rows this rank owns). An output that
-    is missing or None is reported as ``{"observed": False}`` and does not
-    decide ``ok``. ``inputs``: the case's :func:`case_inputs` where the caller
-    has them (one set for every rank of a call: the op's reference keeps what
-    every rank shares in it, e.g. the finalize payloads, so tp checks compute
-    it once); else made here. Returns a plain dict with ``ok`` and, per output,
-    elements, mismatches, max ULP, NaN and the bound."""
+def reference(case: Mapping, *, tp: int, hidden: int, inputs: dict | None = None,
+              facts: Mapping | None = None, rank: int | None = None) -> dict:
+    """One rank's expected outputs: output name -> ``(tensor, bound)`` (the
+    op's ``expected``; bound 0 = bit for bit, n = within n BF16 ULP).
+    ``facts``: what the rank's kernel decided that the reference takes as a
+    parameter (e.g. mHC ``rank_lanes``); ``rank``, when given, joins them as
+    ``facts["rank"]`` (owner mode: the reference is the rows this rank
+    owns). ``inputs``: the case's :func:`case_inputs` where the caller has
+    them (one set for every rank of a call: the op's reference keeps what
+    every rank shares in it, e.g. the finalize payloads, so tp checks
+    compute it once); else made here. Depends on the case alone, never on
+    a kernel's outputs (:mod:`cluster.ahead` makes it ahead of the call)."""
     module = ops.get(case["op"]).module()
     if inputs is None:
         inputs = module.make_inputs(case, tp=tp, hidden=hidden, tokens=int(case["tokens"]))
     facts = dict(facts or {}) | ({} if rank is None else {"rank": int(rank)})
-    expected = module.expected(case, inputs, tp=tp, facts=facts)
+    return module.expected(case, inputs, tp=tp, facts=facts)
+
+
+def check_outputs(case: Mapping, *, tp: int, hidden: int, outputs: Mapping[str, np.ndarray | None],
+                  facts: Mapping | None = None, rank: int | None = None,
+                  inputs: dict | None = None, expected: Mapping | None = None) -> dict:
+    """Compare one rank's outputs (bit arrays, by output name) with the op's
+    torch reference (:func:`reference`, with ``facts``, ``rank`` and
+    ``inputs`` as there; ``expected``: that reference where the caller made
+    it already): bit for bit or within its ULP bound; NaN never passes. An
+    output that is missing or None is reported as ``{"observed": False}``
+    and does not decide ``ok``. Returns a plain dict with ``ok`` and, per
+    output, elements, mismatches, max ULP, NaN and the bound."""
+    if expected is None:
+        expected = reference(case, tp=tp, hidden=hidden, inputs=inputs, facts=facts, rank=rank)
     report: dict = {"ok": True}
     for name, (ref, bound) in expected.items():
         report[name] = compare(name, outputs.get(name), ref, bound)

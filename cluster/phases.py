@@ -7,11 +7,15 @@ keeps, per call, the slowest rank's time of each phase (ranks run at once,
 so the slowest is what the call waits for: :func:`slowest`) and sums them
 over its calls (``TPGroup.phases_s``). Phases, in a call's order:
 
-``inputs``    the case's inputs made on the host (``cluster.cases.case_inputs``)
+``inputs``    the case's inputs made on the host (``cluster.cases.case_inputs``);
+              where a helper thread made them and the reference during the
+              call before (:mod:`cluster.ahead`: the GPU backend's batches
+              and virtual ranks), the wait for it
 ``load``      copied to the device and the stage state read (GPU backend)
 ``call``      publish and consume, to the end of the device's work
 ``readback``  error buffer, outputs and the mailbox check read back
-``check``     the outputs against the op's torch reference (CPU)
+``check``     the outputs against the op's torch reference (CPU; only the
+              comparison where the reference was made ahead)
 
 and for a profile case (:mod:`cluster.measure.timing`; per implementation
 the slowest rank, summed over the implementations) ``inputs`` (the

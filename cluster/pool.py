@@ -271,11 +271,13 @@ class Registry:
         return [w for w in self.workers.values() if w.node_id == node_id and w.slot == slot]
 
     def _idle(self, node_id: str | None, slot: int | None) -> list[Worker]:
-        """Idle workers of that place whose warm-up did not raise, the most
-        used first (their kernels are warm)."""
+        """Idle workers of that place whose warm-up did not raise: those
+        whose warm-up has ended first (a group's setup would queue behind a
+        warm-up still running), then the most used first (their kernels are
+        warm)."""
         return sorted((w for w in self._at(node_id, slot)
                        if w.lease is None and not self._warm_raised(w)),
-                      key=lambda w: -w.served)
+                      key=lambda w: (w.warm is not None, -w.served))
 
     def _take(self, node_id: str | None, slot: int | None, n: int) -> tuple[list[Worker], list[bool]]:
         """``n`` workers of that place for a lease: idle ones first
@@ -477,6 +479,9 @@ class WorkerPool:
         self.cleared = (0, 0)
         """What :meth:`start` cleared of a dead keeper of this name
         (:func:`clear_orphans`): workers killed, placement groups removed."""
+        self._warming: list = []
+        """The warm-up refs of the workers :meth:`prestart` started last,
+        until one has ended (:meth:`_await_a_warm_worker`)."""
 
     # -- construction
     @classmethod
@@ -560,6 +565,7 @@ class WorkerPool:
         owner, here = ctx.get_job_id(), ctx.get_node_id()
         started = time.monotonic()
         deadline = started + timeout_s
+        self._await_a_warm_worker(timeout_s)
         reclaimed = False
         while True:
             lease = self._call("try_acquire", request, owner, here)
@@ -584,6 +590,21 @@ class WorkerPool:
             self.fresh_workers += sum(lease.fresh)
             self._count_warm_failed(lease.warm_failed)
         return lease
+
+    def _await_a_warm_worker(self, timeout_s: float) -> None:
+        """Until one of the workers :meth:`prestart` started last has ended
+        its warm-up (raised or not), at most ``timeout_s``: a lease takes
+        the warm before the warming (:meth:`Registry._idle`), so the first
+        group waits for the first warm-up to end, not for whichever its
+        workers' ends last. Once one has, never again."""
+        import ray
+        refs = self._warming
+        if not refs:
+            return
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if not ready:
+            ray.wait(pending, num_returns=1, timeout=timeout_s)
+        self._warming = []
 
     def _count_warm_failed(self, n: int) -> None:
         """Under the lock: ``n`` more workers killed for a failed warm-up."""
@@ -649,6 +670,7 @@ class WorkerPool:
         import ray
         here = ray.get_runtime_context().get_node_id()
         workers = self._call("prestart", per_slot, here)
+        self._warming = [w.warm for w in workers]
         if wait and workers:
             refs = [w.warm for w in workers]
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -656,6 +678,22 @@ class WorkerPool:
                 raise TimeoutError(f"pool {self.name}: {len(refs) - len(ready)} of {len(refs)} "
                                    f"worker(s) not warm within {timeout_s} s")
         return len(workers)
+
+    def warm_summary(self, timeout_s: float = 10.0) -> str:
+        """The workers' warm-ups (:meth:`~cluster.actors.RankActor.warm`) in
+        words: how many, their readiness after the actor's construction
+        (median and largest) and the median of each part, in seconds; from
+        the workers that answer within ``timeout_s`` (:meth:`status`)."""
+        import statistics
+        warm = [row["warm"] for row in self.status(timeout_s) if row.get("warm")]
+        if not warm:
+            return "no worker has warmed up"
+        parts = ", ".join(f"{name} {statistics.median(w.get(key, 0.0) for w in warm):.1f}"
+                          for key, name in (("imports_s", "imports"), ("dsl_s", "DSL import"),
+                                            ("cuda_s", "CUDA context")) if key in warm[0])
+        ready = [w["ready_s"] for w in warm]
+        return (f"{len(warm)} worker(s) warm {statistics.median(ready):.1f} s after their start "
+                f"(median; the last {max(ready):.1f} s); medians: {parts} s")
 
     def usage(self) -> str:
         """:meth:`counters` in words."""

@@ -398,6 +398,8 @@ def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
                 runners[job](run, suite, mine, view=view, timeout_s=args.timeout)
     if view.pool is not None:
         print(f"\npool {view.pool.name}: {view.pool.usage()}", flush=True)
+        if not view.pool.standing:  # a standing pool's leased workers answer late
+            print(f"pool warm-up: {view.pool.warm_summary()}", flush=True)
     return run, checked
 
 

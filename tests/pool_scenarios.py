@@ -192,8 +192,21 @@ class _WarmFails(_SetupFails):
         raise RuntimeError(INJECTED)
 
 
+SLOW_WARM_S = 600.0
+"""How long a slow worker's warm-up sleeps before warming up (past any test)."""
+
+
+class _WarmSlow(RankActor.__ray_actor_class__):
+    """A worker whose warm-up takes :data:`SLOW_WARM_S` longer."""
+
+    def warm(self):
+        time.sleep(SLOW_WARM_S)
+        return super().warm()
+
+
 BROKEN = {"setup": ray.remote(num_cpus=0, max_restarts=0)(_SetupFails),
-          "warm": ray.remote(num_cpus=0, max_restarts=0)(_WarmFails)}
+          "warm": ray.remote(num_cpus=0, max_restarts=0)(_WarmFails),
+          "slow": ray.remote(num_cpus=0, max_restarts=0)(_WarmSlow)}
 """Broken workers by what fails; Ray workers cannot import this module by
 name: a test that starts them ships it by value (:func:`ship_by_value`)."""
 

@@ -217,17 +217,28 @@ def test_one_set_of_inputs_checks_every_rank_of_a_call(op, fields, device):
     rank's check (what virtual ranks and rank actors pass, with their GPU as
     the reference device) reports exactly what it reports from inputs of its
     own on the CPU, per rank (owner mode: each rank its own rows), and still
-    fails a wrong element."""
+    fails a wrong element; so does the reference made ahead on a helper
+    thread (cluster.ahead; a GPU reference device: on its side stream)."""
     import torch
 
-    from cluster.cases import bits_from_bf16, case_inputs, check_outputs, make_case
+    from cluster.ahead import Ahead, side_stream
+    from cluster.cases import bits_from_bf16, case_inputs, check_outputs, make_case, reference
 
     tp, hidden = 4, 64
     case = make_case(capacity=8, tokens=5, op=op, inputs="random", seed=11, budget_ns=10**9,
                      **fields)
-    shared = case_inputs(case, tp=tp, hidden=hidden,
-                         reference_device=None if device is None else torch.device(device))
+    dev = None if device is None else torch.device(device)
+    shared = case_inputs(case, tp=tp, hidden=hidden, reference_device=dev)
     module = ops.get(op).module()
+
+    def make(c):
+        with side_stream(dev):
+            inputs = case_inputs(c, tp=tp, hidden=hidden, reference_device=dev)
+            return [reference(c, tp=tp, hidden=hidden, inputs=inputs, rank=r) for r in range(tp)]
+    ahead = Ahead(make)
+    ahead.plan(case)
+    made = ahead.take(case)
+    ahead.close()
     for rank in range(tp):
         expected = module.expected(case, case_inputs(case, tp=tp, hidden=hidden), tp=tp,
                                    facts={"rank": rank})
@@ -236,6 +247,8 @@ def test_one_set_of_inputs_checks_every_rank_of_a_call(op, fields, device):
         together = check_outputs(case, tp=tp, hidden=hidden, outputs=outputs, rank=rank,
                                  inputs=shared)
         assert alone == together and together["ok"], (rank, together)
+        assert check_outputs(case, tp=tp, hidden=hidden, outputs=outputs,
+                             expected=made[rank]) == alone
         name = next(iter(outputs))
         outputs[name] = outputs[name].copy()
         outputs[name].flat[0] ^= 0x4000  # an exponent bit: beyond any ULP bound

@@ -172,6 +172,10 @@ def test_a_stuck_rank_is_replaced_alone(pool):
 def test_a_replacement_is_an_idle_warm_worker_and_the_slot_is_topped_up(pool):
     assert pool.prestart(3, wait=True) == 3
     idle = {r["pid"] for r in pool.status()}
+    warm = [r["warm"] for r in pool.status()]  # RankActor.warm's figures, kept
+    assert all(w and w["ready_s"] >= w["imports_s"] > 0 for w in warm), warm
+    assert pool.warm_summary().startswith("3 worker(s) warm ") and "imports" in \
+        pool.warm_summary() and "CUDA" not in pool.warm_summary()
     out = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=5, fault="stuck_rank")
     assert out["replaced"] == [1] and out["cold"] == [] and out["cold_after"] == []
     assert out["pids_after"][1] in idle - set(out["pids"])
@@ -191,6 +195,19 @@ def test_a_worker_whose_warm_up_raised_is_never_leased(pool, monkeypatch):
     c = pool.counters()
     assert (c["warm_failed"], c["retired"], c["fresh_workers"]) == (1, 1, 0)
     assert "1 retired (not reusable; 1 of them because their warm-up raised)" in pool.usage()
+
+
+def test_the_first_group_takes_the_worker_whose_warm_up_ended_first(pool, monkeypatch):
+    """Of three workers warming up at once, two take SLOW_WARM_S longer: a
+    tp 1 group waits for the first warm-up to end and takes that worker, so
+    it serves while the other two still warm up."""
+    monkeypatch.setattr("cluster.actors.RankActor", sc.Starts({0, 1}, "slow"))
+    assert pool.prestart(3) == 3
+    out = sc.run_group(pool, "emulated", sc.Kind(1, "emulated"), seed=9)
+    assert out["cold"] == []
+    warming = [w for w in pool._registry.workers.values() if w.warm is not None]
+    import ray
+    assert len(warming) == 2 and not ray.wait([w.warm for w in warming], timeout=0)[0]
 
 
 def test_a_failed_setup_is_retried_once_on_replaced_workers(pool, monkeypatch):

@@ -167,3 +167,22 @@ def test_comparison_figures_are_those_over_every_element(dtypes):
         == _comparison_everywhere(same.to(dtypes[0]), same.to(dtypes[1]))
     empty = torch.empty(0, 4, dtype=dtypes[0])
     assert nm.Comparison(empty, empty.to(dtypes[1])).max_ulp == 0.0
+
+
+@pytest.mark.parametrize("dtype, width", [(torch.bfloat16, torch.int16),
+                                          (torch.float16, torch.int16),
+                                          (torch.float32, torch.int32)])
+def test_the_comparisons_non_finite_test_on_bits_is_isfinite_negated(dtype, width):
+    """numerics._not_finite reads the exponent bits; over every BF16/FP16
+    pattern (FP32: a random million) it is exactly ~torch.isfinite."""
+    from kernels.reference.numerics import _not_finite
+
+    if width == torch.int16:
+        patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    else:
+        g = torch.Generator().manual_seed(0)
+        patterns = torch.randint(-(2**31), 2**31 - 1, (1_000_000,), dtype=torch.int64,
+                                 generator=g).to(torch.int32)
+        patterns[:3] = torch.tensor([0x7F800000, -0x800000, 0x7FC00000], dtype=torch.int32)
+    values = patterns.view(dtype)
+    assert torch.equal(_not_finite(values), ~torch.isfinite(values))

@@ -44,7 +44,8 @@ import time
 from collections.abc import Mapping
 
 from cluster import ops
-from cluster.cases import case_inputs, check_outputs
+from cluster.ahead import Ahead, side_stream
+from cluster.cases import case_inputs, check_outputs, reference
 from kernels.lamport.diagnosis import MailboxCheck
 from cluster.gpu import ALL_GPUS_VISIBLE, UNSUPPORTED_INJECTIONS
 from cluster.gpu.ipc import (check_handles, export_buffer, exports_for_peers, handles_for,
@@ -75,6 +76,7 @@ class GpuRank:
         self._calls = 0
         self._pg = False
         self._device = None
+        self._ahead = Ahead(self._host_work)
 
     # -- group lifetime
     def setup(self, *, group_id: str, rank: int, tp: int, capacity: int, hidden: int,
@@ -168,6 +170,7 @@ class GpuRank:
         import torch
 
         verdict = {"reusable": True, "why": ""}
+        self._ahead.close()
         if self._device is not None and torch.cuda.is_available():
             try:
                 torch.cuda.synchronize(self._device)
@@ -218,6 +221,34 @@ class GpuRank:
         return self._kernels[key]
 
     # -- one call
+    def plan(self, case: dict) -> None:
+        """Start making ``case``'s inputs and reference on the helper thread
+        (:mod:`cluster.ahead`): a call planned after the running one
+        (``RankActor.run_cases``). Only a call without a fault whose kernel
+        is built (the group prepares a batch's kernels before it starts)."""
+        if case.get("fault") is None and self._mailbox is not None:
+            key = ops.get(case["op"]).module().RankKernel.key(case, int(case["budget_ns"]))
+            if key in self._kernels:
+                self._ahead.plan(case)
+
+    def _reference_device(self):
+        # shared GPU: a reference computed on the GPU waits for this process's
+        # time slice among its peers', and took longer than on the CPU there
+        return None if self._placement == Placement.SHARED_GPU else self._device
+
+    def _host_work(self, case: dict) -> tuple[dict, dict | None]:
+        """``case``'s inputs and, for a collective, this rank's reference
+        (on the helper thread; its GPU work on a side stream)."""
+        device = self._reference_device()
+        with side_stream(device):
+            inputs = case_inputs(case, tp=self._tp, hidden=self._hidden,
+                                 reference_device=device)
+            if not ops.get(case["op"]).collective:
+                return inputs, None
+            kernel = self._op_kernel(case)
+            return inputs, reference(case, tp=self._tp, hidden=self._hidden, inputs=inputs,
+                                     facts=kernel.facts(), rank=self._rank)
+
     def run_case(self, case: dict) -> dict:
         import torch
 
@@ -235,11 +266,11 @@ class GpuRank:
             raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")
         kernel = self._op_kernel(case)
         clock = PhaseClock()
-        # shared GPU: a reference computed on the GPU waits for this process's
-        # time slice among its peers', and took longer than on the CPU there
-        inputs = case_inputs(case, tp=self._tp, hidden=self._hidden, tokens=tokens,
-                             reference_device=None if self._placement == Placement.SHARED_GPU
-                             else self._device)
+        made = self._ahead.take(case) if kind is None else None
+        inputs, expected = made or (case_inputs(case, tp=self._tp, hidden=self._hidden,
+                                                tokens=tokens,
+                                                reference_device=self._reference_device()),
+                                    None)
         clock.mark("inputs")
         kernel.load(case, inputs, self._rank, self._device)
         seq = int(case["seq"])
@@ -284,7 +315,8 @@ class GpuRank:
         clock.mark("readback")
         result["check"] = check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
                                         facts=kernel.facts(), rank=self._rank,
-                                        inputs=inputs if tokens == int(case["tokens"]) else None)
+                                        inputs=inputs if tokens == int(case["tokens"]) else None,
+                                        expected=expected)
         clock.mark("check")
         result["host_ns"] = clock.ns
         return result

@@ -49,6 +49,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
+from cluster.ahead import Ahead, side_stream
+
 SPEC_FIELDS = ("tp", "hidden", "capacity", "eps", "budget_ns", "cases")
 CASE_FIELDS = ("tokens", "inputs", "seeds")
 
@@ -111,59 +113,103 @@ def run_group(spec: Mapping) -> dict:
     op = ops.get(spec.get("op", "all_reduce_norm"))
     group_fields = {"op": op.name, "eps": float(spec["eps"]), **dict(spec.get("fields", {}))}
     kernels: dict[tuple, object] = {}  # one VirtualKernel (own mailboxes) per kernel-only fields
-    results = []
+    work = []  # (kernel key, kernel fields, the case's call dicts)
     for c in spec["cases"]:
         fields = {**group_fields, **dict(c.get("fields", {}))}
-        key = tuple(sorted(fields.items()))
-        if key not in kernels:
-            building = time.monotonic()
-            kernels[key] = op.module().VirtualKernel(
-                tp=tp, hidden=hidden, capacity=capacity, budget_ns=int(spec["budget_ns"]),
-                case=make_case(capacity=capacity, tokens=1, **fields))
-            setup_s["prepare"] += time.monotonic() - building
-        kernel = kernels[key]
-        calls = []
-        cases = [make_case(capacity=capacity, tokens=int(c["tokens"]), inputs=c["inputs"],
-                           seed=int(seed), **fields,
-                           **({"residual": "zeros" if i == 0 else "random"}
-                              if "residual" in op.fields else {}))
-                 for i, seed in enumerate(c["seeds"])]
-        for call in _calls(kernel, cases, tp=tp, hidden=hidden):
-            calls.append(call)
-            if call["diagnosis"] is not None or not call["mailbox_clean"] \
-                    or not all(c["ok"] for c in call["checks"]):
-                kernel.group.recover()  # the next case starts from clean mailboxes
-                break
-        results.append({"tokens": int(c["tokens"]), "calls": calls})
+        work.append((tuple(sorted(fields.items())), fields,
+                     [make_case(capacity=capacity, tokens=int(c["tokens"]), inputs=c["inputs"],
+                                seed=int(seed), **fields,
+                                **({"residual": "zeros" if i == 0 else "random"}
+                                   if "residual" in op.fields else {}))
+                      for i, seed in enumerate(c["seeds"])]))
+    ahead = Ahead()
+    results = []
+    try:
+        for n, (key, fields, cases) in enumerate(work):
+            if key not in kernels:
+                building = time.monotonic()
+                kernels[key] = op.module().VirtualKernel(
+                    tp=tp, hidden=hidden, capacity=capacity, budget_ns=int(spec["budget_ns"]),
+                    case=make_case(capacity=capacity, tokens=1, **fields))
+                setup_s["prepare"] += time.monotonic() - building
+            kernel = kernels[key]
+            # the next case's first call is made ahead where its kernel is built already
+            after = (work[n + 1][2][0], kernels[work[n + 1][0]]) if n + 1 < len(work) \
+                and work[n + 1][0] in kernels else None
+            calls = []
+            for call in _calls(kernel, cases, tp=tp, hidden=hidden, ahead=ahead, after=after):
+                calls.append(call)
+                if call["diagnosis"] is not None or not call["mailbox_clean"] \
+                        or not all(c["ok"] for c in call["checks"]):
+                    kernel.group.recover()  # the next case starts from clean mailboxes
+                    break
+            results.append({"tokens": int(cases[0]["tokens"]), "calls": calls})
+    finally:
+        ahead.close()
     return {"device": torch.cuda.get_device_name(), "entered_unix": entered_unix,
             "setup_s": setup_s, "cases": results}
 
 
-def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int):
-    """Yield one result per case dict (the first eager, then graph replays)."""
+def host_work(kernel, case: dict, *, tp: int, hidden: int) -> tuple[dict, list[dict]]:
+    """``case``'s inputs and every rank's reference (cluster.cases), its GPU
+    work on the kernel's device (a side stream off the caller's thread:
+    cluster.ahead)."""
+    from cluster.cases import case_inputs, reference
+
+    dev = kernel.group.device
+    inputs = case_inputs(case, tp=tp, hidden=hidden, reference_device=dev)
+    return inputs, [reference(case, tp=tp, hidden=hidden, inputs=inputs, facts=kernel.facts(),
+                              rank=r) for r in range(tp)]
+
+
+def _ahead_work(kernel, *, tp: int, hidden: int):
+    def make(case):
+        with side_stream(kernel.group.device):
+            return host_work(kernel, case, tp=tp, hidden=hidden)
+    return make
+
+
+def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int, ahead: Ahead,
+           after: tuple | None = None):
+    """Yield one result per case dict (the first eager, then graph replays).
+    Each call's inputs and references are made on ``ahead``'s helper thread
+    during the call before (the first while nothing runs); ``after``: (case,
+    its kernel) of the next case's first call, planned during the last. No
+    call is planned while the graph is captured: another thread's device
+    calls would break the capture."""
     import torch
 
-    from cluster.cases import case_inputs, check_outputs
+    from cluster.cases import check_outputs
     from cluster.phases import PhaseClock
 
     m = int(cases[0]["tokens"])
     dev = kernel.group.device
+    make = _ahead_work(kernel, tp=tp, hidden=hidden)
     graph = None
+    ahead.plan(cases[0], make)
     for i, case in enumerate(cases):
         clock = PhaseClock()
-        inputs = case_inputs(case, tp=tp, hidden=hidden, reference_device=dev)
+        inputs, expected = ahead.take(case) or host_work(kernel, case, tp=tp, hidden=hidden)
         clock.mark("inputs")
+        following = (cases[i + 1], make) if i + 1 < len(cases) else \
+            None if after is None else (after[0], _ahead_work(after[1], tp=tp, hidden=hidden))
+        capture = i > 0 and graph is None
+        if following is not None and not capture:
+            ahead.plan(*following)
         kernel.load(case, inputs, m)
         torch.cuda.synchronize(dev)
         clock.mark("load")
         if i == 0:
             kernel()
         else:
-            if graph is None:
+            if capture:
+                ahead.idle()
                 torch.cuda.synchronize(dev)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     kernel()
+                if following is not None:
+                    ahead.plan(*following)
             graph.replay()
         torch.cuda.synchronize(dev)
         clock.mark("call")
@@ -171,8 +217,8 @@ def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int):
         outputs = [kernel.outputs(r) for r in range(tp)]
         clean = kernel.group.is_all_sentinel()
         clock.mark("readback")
-        checks = [check_outputs(case, tp=tp, hidden=hidden, outputs=outputs[r],
-                                facts=kernel.facts(), rank=r, inputs=inputs) for r in range(tp)]
+        checks = [check_outputs(case, tp=tp, hidden=hidden, outputs=outputs[r], rank=r,
+                                inputs=inputs, expected=expected[r]) for r in range(tp)]
         clock.mark("check")
         yield {"graph": i > 0, "checks": checks, "mailbox_clean": clean,
                "diagnosis": None if diagnosis.ok else diagnosis.summary(),

@@ -213,6 +213,18 @@ def ulp_in_sum_abs(
     return torch.where(nan, torch.full_like(ulps, math.inf), ulps)
 
 
+_EXPONENT_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
+
+
+def _not_finite(t: torch.Tensor) -> torch.Tensor:
+    """``~torch.isfinite(t)`` (NaN or infinity: every exponent bit set), on
+    the bits for BF16 / FP16 / FP32: a few times faster on the CPU."""
+    mask = _EXPONENT_BITS.get(t.dtype)
+    if mask is None:
+        return ~torch.isfinite(t)
+    return (bits(t) & mask) == mask
+
+
 class Comparison:
     """Summary of one output compared against its reference: ``elements``,
     ``mismatches`` (elements whose bits differ), ``max_ulp`` (BF16 steps,
@@ -227,7 +239,7 @@ class Comparison:
             # Elements with equal finite bits are 0 ULP and 0 apart: only the
             # others (mismatches, NaN, infinities) need the distances, which
             # keeps a check of a mostly exact output cheap.
-            odd = ~same_bits | ~torch.isfinite(actual) | ~torch.isfinite(expected)
+            odd = ~same_bits | _not_finite(actual) | _not_finite(expected)
             actual, expected = actual[odd], expected[odd]
         ulp = bf16_ulp_distance(actual, expected)
         diff = (actual.to(torch.float64) - expected.to(torch.float64)).abs()
@@ -311,7 +323,9 @@ def random_partials(tp: int, tokens: int, hidden: int, *, seed: int = 0, scale: 
     require_int("seed", seed, low=0)
     require_number("scale", scale)
     g = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(tp, tokens, hidden, generator=g) * scale
+    x = torch.randn(tp, tokens, hidden, generator=g)
+    if scale != 1.0:  # x * 1.0 is x bit for bit: skip the pass
+        x = x * scale
     return x.to(torch.bfloat16).to(device)
 
 
