@@ -251,10 +251,12 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     open ends it as :meth:`jobs.recorder.Run.interrupted` says (before Ray's
     cleanup, which a signal to the whole process group can block), printing
     the command that resumes it, and is raised on (exit 130 or 143)."""
+    from jobs.results import env_info_soon
     from jobs.session import ray_session
     plan = _plan(args, jobs)
     rule = _rule(args) if nightly else None
     opened: list = []  # the run, once it exists
+    facts = env_info_soon()  # while Ray starts or is joined
 
     def on_stop(stop: Interrupted) -> None:
         if opened:
@@ -267,7 +269,7 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
         with ray_session(args.address) as how:
             try:
                 regressed, checked = _sweep_run(args, jobs, plan, rule, how, nightly=nightly,
-                                                opened=opened, on_stop=on_stop)
+                                                opened=opened, on_stop=on_stop, facts=facts)
             except Interrupted as stop:
                 on_stop(stop)
                 raise
@@ -320,12 +322,13 @@ def resume_command(argv: list[str], run_id: str) -> str:
 
 
 def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bool,
-               opened: list, on_stop) -> int:
+               opened: list, on_stop, facts) -> int:
     """The sweep inside the Ray session, with the worker pool ``--pool``
     asks for: the run opened (appended to ``opened``), every job of
     ``plan``, the regression part; returns the number of kernel cases
     regressed and whether a self-check or compile check ran.
-    ``on_stop(Interrupted)`` is called before the pool closes."""
+    ``on_stop(Interrupted)`` is called before the pool closes; ``facts()``
+    gives the environment's columns (jobs.results.env_info_soon)."""
     from jobs import correctness, faults, profile
     from jobs.cluster_view import ClusterView
     from jobs.session import resolve_backend, worker_pool
@@ -340,7 +343,7 @@ def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bo
         try:
             run, checked = _run_jobs(args, jobs, plan, runners, view,
                                      f"ray: {how}\nbackend: {why}", nightly=nightly,
-                                     opened=opened)
+                                     opened=opened, facts=facts)
             return (_regression_part(run, rule, args) if nightly else 0), checked
         except Interrupted as stop:
             on_stop(stop)  # before the pool's and Ray's cleanup, which the signal may block
@@ -348,14 +351,17 @@ def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bo
 
 
 def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
-              nightly: bool, opened: list):
+              nightly: bool, opened: list, facts):
     """Every job of every suite of ``plan`` on the open cluster; ``(the Run,
     whether a self-check or compile check ran)`` (they test something
     without rows of cases); the Run is also appended to ``opened`` as soon
-    as it exists."""
+    as it exists. ``facts()``: the environment's columns."""
     from jobs.recorder import Run, done_in_run
-    from jobs.results import env_info
-    environment = {**env_info(), **view.columns()}
+    if view.pool is not None:
+        # workers start (imports, CUDA contexts) while the topology is found
+        # and the self-check and compile check run
+        view.pool.prestart(prestart_count([c for _, cases in plan for c in cases], view))
+    environment = {**facts(), **view.columns()}
     run = Run(results=None if args.no_results else args.results, trigger=args.trigger,
               run_id=args.run_id, backend=view.backend, environment=environment)
     opened.append(run)
@@ -367,9 +373,6 @@ def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
           f"\ncommit: {environment.get('git_commit') or 'unknown'}"
           f"\nrun: {run.run_id} (trigger {run.trigger}); results: "
           f"{'not written' if args.no_results else args.results}", flush=True)
-    if view.pool is not None:
-        # workers start (imports, CUDA contexts) while the self-check and compile check run
-        view.pool.prestart(prestart_count([c for _, cases in plan for c in cases], view))
     keys, parts = done_in_run(args.results, run.run_id) if args.resume else (set(), set())
     checked = False
     for suite, cases in plan:

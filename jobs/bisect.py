@@ -13,10 +13,11 @@ Each commit is checked out into a git worktree of its own under the repo's
 git directory (``GIT_COMMON_DIR/lamport-bisect/<sha>``, never the user's
 checkout), once: a later bisect of the same repo reuses it (cached by
 commit). Its Python dependencies are this environment's: the candidate's
-job runs with this interpreter, its working directory and PYTHONPATH the
-worktree, so the driver and (through Ray's driver path, which puts the
-driver's directory first on its workers' ``sys.path``) its rank actors run
-the candidate's code; nothing is installed per commit. A candidate's tree
+job runs with this interpreter, its working directory the worktree and
+first on its PYTHONPATH (then this environment's entries, not this
+checkout's root: :func:`candidate_path`), so the driver and (through Ray's
+driver path, which puts the driver's directory first on its workers'
+``sys.path``) its rank actors run the candidate's code; nothing is installed per commit. A candidate's tree
 must therefore work with this environment's packages (a commit that changes
 them is tried, and where it cannot run it is skipped, as ``git bisect skip``
 would).
@@ -244,6 +245,23 @@ def older_budget(job: str, params: dict) -> dict:
     else:
         out["budget_ms"] = params["budget_ns"] / 1e6
     return out
+
+
+def candidate_path(tree: Path, pythonpath: str | None = None) -> str:
+    """A candidate's PYTHONPATH: its tree first, then this environment's own
+    entries (``pythonpath``, default ``$PYTHONPATH``: packages staged
+    outside site-packages, as on the GPU machines), each made absolute
+    (the candidate's working directory is its tree), less this project's
+    root and the tree itself, so no module of this checkout shadows the
+    candidate's."""
+    own = Path(__file__).resolve().parents[1]
+    raw = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
+    keep = []
+    for entry in raw.split(os.pathsep):
+        path = Path(entry or ".").resolve()
+        if path not in (own, Path(tree).resolve()) and str(path) not in keep:
+            keep.append(str(path))
+    return os.pathsep.join([str(tree), *keep])
 
 
 def suite_toml(key: CaseKey, params: dict, repeats: int) -> str:
@@ -526,7 +544,7 @@ class Runner:
         return argv + (["--backend", "gpu"] if self.key.job == "profile" else [])
 
     def _env(self, tree: Path, sha: str) -> dict:
-        return {**os.environ, "PYTHONPATH": str(tree), "LAMPORT_GIT_COMMIT": sha}
+        return {**os.environ, "PYTHONPATH": candidate_path(tree), "LAMPORT_GIT_COMMIT": sha}
 
     def prepare(self, shas: list[str]) -> None:
         """The warm drivers of ``shas`` up (started together), or their

@@ -6,6 +6,7 @@
 # status and wall; then the pool's status, and everything stopped again.
 #   scripts/investigation.sh                        # the 6 cases, auto backend
 #   RUNS=5 scripts/investigation.sh --backend gpu   # extra arguments go to every run
+#   PROFILE=/tmp/inv.prof scripts/investigation.sh  # and one more pool run under cProfile
 # On the GPU machine `source scripts/gpu/env.sh` first (PYTHON=python3).
 # Exit 0 when every command did; a head or pool that does not start ends it
 # there (with that step's status), and whatever it started is stopped.
@@ -47,6 +48,12 @@ step "jobs pool start --name $name" "$py" -m jobs pool start --name "$name" || e
 for i in $(seq 1 "$runs"); do
   step "correctness --pool $name ($i)" "$py" -m jobs "${case_args[@]}" --pool "$name" "$@"
 done
+if [ -n "${PROFILE:-}" ]; then  # where a pool run's seconds go (slower under the profiler)
+  step "correctness --pool $name (cProfile)" "$py" -m cProfile -o "$PROFILE" -m jobs \
+    "${case_args[@]}" --pool "$name" "$@"
+  "$py" -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumtime').print_stats(40)" \
+    "$PROFILE" > "$PROFILE.txt" 2>&1
+fi
 step "correctness --pool off" "$py" -m jobs "${case_args[@]}" --pool off "$@"
 "$py" -m jobs pool status --name "$name" 2>&1 | sed 's/^/    /' | cut -c1-160
 step "jobs pool stop --name $name" "$py" -m jobs pool stop --name "$name" && pool_up=''

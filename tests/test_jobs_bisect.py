@@ -114,6 +114,25 @@ def test_a_shorter_repository_for_the_gpu_bisect(tmp_path):
         make_repo(tmp_path / "short", 3)
 
 
+def test_a_candidate_keeps_the_environments_staged_packages_but_not_this_checkout(tmp_path):
+    """On the GPU machines Ray and torch are staged on PYTHONPATH: a
+    candidate's PYTHONPATH is its tree, then those entries (absolute), never
+    this checkout's root (relative or not) or the tree twice."""
+
+    from jobs.bisect import candidate_path
+
+    root = Path(__file__).resolve().parents[1]
+    tree = tmp_path / "tree"
+    staged = [str(tmp_path / "site"), str(tmp_path / "extra")]
+    given = os.pathsep.join([".", staged[0], str(root), "", str(tree), staged[0], staged[1]])
+    cwd = os.getcwd()
+    try:
+        os.chdir(root)  # "." and "" are this checkout, as in scripts/gpu/env.sh
+        assert candidate_path(tree, given).split(os.pathsep) == [str(tree), *staged]
+    finally:
+        os.chdir(cwd)
+
+
 def test_probes_cut_the_range_evenly_and_step_over_skipped():
     assert bs.probes(-1, 9, 2, set()) == [4]
     assert bs.probes(-1, 9, 3, set()) == [3, 6]

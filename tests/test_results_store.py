@@ -220,6 +220,25 @@ def test_env_info_fills_a_row():
     assert row["hostname"] and row["python"] and row["pyarrow"] == pa.__version__
 
 
+def test_env_info_soon_gathers_the_same_facts_on_a_thread_and_hands_on_its_error(monkeypatch):
+    import threading
+
+    from jobs.results import env_info_soon
+    from jobs.results import environment
+
+    assert env_info_soon()() == env_info()
+    seen = []
+
+    def broken():
+        seen.append(threading.current_thread().name)
+        raise OSError("no nvidia-smi today")
+    monkeypatch.setattr(environment, "env_info", broken)
+    facts = env_info_soon()
+    with pytest.raises(OSError, match="no nvidia-smi today"):
+        facts()
+    assert seen == ["env-info"]
+
+
 def test_env_info_imports_no_torch_and_reads_its_cuda_version(tmp_path):
     """A driver that only submits work never pays torch's import for its
     environment columns; torch's CUDA version comes from its version file."""

@@ -9,6 +9,8 @@ import platform
 import re
 import socket
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,24 @@ def env_info(git_timeout_s: float = 2.0) -> dict[str, Any]:
     info.update({column: _version(dist) for column, dist in _DISTRIBUTIONS.items()})
     info.update(_cuda_info())
     return info
+
+
+def env_info_soon() -> Callable[[], dict[str, Any]]:
+    """:func:`env_info` started now on a thread of its own (it waits on git
+    and nvidia-smi: a job gathers it while it connects to Ray); the
+    returned function waits for it and returns it (raising what it raised)."""
+    from concurrent.futures import Future
+
+    future: Future = Future()
+
+    def gather() -> None:
+        try:
+            future.set_result(env_info())
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            future.set_exception(err)
+
+    threading.Thread(target=gather, name="env-info", daemon=True).start()
+    return future.result
 
 
 GIT_COMMIT_ENV = "LAMPORT_GIT_COMMIT"
