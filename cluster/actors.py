@@ -17,6 +17,7 @@ group, or runs a whole task in-process (:meth:`run_function`: virtual ranks).
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
@@ -25,6 +26,7 @@ import ray
 
 from cluster.backend import make_backend, require_backend
 from cluster.backend import release_rank as backend_release
+from cluster.procs import settle_heap
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -95,6 +97,7 @@ class RankActor:
             torch.cuda.set_device(local_device_index())
             torch.cuda.synchronize()
             timings["cuda_s"] = time.monotonic() - t0
+        settle_heap()  # the imports, frozen: a group's collection walks only what it made
         timings["ready_s"] = time.time() - self._started_unix
         self._warm = {k: round(v, 3) for k, v in timings.items()}
         return {**timings, "metadata": self.metadata()}
@@ -110,23 +113,21 @@ class RankActor:
             return fn(spec)
         finally:
             if self._metadata["gpu_ids"]:
-                import gc
-
                 import torch
-                gc.collect()
+                settle_heap()
                 torch.cuda.empty_cache()
 
     def stats(self) -> dict:
         """What a pooled worker holds: pid, age, groups served, its warm-up's
-        figures (``warm``: :meth:`warm`'s, None before), open file
-        descriptors (all, and by kind: cluster.procs.open_files), resident
-        memory and, on
-        a GPU, its device memory (torch: allocated and reserved; NVML: the
+        figures (``warm``: :meth:`warm`'s, None before), how many objects
+        its heap holds frozen (``gc_frozen``: cluster.procs.settle_heap), open
+        file descriptors (all, and by kind: cluster.procs.open_files), resident
+        memory and, on a GPU, its device memory (torch: allocated and reserved; NVML: the
         process's whole use, context and modules included), in bytes."""
         from cluster.procs import open_files, process_memory
         out = {**self.metadata(), "age_s": time.time() - self._started_unix,
                "served": self._served, "in_group": self._backend is not None,
-               "warm": self._warm,
+               "warm": self._warm, "gc_frozen": gc.get_freeze_count(),
                **open_files(), "rss_bytes": process_memory(os.getpid())}
         if self._metadata["gpu_ids"]:
             import torch

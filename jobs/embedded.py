@@ -286,6 +286,22 @@ def init_with_retry(init: Callable[[], object], *, what: str, between: Callable[
             time.sleep(wait_s)
 
 
+def shutdown_ray() -> None:
+    """``ray.shutdown()`` with this process's heap frozen (``gc.freeze``)
+    while it runs, thawed after (a process that goes on, a test, collects
+    as before). The shutdown joins Ray's GC thread, and a collection that
+    thread is running walks every object the job's imports made: the join
+    took 0.97 s of a 4.4 s pooled investigation profiled on the H200."""
+    import gc
+
+    import ray
+    gc.freeze()
+    try:
+        ray.shutdown()
+    finally:
+        gc.unfreeze()
+
+
 @contextlib.contextmanager
 def embedded_cluster(num_cpus: int) -> Iterator[str]:
     """Start the embedded cluster (loopback only, token auth), yield how it
@@ -318,7 +334,7 @@ def embedded_cluster(num_cpus: int) -> Iterator[str]:
             started = {p: s for p, s in procs.descendants(os.getpid()).items()
                        if p not in preexisting}
             try:
-                ray.shutdown()
+                shutdown_ray()
             finally:
                 cleanup(os.getpid(), started, preexisting)
                 watchdog.stop()

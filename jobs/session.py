@@ -83,7 +83,7 @@ def ray_session(address: str | None) -> Iterator[str]:
         with embedded_cluster(max(2, os.cpu_count() or 2)) as how:
             yield how
         return
-    from jobs.embedded import terminate_raises
+    from jobs.embedded import shutdown_ray, terminate_raises
     from jobs.head import recorded_auth
     with recorded_auth(address) as head_token:
         _join(address)
@@ -95,7 +95,7 @@ def ray_session(address: str | None) -> Iterator[str]:
             with terminate_raises():
                 yield how
         finally:
-            ray.shutdown()
+            shutdown_ray()
 
 
 @contextlib.contextmanager

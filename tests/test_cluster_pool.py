@@ -174,6 +174,8 @@ def test_a_replacement_is_an_idle_warm_worker_and_the_slot_is_topped_up(pool):
     idle = {r["pid"] for r in pool.status()}
     warm = [r["warm"] for r in pool.status()]  # RankActor.warm's figures, kept
     assert all(w and w["ready_s"] >= w["imports_s"] > 0 for w in warm), warm
+    # the warm-up froze the imports' heap (cluster.procs.settle_heap)
+    assert all(r["gc_frozen"] > 10_000 for r in pool.status()), pool.status()
     assert pool.warm_summary().startswith("3 worker(s) warm ") and "imports" in \
         pool.warm_summary() and "CUDA" not in pool.warm_summary()
     out = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=5, fault="stuck_rank")

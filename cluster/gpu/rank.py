@@ -54,6 +54,7 @@ from cluster.gpu.report import result_fields
 from cluster.injection import validate_injection
 from cluster.phases import PhaseClock
 from cluster.placement import Placement
+from cluster.procs import settle_heap
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_INT16, mailbox_shape
 
 PLACEMENTS = (Placement.PROCESS_PER_GPU, Placement.SHARED_GPU)
@@ -165,8 +166,6 @@ class GpuRank:
         GPU memory; idempotent. No collective: a peer may be dead. Returns
         ``{"reusable": bool, "why": str}``: not reusable once the device
         reported an error (a sticky CUDA error stays with the context)."""
-        import gc
-
         import torch
 
         verdict = {"reusable": True, "why": ""}
@@ -195,7 +194,7 @@ class GpuRank:
             self._pg = False
         self._rank = self._group_id = None
         if verdict["reusable"] and self._device is not None:
-            gc.collect()  # mailbox handles and graphs in reference cycles
+            settle_heap()  # mailbox handles and graphs in reference cycles
             torch.cuda.ipc_collect()  # exported mailboxes whose importers are gone
             torch.cuda.empty_cache()
         return verdict
