@@ -26,7 +26,7 @@ import ray
 
 from cluster.backend import make_backend, require_backend
 from cluster.backend import release_rank as backend_release
-from cluster.procs import settle_heap
+from cluster.procs import settle_heap, started_at
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -41,6 +41,10 @@ class RankActor:
                           "hostname": socket.gethostname(), "pid": os.getpid(),
                           "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
         self._started_unix = time.time()
+        born = started_at(os.getpid())
+        self._spawn_s = None if born is None else max(0.0, self._started_unix - born)
+        """From this process's start to the actor's construction (Ray's
+        worker start: its imports, the actor class fetched)."""
         self._served = 0
         """Groups joined and tasks run by this process (cluster.pool: reuse)."""
         self._warm = None
@@ -80,7 +84,8 @@ class RankActor:
         CUDA context on this rank's device and the kernel DSL's import.
         Returns the seconds each took (``imports_s``; on a GPU ``dsl_s``, the
         DSL's import, and ``cuda_s``, the context; ``ready_s``: from the
-        actor's construction to the end of its warm-up) and the metadata; the
+        actor's construction to the end of its warm-up; ``spawn_s``: from the
+        process's start to the actor's construction) and the metadata; the
         figures stay in :meth:`stats` (``warm``)."""
         timings = {}
         t0 = time.monotonic()
@@ -99,6 +104,8 @@ class RankActor:
             timings["cuda_s"] = time.monotonic() - t0
         settle_heap()  # the imports, frozen: a group's collection walks only what it made
         timings["ready_s"] = time.time() - self._started_unix
+        if self._spawn_s is not None:
+            timings["spawn_s"] = self._spawn_s
         self._warm = {k: round(v, 3) for k, v in timings.items()}
         return {**timings, "metadata": self.metadata()}
 

@@ -209,6 +209,9 @@ class TPGroup:
         """Summed wall time of placing the group and of every build (fresh
         rank actors started and set up: process, imports, device, mailbox
         rendezvous), rebuilds included."""
+        self.lease_s = 0.0
+        """Of ``build_s``, with a pool: the wait for the lease of its workers
+        (cluster.pool.WorkerPool.acquire)."""
         self.prepare_s = 0.0
         """Summed wall time of :meth:`prepare` (every rank building the kernels
         a case needs: compiled, or loaded from the compile cache), which the
@@ -249,6 +252,7 @@ class TPGroup:
                     Request(tp=tp, placement=self.placement, node_id=node_id,
                             share=round(tp * gpus_per_rank, 4) if shared else 1.0),
                     timeout_s=setup_timeout_s)
+                self.lease_s = time.monotonic() - placing
             self.build_s += time.monotonic() - placing
             self._build()
         except BaseException:

@@ -128,12 +128,14 @@ def group_tags(group) -> dict:
     """Row extras naming where a group ran: the group, the node it was
     pinned to (cluster.fanout; None: unpinned), its ranks' nodes, the
     wall time of its build so far (``TPGroup.build_s``: placing it and
-    starting and setting up its rank actors), whether its ranks came from
+    starting and setting up its rank actors; ``group_lease_s`` of it, with
+    a pool: the wait for its workers), whether its ranks came from
     a worker pool (cluster.pool) and which of them were started for it
     (``cold_ranks``: every rank without a pool)."""
     return {"group_id": group.group_id, "node_id": group.node_id,
             "rank_nodes": sorted({m["node_id"] for m in group.metadata}),
             "group_build_s": round(group.build_s, 3),
+            "group_lease_s": round(group.lease_s, 3),
             "pooled": group.pooled, "cold_ranks": group.cold_ranks}
 
 

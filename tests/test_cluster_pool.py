@@ -176,8 +176,9 @@ def test_a_replacement_is_an_idle_warm_worker_and_the_slot_is_topped_up(pool):
     assert all(w and w["ready_s"] >= w["imports_s"] > 0 for w in warm), warm
     # the warm-up froze the imports' heap (cluster.procs.settle_heap)
     assert all(r["gc_frozen"] > 10_000 for r in pool.status()), pool.status()
-    assert pool.warm_summary().startswith("3 worker(s) warm ") and "imports" in \
-        pool.warm_summary() and "CUDA" not in pool.warm_summary()
+    summary = pool.warm_summary()
+    assert summary.startswith("3 worker(s) warm ") and "process start to actor" in summary \
+        and "imports" in summary and "CUDA" not in summary, summary
     out = sc.run_group(pool, "emulated", sc.Kind(2, "emulated"), seed=5, fault="stuck_rank")
     assert out["replaced"] == [1] and out["cold"] == [] and out["cold_after"] == []
     assert out["pids_after"][1] in idle - set(out["pids"])
@@ -210,6 +211,31 @@ def test_the_first_group_takes_the_worker_whose_warm_up_ended_first(pool, monkey
     warming = [w for w in pool._registry.workers.values() if w.warm is not None]
     import ray
     assert len(warming) == 2 and not ray.wait([w.warm for w in warming], timeout=0)[0]
+
+
+def test_prestart_with_first_starts_the_rest_once_the_first_have_warmed(pool):
+    """first=1 of 3: one worker now, the other two once it has warmed up."""
+    import ray
+    assert pool.prestart(3, first=1) == 1
+    (only,) = pool._registry.workers.values()
+    assert pool.later_started == 0 or ray.wait([only.warm], timeout=0)[0]
+    deadline = time.monotonic() + 120
+    while pool.later_started < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pool.later_started == 2 and len(pool.status()) == 3
+    assert ray.wait([only.warm], timeout=0)[0]  # the second wave came after its warm-up
+    with pytest.raises(ValueError, match=r"first must be in \[1, 24\], got 0"):
+        pool.prestart(3, first=0)
+
+
+def test_a_closed_pool_starts_no_second_wave(pool, monkeypatch):
+    """The first wave still warming (SLOW_WARM_S) when the pool closes: its
+    second wave never starts, and the closed pool holds no worker."""
+    monkeypatch.setattr("cluster.actors.RankActor", sc.Starts({0}, "slow"))
+    assert pool.prestart(3, first=1, timeout_s=2.0) == 1
+    pool.close()
+    time.sleep(3.0)  # past the wave's timeout: it would have started by now
+    assert pool.later_started == 0 and pool._registry.workers == {}
 
 
 def test_a_failed_setup_is_retried_once_on_replaced_workers(pool, monkeypatch):
