@@ -482,9 +482,6 @@ class WorkerPool:
         self._warming: list = []
         """The warm-up refs of the workers :meth:`prestart` started last,
         until one has ended (:meth:`_await_a_warm_worker`)."""
-        self._closed = False
-        self.later_started = 0
-        """Workers :meth:`prestart`'s second wave started (``first``)."""
 
     # -- construction
     @classmethod
@@ -664,33 +661,22 @@ class WorkerPool:
                 "replaced_fresh": self.replaced_fresh, "retired": self.retired,
                 "warm_failed": self.warm_failed, "wait_s": round(self.wait_s, 3)}
 
-    def prestart(self, per_slot: int, *, wait: bool = False, first: int | None = None,
+    def prestart(self, per_slot: int, *, wait: bool = False,
                  timeout_s: float = 300.0) -> int:
         """Idle workers up to ``per_slot`` in every slot (Registry.prestart),
         started now; with ``wait`` returns once each has warmed up (imports,
         CUDA context) or failed to (such a one is never leased); TimeoutError
-        past ``timeout_s``. The number started now.
+        past ``timeout_s``. The number started.
 
-        ``first`` (without ``wait``): start only that many a slot now, what
-        the job's first group needs, and the rest once those have warmed up
-        (or ``timeout_s`` passed), unless the pool is closed by then. Started
-        together, a GPU's workers contend for the CPU and for the GPU's
-        context creation, and the first group waits for the slowest of them;
-        staggered, the first ones warm alone while the rest warm during the
-        first groups."""
+        All at once, not in waves: tried on one H200, a second wave started
+        once the first group's workers had warmed cut that group's build from
+        11.4 to 5.0 s, but the next groups then waited for, and ran beside,
+        14 workers warming up; correctness took 99 s instead of 70 (two
+        machines, not side by side: docs/results/warm_nightly_h200_2026-12-02.md)."""
         import ray
-
-        from kernels.validation import require_int
-        if first is not None:
-            require_int("first", first, low=1, high=MAX_WORKERS_PER_SLOT)
         here = ray.get_runtime_context().get_node_id()
-        later = first is not None and not wait and first < per_slot
-        workers = self._call("prestart", first if later else per_slot, here)
+        workers = self._call("prestart", per_slot, here)
         self._warming = [w.warm for w in workers]
-        if later:
-            threading.Thread(target=self._prestart_later, args=(per_slot, here, self._warming,
-                                                                timeout_s),
-                             name=f"pool-{self.name}-prestart", daemon=True).start()
         if wait and workers:
             refs = [w.warm for w in workers]
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -698,21 +684,6 @@ class WorkerPool:
                 raise TimeoutError(f"pool {self.name}: {len(refs) - len(ready)} of {len(refs)} "
                                    f"worker(s) not warm within {timeout_s} s")
         return len(workers)
-
-    def _prestart_later(self, per_slot: int, here: str, refs: list, timeout_s: float) -> None:
-        """:meth:`prestart`'s second wave: once ``refs`` (the first's warm-ups)
-        have ended, the slots topped up to ``per_slot``; never after
-        :meth:`close` (the lock orders the two)."""
-        import ray
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        with self._lock:
-            if self._closed:
-                return
-            try:
-                self.later_started += len(self._call("prestart", per_slot, here))
-            except Exception:  # noqa: BLE001 - a standing pool's keeper gone: nothing to top up
-                pass
 
     def warm_summary(self, timeout_s: float = 10.0) -> str:
         """The workers' warm-ups (:meth:`~cluster.actors.RankActor.warm`) in
@@ -766,11 +737,7 @@ class WorkerPool:
 
     def close(self) -> int:
         """A job's own pool: kill its workers, free its slots (the workers
-        killed). A standing pool: nothing (it outlives the job; :meth:`stop`).
-        Either way, a second wave of :meth:`prestart` not yet started never
-        starts."""
-        with self._lock:
-            self._closed = True
+        killed). A standing pool: nothing (it outlives the job; :meth:`stop`)."""
         return 0 if self.standing else self._call("stop")
 
     def stop(self) -> int:

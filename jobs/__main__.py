@@ -360,8 +360,7 @@ def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
     if view.pool is not None:
         # workers start (imports, CUDA contexts) while the topology is found
         # and the self-check and compile check run
-        per_slot, first = prestart_counts([c for _, cases in plan for c in cases], view)
-        view.pool.prestart(per_slot, first=first)
+        view.pool.prestart(prestart_count([c for _, cases in plan for c in cases], view))
     environment = {**facts(), **view.columns()}
     run = Run(results=None if args.no_results else args.results, trigger=args.trigger,
               run_id=args.run_id, backend=view.backend, environment=environment)
@@ -407,21 +406,16 @@ def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
     return run, checked
 
 
-def prestart_counts(cases, view) -> tuple[int, int | None]:
-    """``(per_slot, first)``: workers a pool slot needs at the busiest moment
-    of ``cases`` (on GPUs, ``groups_per_gpu`` shared-GPU groups of the
-    largest tp at once on one GPU; emulated, the largest group: groups are
-    placed one node at a time), and on GPUs those the first groups need
-    (the first case's tp, ``groups_per_gpu`` times), started before the rest
-    (cluster.pool.WorkerPool.prestart); None: all at once."""
+def prestart_count(cases, view) -> int:
+    """Workers a pool slot needs at the busiest moment of ``cases``: on
+    GPUs, ``groups_per_gpu`` shared-GPU groups of the largest tp at once on
+    one GPU; emulated, the largest group (groups are placed one node at a
+    time)."""
     ranked = [c for c in cases if c.job in ("correctness", "faults", "profile")]
     if not ranked:
-        return 0, None
+        return 0
     tp = max(c.tp for c in ranked)
-    if view.backend != "gpu":
-        return tp, None
-    per_slot = min(tp * view.groups_per_gpu, 16)
-    return per_slot, min(ranked[0].tp * view.groups_per_gpu, per_slot)
+    return min(tp * view.groups_per_gpu, 16) if view.backend == "gpu" else tp
 
 
 def _selfcheck_part(run, suite) -> None:

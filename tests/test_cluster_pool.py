@@ -213,31 +213,6 @@ def test_the_first_group_takes_the_worker_whose_warm_up_ended_first(pool, monkey
     assert len(warming) == 2 and not ray.wait([w.warm for w in warming], timeout=0)[0]
 
 
-def test_prestart_with_first_starts_the_rest_once_the_first_have_warmed(pool):
-    """first=1 of 3: one worker now, the other two once it has warmed up."""
-    import ray
-    assert pool.prestart(3, first=1) == 1
-    (only,) = pool._registry.workers.values()
-    assert pool.later_started == 0 or ray.wait([only.warm], timeout=0)[0]
-    deadline = time.monotonic() + 120
-    while pool.later_started < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert pool.later_started == 2 and len(pool.status()) == 3
-    assert ray.wait([only.warm], timeout=0)[0]  # the second wave came after its warm-up
-    with pytest.raises(ValueError, match=r"first must be in \[1, 24\], got 0"):
-        pool.prestart(3, first=0)
-
-
-def test_a_closed_pool_starts_no_second_wave(pool, monkeypatch):
-    """The first wave still warming (SLOW_WARM_S) when the pool closes: its
-    second wave never starts, and the closed pool holds no worker."""
-    monkeypatch.setattr("cluster.actors.RankActor", sc.Starts({0}, "slow"))
-    assert pool.prestart(3, first=1, timeout_s=2.0) == 1
-    pool.close()
-    time.sleep(3.0)  # past the wave's timeout: it would have started by now
-    assert pool.later_started == 0 and pool._registry.workers == {}
-
-
 def test_a_failed_setup_is_retried_once_on_replaced_workers(pool, monkeypatch):
     """Rank 1's worker raises in setup_group at once: rank 0, in the
     rendezvous, is not waited for; both are replaced by idle workers and

@@ -210,16 +210,6 @@ def test_the_fault_campaign_meets_every_expected_outcome(smoke):
                if r["x"]["pooled"]), [r["x"] for r in every][:3]
 
 
-def test_prestart_counts_start_the_first_groups_workers_first():
-    from types import SimpleNamespace as NS
-    cases = [NS(job="selfcheck", tp=1), NS(job="correctness", tp=1), NS(job="faults", tp=8),
-             NS(job="profile", tp=4)]
-    assert cli.prestart_counts(cases, NS(backend="gpu", groups_per_gpu=2)) == (16, 2)
-    assert cli.prestart_counts(cases[2:], NS(backend="gpu", groups_per_gpu=2)) == (16, 16)
-    assert cli.prestart_counts(cases, NS(backend="emulated", groups_per_gpu=2)) == (8, None)
-    assert cli.prestart_counts(cases[:1], NS(backend="gpu", groups_per_gpu=2)) == (0, None)
-
-
 def test_report_prints_the_run_and_compares(smoke, capsys):
     _, rows, root = smoke
     run_id = rows[0]["run_id"]
