@@ -109,11 +109,11 @@ def test_case_time_spans_one_line_per_group_from_the_first_case():
                 "extra": json.dumps({"group_id": group, "mode": mode, **extra} if group
                                     else {"mode": mode, **extra})}
     rows = [row(10.0, 12.0, "b", "owner"),
-            row(2.0, 3.0, "a", "one_shot", group_build_s=6.5),
-            row(3.0, 4.5, "a", "owner", group_build_s=6.5),
+            row(2.0, 3.0, "a", "one_shot", group_build_s=6.5, group_lease_s=1.25),
+            row(3.0, 4.5, "a", "owner", group_build_s=6.5, group_lease_s=1.25),
             row(12.0, 16.0, None, "one_shot", "virtual-ranks", task_start_s=1.5, imports_s=2.0),
             {"job": "profile", "outcome": "pass"}]
     assert module.group_spans(rows) == [
-        [0.0, 2.5, "shared-gpu", 2, 1024, 2, "one_shot,owner", 6.5],
-        [8.0, 10.0, "shared-gpu", 2, 1024, 1, "owner", None],
-        [10.0, 14.0, "virtual-ranks", 2, 1024, 1, "one_shot", 3.5]]
+        [0.0, 2.5, "all_reduce_norm", "shared-gpu", 2, 1024, 2, "one_shot,owner", 6.5, 1.25],
+        [8.0, 10.0, "all_reduce_norm", "shared-gpu", 2, 1024, 1, "owner", None, None],
+        [10.0, 14.0, "all_reduce_norm", "virtual-ranks", 2, 1024, 1, "one_shot", 3.5, None]]

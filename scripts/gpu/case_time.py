@@ -13,9 +13,10 @@ once, so case times overlap and add up to more than the wall).
   ``-`` for rows from before it was recorded);
 - ``--spans``: each correctness group's span, seconds from the job's first
   case: first case start, last case end, its placement, tp, hidden, cases,
-  modes and its build's wall time (``extra.group_build_s``; a virtual-rank
+  modes, its build's wall time (``extra.group_build_s``; a virtual-rank
   task's start and imports, ``task_start_s + imports_s``; ``-`` for rows
-  from before these were recorded); a group is ``extra.group_id`` (a
+  from before these were recorded) and of it the wait for a pool's lease
+  (``extra.group_lease_s``, recorded since 2026-12-02); a group is ``extra.group_id`` (a
   virtual-rank task has none, so its first row, which carries the task's
   start, and the rest of its rows show as two spans); in start order:
   where the wall went between groups.
@@ -77,9 +78,9 @@ def correctness_table(rows: list[dict]) -> list[list]:
 
 
 def group_spans(rows: list[dict]) -> list[list]:
-    """Correctness groups as [start s, end s, placement, tp, hidden, cases,
-    modes, build s or None], seconds from the earliest case start, in start
-    order."""
+    """Correctness groups as [start s, end s, op, placement, tp, hidden,
+    cases, modes, build s or None, lease s or None], seconds from the
+    earliest case start, in start order."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if r["job"] == "correctness" and r["outcome"] != "skipped":
@@ -97,10 +98,11 @@ def group_spans(rows: list[dict]) -> list[list]:
         builds = [x["group_build_s"] if "group_build_s" in x else
                   x["task_start_s"] + x.get("imports_s", 0.0) for x in extras
                   if "group_build_s" in x or "task_start_s" in x]
+        leases = [x["group_lease_s"] for x in extras if "group_lease_s" in x]
         out.append([(min(r["started_at"] for r in rs) - t0).total_seconds(),
-                    (max(r["finished_at"] for r in rs) - t0).total_seconds(),
+                    (max(r["finished_at"] for r in rs) - t0).total_seconds(), rs[0]["op"],
                     rs[0]["placement"], rs[0]["tp"], rs[0]["hidden"], len(rs), ",".join(modes),
-                    max(builds) if builds else None])
+                    max(builds) if builds else None, max(leases) if leases else None])
     return sorted(out)
 
 
@@ -141,11 +143,13 @@ def main(argv=None) -> int:
             print(f"| {op} | {tp} | {placement} | {cases} | {summed:.1f} | "
                   + " | ".join("-" if v is None else f"{v:.2f}" for v in by) + " |")
     if args.spans and correctness:
-        print("\n| start (s) | end (s) | placement | tp | hidden | cases | modes | build (s) |")
-        print("| --- " * 8 + "|")
-        for start, end, placement, tp, hidden, cases, modes, build in group_spans(rows):
-            print(f"| {start:.1f} | {end:.1f} | {placement} | {tp} | {hidden} | {cases} "
-                  f"| {modes} | {'-' if build is None else f'{build:.1f}'} |")
+        print("\n| start (s) | end (s) | op | placement | tp | hidden | cases | modes "
+              "| build (s) | of it, lease (s) |")
+        print("| --- " * 10 + "|")
+        for start, end, op, placement, tp, hidden, cases, modes, build, lease in group_spans(rows):
+            print(f"| {start:.1f} | {end:.1f} | {op} | {placement} | {tp} | {hidden} | {cases} "
+                  f"| {modes} | {'-' if build is None else f'{build:.1f}'} "
+                  f"| {'-' if lease is None else f'{lease:.1f}'} |")
     return 0
 
 
