@@ -117,3 +117,12 @@ def test_case_time_spans_one_line_per_group_from_the_first_case():
         [0.0, 2.5, "all_reduce_norm", "shared-gpu", 2, 1024, 2, "one_shot,owner", 6.5, 1.25],
         [8.0, 10.0, "all_reduce_norm", "shared-gpu", 2, 1024, 1, "owner", None, None],
         [10.0, 14.0, "all_reduce_norm", "virtual-ranks", 2, 1024, 1, "one_shot", 3.5, None]]
+    # the timeline: well-formed SVG, a bar a group in its placement's colour,
+    # a build bar where there is a build, a lease bar where there is a lease
+    import xml.etree.ElementTree as ET
+    svg = ET.fromstring(module.spans_svg(module.group_spans(rows), "t"))
+    fills = [r.get("fill") for r in svg.iter("{http://www.w3.org/2000/svg}rect")]
+    colours = module.PLACEMENT_COLOURS
+    assert fills.count(colours["shared-gpu"]) == 2 + 1  # two bars, one legend swatch
+    assert fills.count(colours["virtual-ranks"]) == 1 + 1
+    assert fills.count("#c8c8c8") == 2 + 1 and fills.count("#8c8c8c") == 1 + 1

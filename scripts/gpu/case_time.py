@@ -21,7 +21,9 @@ once, so case times overlap and add up to more than the wall).
   start, and the rest of its rows show as two spans); in start order:
   where the wall went between groups.
 
-    python3 scripts/gpu/case_time.py RESULTS [--run RUN_ID] [--spans]
+- ``--svg FILE``: the spans drawn as a timeline (an SVG), for the pages.
+
+    python3 scripts/gpu/case_time.py RESULTS [--run RUN_ID] [--spans] [--svg FILE]
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def group_spans(rows: list[dict]) -> list[list]:
     for r in rows:
         if r["job"] == "correctness" and r["outcome"] != "skipped":
             x = json.loads(r.get("extra") or "{}")
-            key = x.get("group_id") or (r["placement"], r["tp"], r["hidden"],
+            key = x.get("group_id") or (r["op"], r["placement"], r["tp"], r["hidden"],
                                         round(seconds(r), 1) if seconds(r) > 1 else None)
             groups[key].append(r)
     if not groups:
@@ -106,12 +108,68 @@ def group_spans(rows: list[dict]) -> list[list]:
     return sorted(out)
 
 
+PLACEMENT_COLOURS = {"process-per-gpu": "#4c72b0", "shared-gpu": "#dd8452",
+                     "virtual-ranks": "#55a868"}
+"""A span's colour by its placement (any other: grey)."""
+
+
+def spans_svg(spans: list[list], title: str) -> str:
+    """:func:`group_spans` as an SVG timeline: a line a group in start
+    order, its cases as a bar coloured by placement, its build before it
+    (grey; of it the lease wait darker), seconds from the first case on x."""
+    from html import escape
+    left, right, top, line, px_per_s = 250, 20, 40, 13, 8.0
+    end = max(s[1] for s in spans)
+    start = min(min(s[0] - (s[8] or 0.0) for s in spans), 0.0)
+    width = round(left + (end - start) * px_per_s + right)
+    height = top + line * len(spans) + 40
+
+    def x(t: float) -> float:
+        return left + (t - start) * px_per_s
+    out = ['<?xml version="1.0" encoding="UTF-8"?>',
+           '<!-- Generated from a run\'s rows by scripts/gpu/case_time.py (its svg option). -->',
+           f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif" '
+           f'font-size="10" fill="#222">',
+           f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+           f'<text x="10" y="16" font-size="13" font-weight="bold">{escape(title)}</text>']
+    for t in range(int(start // 10) * 10, int(end) + 10, 10):
+        out.append(f'<line x1="{x(t):.1f}" y1="{top - 6}" x2="{x(t):.1f}" '
+                   f'y2="{height - 28}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{x(t):.1f}" y="{height - 16}" text-anchor="middle">{t} s</text>')
+    for i, (s0, s1, op, placement, tp, hidden, cases, _, build, lease) in enumerate(spans):
+        y = top + i * line
+        out.append(f'<text x="{left - 6}" y="{y + 9}" text-anchor="end">'
+                   f'{escape(f"{op} tp{tp} {hidden} ({cases})")}</text>')
+        if build:
+            out.append(f'<rect x="{x(s0 - build):.1f}" y="{y + 2}" width="{build * px_per_s:.1f}" '
+                       f'height="{line - 4}" fill="#c8c8c8"><title>build {build:.2f} s'
+                       f'</title></rect>')
+        if lease:
+            out.append(f'<rect x="{x(s0 - build):.1f}" y="{y + 2}" width="{lease * px_per_s:.1f}" '
+                       f'height="{line - 4}" fill="#8c8c8c"><title>lease {lease:.2f} s'
+                       f'</title></rect>')
+        colour = PLACEMENT_COLOURS.get(placement, "#999999")
+        out.append(f'<rect x="{x(s0):.1f}" y="{y + 1}" width="{max((s1 - s0) * px_per_s, 1):.1f}" '
+                   f'height="{line - 2}" fill="{colour}"><title>{escape(placement)}: '
+                   f'{s0:.1f}-{s1:.1f} s</title></rect>')
+    lx = 10
+    for name, colour in [*PLACEMENT_COLOURS.items(), ("build", "#c8c8c8"),
+                         ("of it, lease wait", "#8c8c8c")]:
+        out.append(f'<rect x="{lx}" y="26" width="10" height="8" fill="{colour}"/>')
+        out.append(f'<text x="{lx + 14}" y="34">{escape(name)}</text>')
+        lx += 14 + 6 * len(name) + 14
+    return "\n".join(out + ["</svg>", ""])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="scripts/gpu/case_time.py")
     p.add_argument("results")
     p.add_argument("--run", default=None, help="run id (default: every run)")
     p.add_argument("--spans", action="store_true",
                    help="also each correctness group's span (start, end, what it ran)")
+    p.add_argument("--svg", default=None, metavar="FILE",
+                   help="also draw the spans as a timeline into FILE (an SVG)")
     args = p.parse_args(argv)
     from jobs.results import read_results
     rows = [r for r in read_results(args.results).to_pylist()
@@ -150,6 +208,12 @@ def main(argv=None) -> int:
             print(f"| {start:.1f} | {end:.1f} | {op} | {placement} | {tp} | {hidden} | {cases} "
                   f"| {modes} | {'-' if build is None else f'{build:.1f}'} "
                   f"| {'-' if lease is None else f'{lease:.1f}'} |")
+    if args.svg and correctness:
+        runs = sorted({r["run_id"] for r in rows if r["job"] == "correctness"})
+        with open(args.svg, "w") as f:
+            f.write(spans_svg(group_spans(rows), f"correctness groups of {', '.join(runs)}: "
+                                                 f"seconds from the first case"))
+        print(f"\nwrote {args.svg}")
     return 0
 
 
