@@ -672,7 +672,7 @@ class WorkerPool:
         once the first group's workers had warmed cut that group's build from
         11.4 to 5.0 s, but the next groups then waited for, and ran beside,
         14 workers warming up; correctness took 99 s instead of 70 (two
-        machines, not side by side: docs/results/warm_nightly_h200_2026-12-02.md)."""
+        machines, not side by side: docs/results/warm_nightly_h200_2026-12-02b.md)."""
         import ray
         here = ray.get_runtime_context().get_node_id()
         workers = self._call("prestart", per_slot, here)

@@ -289,9 +289,12 @@ def init_with_retry(init: Callable[[], object], *, what: str, between: Callable[
 def shutdown_ray() -> None:
     """``ray.shutdown()`` with this process's heap frozen (``gc.freeze``)
     while it runs, thawed after (a process that goes on, a test, collects
-    as before). The shutdown joins Ray's GC thread, and a collection that
-    thread is running walks every object the job's imports made: the join
-    took 0.97 s of a 4.4 s pooled investigation profiled on the H200."""
+    as before), so that a collection Ray's GC thread runs meanwhile walks
+    only what the job made. Not shown to help: the shutdown's join of that
+    thread took 0.97 s of a pooled investigation profiled on the H200
+    unfrozen and 0.62 s frozen, in runs that differed in more than this
+    (docs/results/warm_nightly_h200_2026-12-02b.md); what the join waits on
+    is still open."""
     import gc
 
     import ray
