@@ -81,15 +81,17 @@ class RankActor:
     def warm(self) -> dict:
         """Pay this process's one-time costs now (a pooled worker, while the
         driver does other work): the backend's imports and, on a GPU, the
-        CUDA context on this rank's device and the kernel DSL's import.
+        CUDA context on this rank's device, the kernel DSL's import and a
+        first group (NCCL, symmetric memory).
         Returns the seconds each took (``imports_s``; on a GPU ``dsl_s``, the
-        DSL's import, and ``cuda_s``, the context; ``ready_s``: from the
+        DSL's import, ``cuda_s``, the context, and ``group_s``, a group of
+        one formed and left: the backend's ``warm_group``); ``ready_s``: from the
         actor's construction to the end of its warm-up; ``spawn_s``: from the
         process's start to the actor's construction) and the metadata; the
         figures stay in :meth:`stats` (``warm``)."""
         timings = {}
         t0 = time.monotonic()
-        make_backend(self._backend_name)
+        backend = make_backend(self._backend_name)
         timings["imports_s"] = time.monotonic() - t0
         if self._metadata["gpu_ids"]:
             t0 = time.monotonic()
@@ -102,6 +104,8 @@ class RankActor:
             torch.cuda.set_device(local_device_index())
             torch.cuda.synchronize()
             timings["cuda_s"] = time.monotonic() - t0
+        if hasattr(backend, "warm_group"):
+            timings["group_s"] = backend.warm_group()
         settle_heap()  # the imports, frozen: a group's collection walks only what it made
         timings["ready_s"] = time.time() - self._started_unix
         if self._spawn_s is not None:

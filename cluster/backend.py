@@ -19,6 +19,12 @@ actor for an address and a free port (as Ray Train does) and passes
 ``master_addr`` / ``master_port`` with the placement in ``setup``'s
 ``options``.
 
+A ``Backend`` may offer ``warm_group()``: form and leave a group of one,
+so that a process's one-time costs of a group are paid in a pooled
+worker's warm-up (``RankActor.warm``) and not by its first real group;
+it returns the seconds that took (the gpu backend's: NCCL and symmetric
+memory, first used).
+
 Result contract of :meth:`RankBackend.run_case` (a plain dict):
 
 ``rank``, ``seq``, ``tokens``        who ran which call with how many tokens

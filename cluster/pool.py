@@ -697,7 +697,8 @@ class WorkerPool:
         parts = ", ".join(f"{name} {statistics.median(w.get(key, 0.0) for w in warm):.1f}"
                           for key, name in (("spawn_s", "process start to actor"),
                                             ("imports_s", "imports"), ("dsl_s", "DSL import"),
-                                            ("cuda_s", "CUDA context")) if key in warm[0])
+                                            ("cuda_s", "CUDA context"),
+                                            ("group_s", "group of one")) if key in warm[0])
         ready = [w["ready_s"] for w in warm]
         return (f"{len(warm)} worker(s) warm {statistics.median(ready):.1f} s after their start "
                 f"(median; the last {max(ready):.1f} s); medians: {parts} s")
