@@ -26,7 +26,10 @@ import ray
 
 from cluster.backend import make_backend, require_backend
 from cluster.backend import release_rank as backend_release
-from cluster.procs import settle_heap, started_at
+from cluster.procs import one_at_a_time, settle_heap, started_at
+
+CONTEXT_TURN_TIMEOUT_S = 60.0
+"""Longest a warm-up waits for its turn to make its CUDA context (then it goes ahead)."""
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -84,8 +87,10 @@ class RankActor:
         CUDA context on this rank's device, the kernel DSL's import and a
         first group (NCCL, symmetric memory).
         Returns the seconds each took (``imports_s``; on a GPU ``dsl_s``, the
-        DSL's import, ``cuda_s``, the context, and ``group_s``, a group of
-        one formed and left: the backend's ``warm_group``); ``ready_s``: from the
+        DSL's import, ``cuda_s``, the context, made one process at a time
+        on a GPU, ``cuda_wait_s``, the wait for that turn, and ``group_s``,
+        a group of one formed and left: the backend's ``warm_group``);
+        ``ready_s``: from the
         actor's construction to the end of its warm-up; ``spawn_s``: from the
         process's start to the actor's construction) and the metadata; the
         figures stay in :meth:`stats` (``warm``)."""
@@ -100,10 +105,17 @@ class RankActor:
 
             from cluster.gpu.rank import local_device_index
             timings["dsl_s"] = time.monotonic() - t0
-            t0 = time.monotonic()
-            torch.cuda.set_device(local_device_index())
-            torch.cuda.synchronize()
-            timings["cuda_s"] = time.monotonic() - t0
+            # One context at a time on a GPU: sixteen made at once on an H200
+            # each took 1.9 s and the first was ready 6.2 s after their
+            # start; made in turn, 0.2 s each and the first ready at 4.5 s
+            # (scripts/gpu/context_probe.py --turns).
+            with one_at_a_time(f"cuda-context-gpu{self._metadata['gpu_ids'][0]}",
+                               timeout_s=CONTEXT_TURN_TIMEOUT_S) as waited:
+                t0 = time.monotonic()
+                torch.cuda.set_device(local_device_index())
+                torch.cuda.synchronize()
+                timings["cuda_s"] = time.monotonic() - t0
+            timings["cuda_wait_s"] = waited
         if hasattr(backend, "warm_group"):
             timings["group_s"] = backend.warm_group()
         settle_heap()  # the imports, frozen: a group's collection walks only what it made

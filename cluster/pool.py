@@ -697,6 +697,7 @@ class WorkerPool:
         parts = ", ".join(f"{name} {statistics.median(w.get(key, 0.0) for w in warm):.1f}"
                           for key, name in (("spawn_s", "process start to actor"),
                                             ("imports_s", "imports"), ("dsl_s", "DSL import"),
+                                            ("cuda_wait_s", "turn for the GPU"),
                                             ("cuda_s", "CUDA context"),
                                             ("group_s", "group of one")) if key in warm[0])
         ready = [w["ready_s"] for w in warm]

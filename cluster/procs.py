@@ -1,5 +1,6 @@
 """Processes on this host, read from ``/proc`` (Linux): when one started, who
-descends from whom, and stopping a set of them for good.
+descends from whom, stopping a set of them for good, and a lock they take
+turns on (:func:`one_at_a_time`).
 
 A process is named by ``(pid, start)``: ``start`` (clock ticks since boot,
 field 22 of ``/proc/<pid>/stat``) tells a reused pid from the process it
@@ -8,9 +9,13 @@ once named.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
 
 
 def _stat(pid: int) -> list[bytes] | None:
@@ -66,6 +71,33 @@ def settle_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+@contextlib.contextmanager
+def one_at_a_time(name: str, *, timeout_s: float, poll_s: float = 0.01) -> Iterator[float]:
+    """Hold the host-wide lock ``name`` (an advisory ``flock`` on a file in
+    the temp folder, freed by the kernel when its holder dies) for the
+    block; yields the seconds spent waiting for it. Past ``timeout_s`` of
+    waiting the block runs without it (a stuck holder slows the others, it
+    never blocks them)."""
+    path = os.path.join(tempfile.gettempdir(), f"lamport-{name}.lock")
+    started = time.monotonic()
+    with open(path, "a") as f:
+        held = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() - started > timeout_s:
+                    break
+                time.sleep(poll_s)
+        try:
+            yield time.monotonic() - started
+        finally:
+            if held:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def process_start(pid: int) -> int | None:

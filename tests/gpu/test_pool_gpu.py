@@ -49,7 +49,7 @@ def test_a_warm_worker_has_formed_and_left_a_group_of_one(pool):
     pool.prestart(1, wait=True)
     rows = pool.status()
     warm = [r["warm"] for r in rows if r.get("warm")]
-    assert warm and all(w["group_s"] > 0 for w in warm), warm  # RankActor.warm: GpuRank.warm_group
+    assert warm and all(w["group_s"] > 0 and "cuda_wait_s" in w for w in warm), warm  # RankActor.warm
     assert not any(r["in_group"] for r in rows)  # ... and left it
     out = sc.run_group(pool, "gpu", sc.Kind(1, "process-per-gpu"), seed=70)
     assert out["cold"] == [], out  # a group of a worker warmed that way
