@@ -106,9 +106,9 @@ class RankActor:
             from cluster.gpu.rank import local_device_index
             timings["dsl_s"] = time.monotonic() - t0
             # One context at a time on a GPU: sixteen made at once on an H200
-            # each took 1.9 s and the first was ready 6.2 s after their
-            # start; made in turn, 0.2 s each and the first ready at 4.5 s
-            # (scripts/gpu/context_probe.py --turns).
+            # took 1.27 s each (median) and the first was ready 4.3 s after
+            # their start; made in turn, 0.20 s each and the first ready at
+            # 3.8 s (scripts/gpu/context_probe.py --turns).
             with one_at_a_time(f"cuda-context-gpu{self._metadata['gpu_ids'][0]}",
                                timeout_s=CONTEXT_TURN_TIMEOUT_S) as waited:
                 t0 = time.monotonic()
