@@ -3,7 +3,8 @@
 # busy loop beside it (a neighbour's build, a noisy CI runner): the flakiness
 # check of docs/results/tests_cpu_*.md. Usage, from a checkout:
 #   scripts/busy_runs.sh 5 [DIR]     # clone HEAD into DIR (default /tmp/busy-runs)
-# Each run's log is DIR.<i>.log; one line a run: exit, wall, pytest's summary.
+# Each run's log is DIR.<i>.log, a line a test as it ends (-v: a run cut short
+# still names what failed); one line a run: exit, wall, pytest's summary.
 # Exit 0 only when every run passed. Stopped (SIGINT, SIGTERM), it stops the run
 # under way, Ray clusters included, before it exits.
 set -u
@@ -32,7 +33,7 @@ trap 'exit 143' TERM
 rc_all=0
 for i in $(seq 1 "$n"); do
   start=$(date +%s)
-  setsid timeout -k 30 2400 .venv/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider > "$dir.$i.log" 2>&1 &
+  setsid timeout -k 30 3600 .venv/bin/python -m pytest -n 2 --dist loadgroup -v -p no:cacheprovider > "$dir.$i.log" 2>&1 &
   run=$!
   wait "$run"
   rc=$?
