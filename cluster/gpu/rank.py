@@ -59,7 +59,7 @@ from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_I
 
 PLACEMENTS = (Placement.PROCESS_PER_GPU, Placement.SHARED_GPU)
 WARM_GROUP_HIDDEN = 1024
-"""Hidden size of :meth:`GpuRank.warm_group`'s mailbox (one token: 12 KiB)."""
+"""Hidden size of :meth:`GpuRank.warm_group`'s mailbox (one token, three generations: 6 KiB)."""
 OPTIONS = ("master_addr", "master_port", "placement", "transport")
 
 
