@@ -14,7 +14,7 @@ import pytest
 
 from cluster import ops
 from cluster.faults import FAULT_KINDS
-from cluster.ops.spec import Field, OpSpec, positive_int
+from cluster.ops.spec import Field, OpSpec, positive_int, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,6 +45,7 @@ def test_each_declaration_is_complete(name):
     module = spec.module()
     assert callable(module.make_inputs) and callable(module.expected)
     assert hasattr(module, "RankKernel"), "every op runs on a GPU rank actor"
+    assert spec.kernel and callable(resolve(spec.kernel, name)), "its one kernel builder"
     assert set(spec.faults) <= set(FAULT_KINDS)
     if spec.collective:
         assert callable(module.payload) and callable(module.epilogue)

@@ -65,6 +65,13 @@ class Spec:
     proportionally fewer times, down to this many
     (:func:`cluster.measure.graph.scaled_replays`); 0: always ``replays``."""
 
+    def fields(self) -> dict[str, Any]:
+        """The op fields a kernel builder reads (:mod:`cluster.ops.kernel`):
+        ``eps`` and ``mode``, and ``hc`` / ``top_k`` where the spec has them."""
+        out: dict[str, Any] = {"eps": self.eps, "mode": self.mode}
+        out.update({k: getattr(self, k) for k in ("hc", "top_k") if getattr(self, k) is not None})
+        return out
+
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> "Spec":
         """From a plain dict (it crosses Ray); names what is missing or bad."""

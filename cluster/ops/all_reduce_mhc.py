@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from cluster.ops import all_reduce_norm as arn
 from cluster.ops import finalize_publish as fin
+from cluster.ops.kernel import lamport
 from cluster.ops.spec import Field, OpSpec, positive_int, shared
 
 MAX_HC = 8
@@ -28,9 +29,9 @@ DEFAULT_TOP_K = 8
 """The finalize's routes per token when the case gives none."""
 
 
-def top_k(case) -> int | None:
+def top_k(fields) -> int | None:
     """Routes per token of the finalize publish, None without finalize."""
-    return int(case.get("top_k") or DEFAULT_TOP_K) if case["finalize"] else None
+    return int(fields.get("top_k") or DEFAULT_TOP_K) if fields.get("finalize") else None
 
 SPEC = OpSpec(
     name="all_reduce_mhc",
@@ -51,6 +52,7 @@ SPEC = OpSpec(
     baselines=("unfused", "symm_mem"),
     faults=arn.COLLECTIVE_FAULTS,
     workload="cluster.measure.workloads.mhc.all_reduce_mhc_workload",
+    kernel="cluster.ops.all_reduce_mhc.kernel",
 )
 
 
@@ -131,18 +133,25 @@ def _bits(out) -> dict:
             "layer_input": bits_from_bf16(out[1].cpu())}
 
 
+def kernel(fields, **where):
+    """``AllReduceMHC`` (one rank) or its ``MHCVirtualRanks`` (``tp`` ranks),
+    the builder contract of :mod:`cluster.ops.kernel`: ``hc`` from
+    ``fields``, and ``top_k`` where ``finalize`` is set (:func:`top_k`);
+    ``tuning`` may come as an option (the default: the op's tuning table)."""
+    from kernels.lamport.all_reduce_mhc import AllReduceMHC
+
+    return lamport(AllReduceMHC, hc_mult=int(fields["hc"]), top_k=top_k(fields), **where)
+
+
 class RankKernel:
     """One rank's AllReduceMHC (``__call__`` or ``finalize``) on a GPU mailbox."""
 
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
                  budget_ns: int, case) -> None:
-        from kernels.lamport.all_reduce_mhc import AllReduceMHC
-
         self.finalize = bool(case["finalize"])
-        self.kernel = AllReduceMHC(hidden_size=hidden, hc_mult=int(case["hc"]),
-                                   max_num_tokens=capacity, transport=transport,
-                                   budget_ns=budget_ns, mailbox=mailbox,
-                                   top_k=top_k(case))
+        self.kernel = SPEC.build_kernel(case, hidden=hidden, capacity=capacity,
+                                        budget_ns=budget_ns, mailbox=mailbox,
+                                        transport=transport)
         self.hidden, self.hc = hidden, int(case["hc"])
 
     @staticmethod
@@ -186,12 +195,9 @@ class VirtualKernel:
     """tp AllReduceMHC ranks in one process (MHCVirtualRanks) over static buffers."""
 
     def __init__(self, *, tp: int, hidden: int, capacity: int, budget_ns: int, case) -> None:
-        from kernels.lamport.all_reduce_mhc import MHCVirtualRanks
-
         self.finalize = bool(case["finalize"])
-        self.group = MHCVirtualRanks(tp=tp, hidden_size=hidden, hc_mult=int(case["hc"]),
-                                     max_num_tokens=capacity, budget_ns=budget_ns,
-                                     top_k=top_k(case))
+        self.group = SPEC.build_kernel(case, tp=tp, hidden=hidden, capacity=capacity,
+                                       budget_ns=budget_ns)
         self.tp, self.hidden, self.hc, self.buffers = tp, hidden, int(case["hc"]), None
 
     def load(self, case, inputs: dict, tokens: int) -> None:

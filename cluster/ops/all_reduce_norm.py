@@ -20,6 +20,7 @@ check as ``facts["rank"]``).
 
 from __future__ import annotations
 
+from cluster.ops.kernel import lamport
 from cluster.ops.spec import Field, OpSpec, shared
 from kernels.lamport.protocol import MODES
 
@@ -41,6 +42,7 @@ SPEC = OpSpec(
             "stage_out_of_bounds", "stage_stale", "negative_zero_payload", "unsanitized_lane",
             "dirty_mailbox", "stuck_rank"),
     workload="cluster.measure.workloads.norm.all_reduce_norm_workload",
+    kernel="cluster.ops.all_reduce_norm.kernel",
 )
 COLLECTIVE_FAULTS = SPEC.faults
 """Every fault kind of the fault table (docs/design.md, The fault table): each applies to any op that
@@ -128,28 +130,33 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
     return norm_expected(case, inputs["partials"], inputs, facts)
 
 
+def kernel(fields, *, top_k: int | None = None, **where):
+    """``AllReduceNorm`` (one rank) or its ``VirtualRanks`` (``tp`` ranks), the
+    builder contract of :mod:`cluster.ops.kernel`: ``eps`` and ``mode`` from
+    ``fields``; ``top_k`` (routes per token) makes the publish a MoE finalize
+    (:func:`cluster.ops.finalize_publish.kernel` passes it)."""
+    from kernels.lamport.all_reduce_norm import AllReduceNorm
+
+    return lamport(AllReduceNorm, eps=float(fields["eps"]),
+                   mode=fields.get("mode") or "one_shot", top_k=top_k, **where)
+
+
 class RankKernel:
     """One rank's AllReduceNorm on a GPU mailbox (driven by :class:`cluster.gpu.rank.GpuRank`)."""
 
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
                  budget_ns: int, case) -> None:
-        from kernels.lamport.all_reduce_norm import AllReduceNorm
+        from cluster import ops
 
-        self.kernel = AllReduceNorm(hidden_size=hidden, max_num_tokens=capacity,
-                                    eps=float(case["eps"]), transport=transport,
-                                    budget_ns=budget_ns, mailbox=mailbox,
-                                    **self.extra_options(case))
+        self.kernel = ops.get(case["op"]).build_kernel(
+            case, hidden=hidden, capacity=capacity, budget_ns=budget_ns, mailbox=mailbox,
+            transport=transport)
         self.hidden = hidden
 
     @staticmethod
     def key(case, budget_ns: int) -> tuple:
         return ("all_reduce_norm", budget_ns, float(case["eps"]),
                 case.get("mode", "one_shot"))
-
-    @classmethod
-    def extra_options(cls, case) -> dict:
-        """Host-class options beyond the common ones (mode; the finalize's top_k)."""
-        return {"mode": case.get("mode", "one_shot")}
 
     def x(self, case, inputs: dict, rank: int, device):
         return inputs["partials"][rank].contiguous().to(device)
@@ -189,11 +196,10 @@ class VirtualKernel:
     buffers, capturable in a CUDA graph (driven by :mod:`cluster.gpu.virtual`)."""
 
     def __init__(self, *, tp: int, hidden: int, capacity: int, budget_ns: int, case) -> None:
-        from kernels.lamport.all_reduce_norm import VirtualRanks
+        from cluster import ops
 
-        self.group = VirtualRanks(tp=tp, hidden_size=hidden, max_num_tokens=capacity,
-                                  eps=float(case["eps"]), budget_ns=budget_ns,
-                                  **self.extra_options(case))
+        self.group = ops.get(case["op"]).build_kernel(case, tp=tp, hidden=hidden,
+                                                      capacity=capacity, budget_ns=budget_ns)
         self.tp, self.hidden, self.buffers = tp, hidden, None
 
     def load(self, case, inputs: dict, tokens: int) -> None:
@@ -220,7 +226,6 @@ class VirtualKernel:
             for t in pair:
                 poison_(t)
 
-    extra_options = RankKernel.extra_options
     x = RankKernel.x
 
     def __call__(self) -> None:

@@ -31,6 +31,7 @@ SPEC = OpSpec(
     baselines=("unfused",),
     faults=arn.COLLECTIVE_FAULTS,
     workload="cluster.measure.workloads.embed.embed_norm_workload",
+    kernel="cluster.ops.all_reduce_norm.kernel",  # the embedding publish is AllReduceNorm's
 )
 VOCAB_PER_RANK = 16
 
@@ -114,11 +115,9 @@ class RankKernel:
                  budget_ns: int, case) -> None:
         import torch
 
-        from kernels.lamport.all_reduce_norm import AllReduceNorm
-
-        self.kernel = AllReduceNorm(hidden_size=hidden, max_num_tokens=capacity,
-                                    eps=float(case["eps"]), transport=transport,
-                                    budget_ns=budget_ns, mailbox=mailbox)
+        self.kernel = SPEC.build_kernel(case, hidden=hidden, capacity=capacity,
+                                        budget_ns=budget_ns, mailbox=mailbox,
+                                        transport=transport)
         self.table = torch.empty(VOCAB_PER_RANK, hidden, dtype=torch.bfloat16,
                                  device=mailbox.device)
         self.kernel.prepare_embedding(self.table, mailbox.rank * VOCAB_PER_RANK)
@@ -162,10 +161,8 @@ class VirtualKernel:
     def __init__(self, *, tp: int, hidden: int, capacity: int, budget_ns: int, case) -> None:
         import torch
 
-        from kernels.lamport.all_reduce_norm import VirtualRanks
-
-        self.group = VirtualRanks(tp=tp, hidden_size=hidden, max_num_tokens=capacity,
-                                  eps=float(case["eps"]), budget_ns=budget_ns)
+        self.group = SPEC.build_kernel(case, tp=tp, hidden=hidden, capacity=capacity,
+                                       budget_ns=budget_ns)
         dev = self.group.device
         self.tables = [torch.empty(VOCAB_PER_RANK, hidden, dtype=torch.bfloat16, device=dev)
                        for _ in range(tp)]

@@ -37,6 +37,7 @@ SPEC = OpSpec(
     baselines=("unfused", "one_shot"),  # one_shot: owner mode's
     faults=arn.COLLECTIVE_FAULTS,
     workload="cluster.measure.workloads.norm.finalize_publish_workload",
+    kernel="cluster.ops.finalize_publish.kernel",
 )
 HELD = 0.7
 """Probability that a route of the random kinds is held by the rank."""
@@ -133,6 +134,15 @@ def moe_output(partial, device):
                      None if shared is None else shared.to(device))
 
 
+def kernel(fields, **where):
+    """``AllReduceNorm(top_k=...)`` (:func:`cluster.ops.all_reduce_norm.kernel`),
+    whose publish finalizes a MoE output; ValueError when ``fields`` carry
+    no ``top_k``."""
+    if fields.get("top_k") is None:
+        raise ValueError(f"finalize_publish: the kernel needs top_k, got fields {dict(fields)}")
+    return arn.kernel(fields, top_k=int(fields["top_k"]), **where)
+
+
 class RankKernel(arn.RankKernel):
     """AllReduceNorm(top_k=...) publishing a MoEOutput (the finalize publish)."""
 
@@ -141,14 +151,9 @@ class RankKernel(arn.RankKernel):
         return ("finalize_publish", budget_ns, float(case["eps"]), int(case["top_k"]),
                 case.get("mode", "one_shot"))
 
-    @classmethod
-    def extra_options(cls, case) -> dict:
-        return {**arn.RankKernel.extra_options(case), "top_k": int(case["top_k"])}
-
     def x(self, case, inputs: dict, rank: int, device):
         return moe_output(inputs["moes"][rank], device)
 
 
 class VirtualKernel(arn.VirtualKernel):
-    extra_options = RankKernel.extra_options
     x = RankKernel.x

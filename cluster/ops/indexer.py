@@ -40,6 +40,7 @@ SPEC = OpSpec(
     baselines=("stock",),
     faults=(),
     workload="cluster.measure.workloads.projection.indexer_workload",
+    kernel="cluster.ops.indexer.kernel",
     needs_gpu="needs a GPU: not a collective; runs on each rank actor's GPU",
     virtual_ranks=False,
 )
@@ -88,23 +89,41 @@ def torch_isnan(t) -> bool:
     return bool(torch.isnan(t.float()).any()) if t.is_floating_point() else False
 
 
+def kernel(fields, *, hidden: int, capacity: int = 0, budget_ns: int = 0,
+           tp: int | None = None, mailbox=None, transport: str = "unicast", device=None,
+           seed: int | None = None):
+    """``(Indexer, IndexerProjection)`` on one GPU, the builder contract of
+    :mod:`cluster.ops.kernel`: ``hidden`` is the projection's K, ``heads``
+    comes from ``fields``, the weights from ``seed`` (default ``hidden +
+    heads``); on ``device``, else the mailbox's, else the current CUDA
+    device. Not a collective: no ``tp`` (ValueError), and the capacity,
+    budget and transport do not apply."""
+    import torch
+
+    from kernels.indexer.projection import IndexerProjection
+    from kernels.indexer.stage import Indexer
+
+    if tp is not None:
+        raise ValueError(f"indexer: not a collective, so no tp ranks in one process; "
+                         f"got tp = {tp}")
+    heads = int(fields["heads"])
+    if device is None:
+        device = mailbox.device if mailbox is not None else torch.device("cuda")
+    seed = hidden + heads if seed is None else seed
+    module = Indexer(hidden=hidden, q_lora_rank=Q_LORA_RANK, heads=heads, device=device,
+                     generator=torch.Generator().manual_seed(seed))
+    return module, IndexerProjection(module)
+
+
 class RankKernel:
     """The indexer on this rank's GPU (the mailbox is not used)."""
 
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
                  budget_ns: int, case) -> None:
-        import torch
-
-        from kernels.indexer.projection import IndexerProjection
-        from kernels.indexer.stage import Indexer
-
-        heads = int(case["heads"])
-        device = mailbox.device if mailbox is not None else torch.device("cuda")
-        self.indexer = Indexer(hidden=hidden, q_lora_rank=Q_LORA_RANK, heads=heads,
-                               device=device,
-                               generator=torch.Generator().manual_seed(hidden + heads))
-        self.projection = IndexerProjection(self.indexer)
-        self.path, self.device = case["path"], device
+        self.indexer, self.projection = SPEC.build_kernel(
+            case, hidden=hidden, capacity=capacity, budget_ns=budget_ns, mailbox=mailbox,
+            transport=transport)
+        self.path, self.device = case["path"], self.projection.device
 
     @staticmethod
     def key(case, budget_ns: int) -> tuple:

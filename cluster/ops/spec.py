@@ -27,6 +27,8 @@ and for GPUs
 ``RankKernel`` (one rank on a Lamport mailbox, :class:`cluster.gpu.rank.GpuRank`)
 and ``VirtualKernel`` (tp ranks in one process, :mod:`cluster.gpu.virtual`):
 their contract is what :class:`cluster.gpu.rank.GpuRank` and :mod:`cluster.gpu.virtual` call.
+Both, and the timed workload, build the kernel through the op's one
+builder (``kernel``, :mod:`cluster.ops.kernel`).
 """
 
 from __future__ import annotations
@@ -138,6 +140,11 @@ class OpSpec:
     """Dotted name of its timed workload builder, ``package.module.function``
     (e.g. ``cluster.measure.workloads.norm.all_reduce_norm_workload``; contract
     :mod:`cluster.measure.workload`); empty: the op is not timed."""
+    kernel: str = ""
+    """Dotted name of the op's kernel builder, the one place its host kernel
+    is constructed for every placement (contract: :mod:`cluster.ops.kernel`;
+    e.g. ``cluster.ops.all_reduce_norm.kernel``); empty: the op has no GPU
+    kernel. Called through :meth:`build_kernel`."""
     needs_gpu: str | None = None
     """Why the emulated backend cannot carry it (None: it can)."""
     virtual_ranks: bool = True
@@ -160,6 +167,14 @@ class OpSpec:
         if not self.workload:
             raise ValueError(f"op {self.name} declares no timed workload")
         return resolve(self.workload, f"timing workload of op {self.name!r}")
+
+    def build_kernel(self, fields: Mapping[str, Any], **where: Any):
+        """The op's host kernel from ``fields`` (a case, or a timing spec's
+        fields) for the placement ``where`` describes (:mod:`cluster.ops.kernel`);
+        ValueError if the op declares no builder."""
+        if not self.kernel:
+            raise ValueError(f"op {self.name} declares no kernel builder")
+        return resolve(self.kernel, f"kernel builder of op {self.name!r}")(fields, **where)
 
     def variants(self, hiddens, tps) -> list:
         """The op's compile-check variants for the requested hidden sizes and

@@ -36,6 +36,18 @@ def randn(shape, g: torch.Generator, device, dtype=BF16, scale: float = 1.0,
     return (offset + scale * torch.randn(shape, generator=on_device, device=device)).to(dtype)
 
 
+def host_kernel(ctx: RankContext, spec: Spec, **fields):
+    """This rank's fused kernel, built by the op's one builder (the one the
+    GPU ranks use, ``OpSpec.build_kernel``) from ``spec``'s fields
+    overlaid with ``fields``, on ``ctx``'s mailbox and device."""
+    from cluster import ops
+
+    return ops.get(spec.op).build_kernel(
+        {**spec.fields(), **fields}, hidden=spec.hidden, capacity=ctx.capacity,
+        budget_ns=spec.budget_ns, mailbox=ctx.mailbox, transport=spec.transport,
+        device=ctx.device)
+
+
 def check_capacity(ctx: RankContext, spec: Spec) -> None:
     if not 1 <= spec.tokens <= ctx.capacity:
         raise ValueError(f"tokens must be in 1..capacity={ctx.capacity}, got {spec.tokens}")

@@ -18,7 +18,7 @@ import torch
 from cluster.measure.graph import rotation_sets
 from cluster.measure.workload import Call, RankContext, Spec, Workload
 from cluster.measure.workloads.common import (BF16, all_reduce_baselines, all_reduce_factor,
-                                              check_capacity, generators, randn)
+                                              check_capacity, generators, host_kernel, randn)
 from kernels.reference.numerics import NORM_MAX_ULP, assert_within_ulp
 
 VOCAB_ROWS = 4096
@@ -56,10 +56,7 @@ def embed_norm_workload(ctx: RankContext, spec: Spec) -> Workload:
     outs = torch.empty(sets, m, 2 * h, dtype=BF16, device=dev)
 
     def fused() -> Call:
-        from kernels.lamport.all_reduce_norm import AllReduceNorm
-        op = AllReduceNorm(hidden_size=h, max_num_tokens=ctx.capacity, eps=spec.eps,
-                           transport=spec.transport, budget_ns=spec.budget_ns,
-                           mailbox=ctx.mailbox, device=dev)
+        op = host_kernel(ctx, spec)
         op.prepare_embedding(table, start, VOCAB_ROWS)
         return Call(lambda i: op.embed_norm(ids[i], positions[i], previous[i], table, enorm,
                                             hnorm, out=outs[i]),

@@ -15,7 +15,7 @@ import torch
 from cluster.measure.graph import rotation_sets
 from cluster.measure.workload import Call, RankContext, Spec, Workload
 from cluster.measure.workloads.common import (BF16, all_reduce_baselines, all_reduce_factor,
-                                              check_capacity, generators, randn)
+                                              check_capacity, generators, host_kernel, randn)
 from kernels.reference.numerics import NORM_MAX_ULP, assert_bit_exact, assert_within_ulp
 
 
@@ -37,7 +37,6 @@ def mhc_set_bytes(m: int, hidden: int, hc: int) -> int:
 
 
 def all_reduce_mhc_workload(ctx: RankContext, spec: Spec) -> Workload:
-    from kernels.lamport.all_reduce_mhc import AllReduceMHC
     from kernels.reference.mhc import all_reduce_mhc
 
     check_capacity(ctx, spec)
@@ -58,9 +57,7 @@ def all_reduce_mhc_workload(ctx: RankContext, spec: Spec) -> Workload:
     lanes = []  # the fused op's rank_lanes: its reduction order
 
     def fused() -> Call:
-        op = AllReduceMHC(hidden_size=h, hc_mult=hc, max_num_tokens=ctx.capacity,
-                          transport=spec.transport, budget_ns=spec.budget_ns,
-                          mailbox=ctx.mailbox, device=ctx.device)
+        op = host_kernel(ctx, spec)
         t = op.tuning
         lanes.append(t.rank_lanes)
         return Call(lambda i: op(xs[i], residual[i], post[i], comb[i], pre[i], weight, spec.eps,

@@ -23,15 +23,8 @@ import torch
 from cluster.measure.graph import rotation_sets
 from cluster.measure.workload import Call, RankContext, Spec, Workload
 from cluster.measure.workloads.common import (BF16, all_reduce_baselines, all_reduce_factor,
-                                              check_capacity, generators, randn)
+                                              check_capacity, generators, host_kernel, randn)
 from kernels.reference.numerics import NORM_MAX_ULP, assert_bit_exact, assert_within_ulp
-
-
-def _kernel(ctx: RankContext, spec: Spec, **kw):
-    from kernels.lamport.all_reduce_norm import AllReduceNorm
-    return AllReduceNorm(hidden_size=spec.hidden, max_num_tokens=ctx.capacity, eps=spec.eps,
-                         transport=spec.transport, budget_ns=spec.budget_ns,
-                         mailbox=ctx.mailbox, device=ctx.device, **kw)
 
 
 def _owned(ctx: RankContext, spec: Spec) -> int:
@@ -53,7 +46,7 @@ def _check_norm(ctx: RankContext, spec: Spec, payloads, residual, weight, outs) 
     assert_within_ulp(outs[0, 0], ref_norm, NORM_MAX_ULP, "norm_out")
 
 
-def _one_shot_baseline(ctx: RankContext, spec: Spec, x, sets: int, shared, weight, **kw):
+def _one_shot_baseline(ctx: RankContext, spec: Spec, x, sets: int, shared, weight):
     """``one_shot`` (owner-mode cases): the one-shot fused kernel on the same
     inputs ``x(i)`` with a full ``[M, hidden]`` residual of its own."""
     m, h = spec.tokens, spec.hidden
@@ -61,7 +54,7 @@ def _one_shot_baseline(ctx: RankContext, spec: Spec, x, sets: int, shared, weigh
     outs = torch.empty(2, sets, m, h, dtype=BF16, device=ctx.device)
 
     def make() -> Call:
-        op = _kernel(ctx, spec, mode="one_shot", **kw)
+        op = host_kernel(ctx, spec, mode="one_shot")
         return Call(lambda i: op(x(i), residuals[i], weight, out=(outs[0, i], outs[1, i])),
                     {"mode": "one_shot"})
     return {"one_shot": make}
@@ -87,7 +80,7 @@ def all_reduce_norm_workload(ctx: RankContext, spec: Spec) -> Workload:
     outs = torch.empty(2, sets, r, h, dtype=BF16, device=dev)
 
     def fused() -> Call:
-        op = _kernel(ctx, spec, mode=spec.mode)
+        op = host_kernel(ctx, spec)
         return Call(lambda i: op(xs[i], residuals[i], weight, out=(outs[0, i], outs[1, i])),
                     {"mode": spec.mode})
 
@@ -138,7 +131,7 @@ def finalize_publish_workload(ctx: RankContext, spec: Spec) -> Workload:
             for i in range(sets)]
 
     def fused() -> Call:
-        op = _kernel(ctx, spec, top_k=k, mode=spec.mode)
+        op = host_kernel(ctx, spec)
         return Call(lambda i: op(moes[i], residuals[i], weight, out=(outs[0, i], outs[1, i])),
                     {"top_k": k, "expert_weights": "float32", "mode": spec.mode})
 
@@ -148,8 +141,7 @@ def finalize_publish_workload(ctx: RankContext, spec: Spec) -> Workload:
         _check_norm(ctx, spec, finalize_payloads(parts, fma=True), residuals[0], weight, outs)
 
     if spec.mode == "owner":
-        baselines = _one_shot_baseline(ctx, spec, lambda i: moes[i], sets, shared, weight,
-                                       top_k=k)
+        baselines = _one_shot_baseline(ctx, spec, lambda i: moes[i], sets, shared, weight)
     else:
         baselines = all_reduce_baselines(
             ctx, (m, h), lambda i: torch_finalize(gemm2[i], weights[i], idx[i], shared_out[i]),

@@ -27,8 +27,8 @@ FUSED_TACTIC = (16, 1)  # warps, K split: the fused kernel's projection tactic
 
 def indexer_workload(ctx: RankContext, spec: Spec) -> Workload:
     from kernels.indexer.layout import DIM, Tactic, padded_heads
-    from kernels.indexer.projection import IndexerProjection
-    from kernels.indexer.stage import Indexer, _fuse, stock_indexer_query
+    from cluster import ops
+    from kernels.indexer.stage import _fuse, stock_indexer_query
     from kernels.reference.indexer import assert_projection_within_bound, indexer_query
     from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
 
@@ -37,10 +37,9 @@ def indexer_workload(ctx: RankContext, spec: Spec) -> Workload:
     rows = DIM + heads + 128
     weight_bytes = rows * k * 2
     sets = rotation_sets(spec.rotate_mb, weight_bytes)
-    mods = [Indexer(hidden=k, q_lora_rank=64, heads=heads, device=dev,
-                    generator=torch.Generator().manual_seed(spec.seed * 1009 + i))
-            for i in range(sets)]
-    projs = [IndexerProjection(mod) for mod in mods]
+    build = ops.get(spec.op).build_kernel
+    mods, projs = zip(*(build({"heads": heads}, hidden=k, device=dev, seed=spec.seed * 1009 + i)
+                        for i in range(sets)))
     mine, _ = generators(ctx, spec)
     xs = randn((sets, m, k), mine, dev)
     qs = randn((sets, m, heads * DIM), mine, dev)
