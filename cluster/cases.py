@@ -36,9 +36,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from cluster import ops
+from kernels.lamport.protocol import DEFAULT_BUDGET_NS
 from kernels.validation import require_int, require_number
 
-DEFAULTS = {"op": "all_reduce_norm", "seed": 0, "eps": 1e-6, "budget_ns": 2_000_000_000}
+DEFAULTS = {"op": "all_reduce_norm", "seed": 0, "eps": 1e-6, "budget_ns": DEFAULT_BUDGET_NS}
 """Generic field defaults (``inputs`` defaults to the op's first kind)."""
 
 

@@ -175,8 +175,11 @@ def cache_key(fn, config) -> tuple[str, dict]:
     env = {k: v for k, v in sorted(os.environ.items())
            if k.startswith("CUTE_DSL_") and k != "CUTE_DSL_ARCH"
            and not k.startswith(_IGNORED_DSL_ENV)}
+    # The arch is keyed resolved, not as the config spells it: "" on the GPU
+    # machine and "sm_90a" (the compile check's) build the same binary.
+    fields = {k: v for k, v in dataclasses.asdict(config).items() if k != "arch"}
     facts = {"compiler": f"{fn.__module__}.{fn.__qualname__}",
-             "config": f"{type(config).__qualname__}{dataclasses.asdict(config)!r}",
+             "config": f"{type(config).__qualname__}{fields!r}",
              "arch": resolve_arch(getattr(config, "arch", "")), "dsl": dsl_version(),
              "source": digest, "modules": list(modules), "env": env,
              "python": f"{sys.version_info.major}.{sys.version_info.minor}"}

@@ -91,6 +91,12 @@ ERR_RECORD_WORDS = 8
 """One record: token, source rank, fragment index, stage, 4 words seen."""
 ERR_DEFAULT_RECORDS = 256
 
+DEFAULT_BUDGET_NS = 2_000_000_000
+"""The consumer watchdog's budget, in ns, where a case names none (2 s) and
+the budget of the compile check's watchdog builds. The budget is compiled
+in, so with one value for both the compile check builds the very kernels
+that correctness ranks at the default then load from the compile cache."""
+
 
 def slot_index(stage, tp, source, capacity, token, hidden, column):
     """Element index of ``(stage, source, token, column)`` in a flat mailbox.
