@@ -169,6 +169,21 @@ def test_a_regressed_candidate_is_judged_again_before_it_counts_as_bad(judgments
         assert f"of {len(judgments)} judgments regressed" in out.why
 
 
+@pytest.mark.parametrize("cand, verdict, why", [
+    # good's calm and disturbed runs (1.4 to 40 ms): MAD sigma ~21 ms hides a
+    # 100 ms slowdown from the 5-sigma rule (seen under a busy loop), but every
+    # slow value is above every good one
+    ([0.100, 0.101, 0.102, 0.103, 0.104], "bad", "regressed (every value above good's)"),
+    ([0.005, 0.020, 0.101, 0.102, 0.103], "good", "ok"),        # overlaps good's: no order
+])
+def test_a_slowdown_hidden_by_good_s_spread_is_found_by_order(cand, verdict, why):
+    from jobs.regression import Rule
+    bis = bs.Bisect(bs.CaseKey.parse(LATENCY_KEY), "latency", None, Rule(), "g" * 40)
+    good = bs.Outcome("g" * 40, "pass", [0.0014, 0.0016, 0.016, 0.030, 0.040], None, 1.0, "")
+    v = bis._latency(bs.Outcome("c" * 40, "pass", cand, None, 1.0, ""), good)
+    assert (v.verdict, v.why.split(":")[0]) == (verdict, why), v.why
+
+
 _FAKE_MAIN = """import sys
 def main(argv):
     print("ran", argv, flush=True)
