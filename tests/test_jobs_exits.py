@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,8 @@ def test_joining_nothing_is_one_line_and_exit_3(tmp_path, capsys, monkeypatch):
 
 
 SLOW_START = """
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where it hangs
 import ray
 def init(*args, **kwargs):
     print("ray.init started", flush=True)
@@ -135,7 +137,17 @@ def test_ctrl_c_while_ray_starts_is_one_line_and_exit_130(tmp_path):
     try:
         assert job.stdout.readline() == "ray.init started\n"
         job.send_signal(signal.SIGINT)
-        out, err = job.communicate(timeout=60)
+        try:
+            out, err = job.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Seen once under a busy loop: nothing printed in 60 s, not even the
+            # grace timer's line. faulthandler dumps every thread's stack from
+            # its C handler, GIL or not; the failure then says where it was.
+            job.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            job.kill()
+            out, err = job.communicate()
+            pytest.fail(f"no exit 60 s after SIGINT; every thread's stack then:\n{err[-8000:]}")
     finally:
         if job.poll() is None:
             job.kill()
