@@ -120,7 +120,12 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where i
 import ray
 def init(*args, **kwargs):
     print("ray.init started", flush=True)
-    time.sleep(120)
+    # Waits in short steps, as Ray's start does (it polls its processes):
+    # SIGINT may land on a library's thread (OpenBLAS, torch), where CPython
+    # only flags it; one 120 s sleep would then hide it from the main thread
+    # for 120 s, which is the test's fault, not the driver's.
+    for _ in range(2400):
+        time.sleep(0.05)
 ray.init = init
 from jobs.__main__ import main
 sys.exit(main(sys.argv[1:]))
