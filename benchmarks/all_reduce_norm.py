@@ -1,7 +1,7 @@
 """Benchmark: fused Lamport publish + norm vs torch add + rms_norm, tp=1.
 
     python -m benchmarks.all_reduce_norm [--tokens 1,8,16,64] [--hidden 5120,7168]
-        [--calls 50] [--replays 200] [--budget-ns 1000000000] [--markdown PATH]
+        [--calls 50] [--replays 200] [--budget-ns NS] [--forms] [--markdown PATH]
         [--results DIR]
 
 Timed through the one harness (:func:`cluster.measure.timing.measure_tp1`,
@@ -13,6 +13,13 @@ The fused outputs are checked against the reference before timing. Reported: med
 ``--replays`` replays in microseconds, the fused/torch ratio, and the
 watchdog variant's overhead over the plain consumer. tp=1 only: virtual-rank
 timings are not a collective's speed (every peer store lands in local L2).
+
+``--forms``: instead, the two one-shot forms side by side
+(:mod:`kernels.lamport.norm_tuning`): the two-kernel form (publish, then
+the consumer) and the single kernel, each against torch add + rms_norm,
+and single / two; plain consumers (no watchdog) unless ``--budget-ns`` is
+given with ``--forms``, which times both forms' watchdog builds instead.
+The table's ``auto`` column says which form the form table picks.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import int_list
+from kernels.lamport.protocol import DEFAULT_BUDGET_NS
 
 
 def main(argv=None) -> int:
@@ -33,13 +41,17 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int_list, default=[5120, 7168])
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--replays", type=int, default=200)
-    p.add_argument("--budget-ns", type=int, default=1_000_000_000)
+    p.add_argument("--budget-ns", type=int, default=None,
+                   help="the watchdog builds' budget (default: the cases' "
+                        f"{DEFAULT_BUDGET_NS} ns; with --forms: plain builds unless given)")
     p.add_argument("--eps", type=float, default=1e-6)
     p.add_argument("--rotate-mb", type=float, default=120.0,
                    help="rotate through input sets spanning at least this many MB")
     p.add_argument("--markdown", default=None, help="also write the table here")
     p.add_argument("--results", type=Path, default=None,
                    help="also write the timings as profile rows into this results dataset")
+    p.add_argument("--forms", action="store_true",
+                   help="time the two-kernel and the single-kernel form side by side")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmark needs a CUDA GPU", file=sys.stderr)
@@ -48,28 +60,17 @@ def main(argv=None) -> int:
     from benchmarks.rows import BenchmarkRows
 
     rows = BenchmarkRows(args.results, "python -m benchmarks.all_reduce_norm")
-
-    header = (f"{'hidden':>6} {'M':>4} {'fused_us':>9} {'p10':>7} {'p90':>7} {'torch_us':>9} "
-              f"{'ratio':>6} {'watchdog_us':>11} {'wd_overhead':>11} {'rotated_mb':>10}")
-    lines = [header, "-" * len(header)]
-    print(header)
-    print(lines[1])
-    for hidden in args.hidden:
-        for m in args.tokens:
-            spec = dict(op="all_reduce_norm", hidden=hidden, tokens=m, calls=args.calls,
-                        replays=args.replays, rotate_mb=args.rotate_mb, eps=args.eps, seed=m,
-                        budget_ns=0, baselines=["unfused"])
-            plain, _ = rows.plain_and_watchdog(spec, args.budget_ns)
-            fused, ref, watchdog = plain["stats"]
-            row = (f"{hidden:>6} {m:>4} {fused[0]:>9.2f} {fused[1]:>7.2f} {fused[2]:>7.2f} "
-                   f"{ref[0]:>9.2f} {fused[0] / ref[0]:>6.2f} {watchdog[0]:>11.2f} "
-                   f"{(watchdog[0] / fused[0] - 1) * 100:>10.1f}% "
-                   f"{plain['sets'] * plain['set_bytes'] / 2**20:>10.0f}")
-            print(row, flush=True)
-            lines.append(row)
+    if args.forms:
+        budget = args.budget_ns or 0
+        lines = forms(args, rows, budget)
+        meta_extra = f", forms, budget_ns={budget}"
+    else:
+        args.budget_ns = args.budget_ns or DEFAULT_BUDGET_NS
+        lines = plain_and_watchdog(args, rows)
+        meta_extra = f", budget_ns={args.budget_ns}"
     meta = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
             f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-            f"calls/graph=max({args.calls}, input sets), replays={args.replays}, budget_ns={args.budget_ns}, "
+            f"calls/graph=max({args.calls}, input sets), replays={args.replays}{meta_extra}, "
             f"inputs rotated over >= {args.rotate_mb:g} MB")
     print(meta)
     rows.close()
@@ -77,6 +78,63 @@ def main(argv=None) -> int:
         with open(args.markdown, "w") as f:
             f.write("```\n" + "\n".join(lines) + "\n" + meta + "\n```\n")
     return 0
+
+
+def _spec(args, hidden: int, m: int, **over) -> dict:
+    return {**dict(op="all_reduce_norm", hidden=hidden, tokens=m, calls=args.calls,
+                   replays=args.replays, rotate_mb=args.rotate_mb, eps=args.eps, seed=m,
+                   budget_ns=0, baselines=["unfused"]), **over}
+
+
+def _start(header: str) -> list[str]:
+    """Print a table's header and rule; returns them, the table's first lines."""
+    lines = [header, "-" * len(header)]
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def forms(args, rows, budget_ns: int) -> list[str]:
+    """Both one-shot forms and torch, per (hidden, M), in this process."""
+    from cluster.measure.stats import median_p10_p90
+    from cluster.measure.timing import measure_tp1
+    from kernels.lamport.norm_tuning import norm_tuning
+
+    header = (f"{'hidden':>6} {'M':>4} {'two_us':>8} {'single_us':>9} {'torch_us':>9} "
+              f"{'two/torch':>9} {'single/torch':>12} {'single/two':>10} {'auto':>6}")
+    lines = _start(header)
+    for hidden in args.hidden:
+        for m in args.tokens:
+            two = measure_tp1(_spec(args, hidden, m, form="two", budget_ns=budget_ns))
+            single = measure_tp1(_spec(args, hidden, m, form="single", budget_ns=budget_ns,
+                                       baselines=[]))
+            for spec_form, out in (("two", two), ("single", single)):
+                rows.record(_spec(args, hidden, m, form=spec_form, budget_ns=budget_ns), out)
+            t, ref = (median_p10_p90(two["impls"][n]["times_us"])[0] for n in ("fused", "unfused"))
+            s = median_p10_p90(single["impls"]["fused"]["times_us"])[0]
+            auto = norm_tuning(hidden=hidden, tp=1).form(m)
+            row = (f"{hidden:>6} {m:>4} {t:>8.2f} {s:>9.2f} {ref:>9.2f} {t / ref:>9.2f} "
+                   f"{s / ref:>12.2f} {s / t:>10.2f} {auto:>6}")
+            print(row, flush=True)
+            lines.append(row)
+    return lines
+
+
+def plain_and_watchdog(args, rows) -> list[str]:
+    """The fused op (the form table's form) and torch, and its watchdog build."""
+    header = (f"{'hidden':>6} {'M':>4} {'fused_us':>9} {'p10':>7} {'p90':>7} {'torch_us':>9} "
+              f"{'ratio':>6} {'watchdog_us':>11} {'wd_overhead':>11} {'rotated_mb':>10}")
+    lines = _start(header)
+    for hidden in args.hidden:
+        for m in args.tokens:
+            plain, _ = rows.plain_and_watchdog(_spec(args, hidden, m), args.budget_ns)
+            fused, ref, watchdog = plain["stats"]
+            row = (f"{hidden:>6} {m:>4} {fused[0]:>9.2f} {fused[1]:>7.2f} {fused[2]:>7.2f} "
+                   f"{ref[0]:>9.2f} {fused[0] / ref[0]:>6.2f} {watchdog[0]:>11.2f} "
+                   f"{(watchdog[0] / fused[0] - 1) * 100:>10.1f}% "
+                   f"{plain['sets'] * plain['set_bytes'] / 2**20:>10.0f}")
+            print(row, flush=True)
+            lines.append(row)
+    return lines
 
 
 if __name__ == "__main__":

@@ -74,6 +74,16 @@ def _first(lines, pattern, start=0):
     return -1
 
 
+def _watchdog_errors(lines: list[str], v: Variant) -> list[str]:
+    """A consumer's watchdog build reads ``%globaltimer``, its plain build never."""
+    timer = any("%globaltimer" in ln for ln in lines)
+    if v.budget_ns and not timer:
+        return ["watchdog variant without %globaltimer"]
+    if not v.budget_ns and timer:
+        return ["plain variant reads %globaltimer"]
+    return []
+
+
 def check_consumer(lines: list[str], v: Variant) -> list[str]:
     errs = []
     wait = _first(lines, "griddepcontrol.wait")
@@ -93,11 +103,7 @@ def check_consumer(lines: list[str], v: Variant) -> list[str]:
     elif not wait < stage < spin < launch < sentinel:
         errs.append(f"order wait<stage<spin<launch<sentinel broken: "
                     f"{wait},{stage},{spin},{launch},{sentinel}")
-    if v.budget_ns and not any("%globaltimer" in ln for ln in lines):
-        errs.append("watchdog variant without %globaltimer")
-    if not v.budget_ns and any("%globaltimer" in ln for ln in lines):
-        errs.append("plain variant reads %globaltimer")
-    return errs
+    return errs + _watchdog_errors(lines, v)
 
 
 def check_publish(lines: list[str], v: Variant) -> list[str]:
@@ -119,6 +125,46 @@ def check_publish(lines: list[str], v: Variant) -> list[str]:
         errs.append(f"unicast build: {mc} multimem.st, {uc} st.relaxed.sys (want {stores}: "
                     f"tp={v.tp}, mode={v.mode})")
     return errs
+
+
+def check_single_norm(lines: list[str], v: Variant) -> list[str]:
+    """The single-kernel AllReduceNorm (:mod:`kernels.lamport.norm_single`):
+    peer table, residual and gamma loads before ``griddepcontrol.wait``;
+    after it the NEXT_STAGE and payload loads, the stores (tp
+    ``st.relaxed.sys``, or one ``multimem.st``), the spins,
+    ``launch_dependents``, the sentinel write-back, the epilogue's barrier,
+    then the acq_rel arrival and the stage advance (the last
+    ``st.volatile.global.u32``); the watchdog build alone reads
+    ``%globaltimer``."""
+    errs = []
+    wait = _first(lines, "griddepcontrol.wait")
+    launch = _first(lines, "griddepcontrol.launch_dependents")
+    if wait < 0 or launch < 0:
+        return ["missing griddepcontrol.wait/launch_dependents"]
+    plain = [i for i, ln in enumerate(lines) if ln.startswith("ld.global.v4")]
+    stage = _first(lines, "ld.volatile.global.u32", wait)
+    stores = [i for i, ln in enumerate(lines)
+              if ln.startswith("st.relaxed.sys.global.v4") or "multimem.st" in ln]
+    spin = _first(lines, "ld.volatile.global.v4")
+    sentinel = _first(lines, "0x80008000")
+    barrier = _first(lines, "bar.sync", max(sentinel, 0))
+    arrival = _first(lines, "atom.acq_rel.gpu.global.add.u32")
+    advance = max((i for i, ln in enumerate(lines) if ln.startswith("st.volatile.global.u32")),
+                  default=-1)
+    if len(plain) < 3 or max(plain[:2]) > wait or plain[2] < wait:
+        errs.append("residual/gamma loads not before griddepcontrol.wait, or the payload "
+                    "load not after it")
+    want = 1 if v.transport == "multicast" else (v.tp or 1)
+    kinds = {"multimem.st" in lines[i] for i in stores}
+    if len(stores) != want or kinds != {v.transport == "multicast"}:
+        errs.append(f"{v.transport} build: {len(stores)} stores "
+                    f"({'multimem.st' if True in kinds else 'st.relaxed.sys'}), want {want}")
+    elif not (wait < stage < min(stores) and max(stores) < spin < launch < sentinel < barrier
+              < arrival < advance):
+        errs.append(f"order wait<stage<stores<spin<launch<sentinel<bar<arrival<advance "
+                    f"broken: {wait},{stage},{stores},{spin},{launch},{sentinel},{barrier},"
+                    f"{arrival},{advance}")
+    return errs + _watchdog_errors(lines, v)
 
 
 def check_finalize_publish(lines: list[str], v: Variant, *, config) -> list[str]:

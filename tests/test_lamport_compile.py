@@ -16,9 +16,11 @@ def test_compile_check_subset(arch, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     # 4 publishes + 2 hidden x 2 tp x 2 watchdog, as many for the embedding,
-    # and for owner mode 2 publishes (unicast only) + 8 consumers
-    assert out.count(" ok") == 34, out
+    # for owner mode 2 publishes (unicast only) + 8 consumers, and the single
+    # kernel: 2 hidden x 2 tp x 2 watchdog unicast + 2 tp multicast
+    assert out.count(" ok") == 44, out
     assert out.count("[owner]") == 10, out
+    assert out.count("[single-kernel form]") == 10, out
 
 
 def test_unknown_op_is_rejected(capsys):
@@ -61,6 +63,25 @@ def test_checks_catch_mutations(ptx_rows):
     rows = [cc.Row(uni.variant, uni.arch, lines=uni.lines), mutated]
     cc.check_pairs(rows)
     assert mutated.errors and "differ beyond their stores" in mutated.errors[0]
+
+
+def test_single_kernel_checks_catch_mutations(ptx_rows):
+    single = ptx_rows[("single", "unicast", 0)]
+    assert not single.errors, single.errors
+    check = single.variant.check
+    # the stage advanced before the arrival, or without one
+    no_arrival = [ln for ln in single.lines if "atom.acq_rel.gpu" not in ln]
+    assert any("order" in e for e in check(no_arrival, single.variant))
+    # a consumer spinning with non-volatile loads
+    plain = [ln.replace("ld.volatile.global.v4", "ld.global.v4") for ln in single.lines]
+    assert check(plain, single.variant)
+    # one peer store lost, or a multimem.st in a unicast build
+    lost = [ln for ln in single.lines if not ln.startswith("st.relaxed.sys.global.v4")]
+    assert any("stores" in e for e in check(lost, single.variant))
+    assert check(single.lines + ["multimem.st.relaxed.sys.global.v4.bf16x2 [x], {a};"],
+                 single.variant)
+    wd = ptx_rows[("single", "unicast", cv.CHECK_BUDGET_NS)]
+    assert not wd.errors and any("%globaltimer" in ln for ln in wd.lines)
 
 
 def test_watchdog_variant_reads_globaltimer(ptx_rows):

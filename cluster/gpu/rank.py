@@ -453,7 +453,7 @@ class GpuRank:
 
         box = self._own()
         non_sentinel = int((box.buffer.view(torch.int16) != SENTINEL_INT16).sum().item())
-        active, nxt = (int(v) for v in box.stage_state.tolist())
+        active, nxt = (int(v) for v in box.stage_state.tolist()[:2])
         return MailboxCheck(rank=self._rank, non_sentinel=non_sentinel, headers_set=0,
                             stage_state=(active, nxt))
 

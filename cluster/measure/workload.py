@@ -57,6 +57,9 @@ class Spec:
     mode: str = "one_shot"
     """``AllReduceNorm`` mode (``kernels.lamport.protocol.MODES``): ``owner``
     times the token-sharded variant against the ``one_shot`` kernel."""
+    form: str = "auto"
+    """The one-shot ``AllReduceNorm`` form (``kernels.lamport.norm_tuning.FORMS``):
+    ``auto`` the form table's, ``single`` / ``two`` forced."""
     min_replay_ms: float = 0.0
     """Floor on one replay's duration (:func:`cluster.measure.graph.fit_calls`),
     per implementation; 0: a graph holds max(``calls``, sets) calls."""
@@ -67,8 +70,9 @@ class Spec:
 
     def fields(self) -> dict[str, Any]:
         """The op fields a kernel builder reads (:mod:`cluster.ops.kernel`):
-        ``eps`` and ``mode``, and ``hc`` / ``top_k`` where the spec has them."""
-        out: dict[str, Any] = {"eps": self.eps, "mode": self.mode}
+        ``eps``, ``mode`` and ``form``, and ``hc`` / ``top_k`` where the spec
+        has them."""
+        out: dict[str, Any] = {"eps": self.eps, "mode": self.mode, "form": self.form}
         out.update({k: getattr(self, k) for k in ("hc", "top_k") if getattr(self, k) is not None})
         return out
 
@@ -79,7 +83,7 @@ class Spec:
         if missing:
             raise ValueError(f"timing spec lacks {missing}; got {sorted(spec)}")
         unknown = set(spec) - set(SPEC_KEYS) - {"hc", "top_k", "transport", "variant", "mode",
-                                                 "min_replay_ms", "min_replays"}
+                                                 "form", "min_replay_ms", "min_replays"}
         if unknown:
             raise ValueError(f"timing spec has unknown keys {sorted(unknown)}")
         out = cls(op=str(spec["op"]), hidden=int(spec["hidden"]), tokens=int(spec["tokens"]),
@@ -91,6 +95,7 @@ class Spec:
                   top_k=None if spec.get("top_k") is None else int(spec["top_k"]),
                   transport=str(spec.get("transport") or "unicast"),
                   mode=str(spec.get("mode") or "one_shot"),
+                  form=str(spec.get("form") or "auto"),
                   min_replay_ms=float(spec.get("min_replay_ms") or 0.0),
                   min_replays=int(spec.get("min_replays") or 0))
         if out.min_replay_ms < 0:
@@ -100,6 +105,9 @@ class Spec:
         from kernels.lamport.protocol import MODES
         if out.mode not in MODES:
             raise ValueError(f"timing spec: mode must be one of {list(MODES)}, got {out.mode!r}")
+        from kernels.lamport.norm_tuning import FORMS
+        if out.form not in FORMS:
+            raise ValueError(f"timing spec: form must be one of {list(FORMS)}, got {out.form!r}")
         for name in ("hidden", "tokens", "calls", "replays", "seed"):
             if getattr(out, name) < (0 if name == "seed" else 1):
                 raise ValueError(f"timing spec: {name} must be >= 1, got {getattr(out, name)}")

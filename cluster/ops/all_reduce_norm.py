@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from cluster.ops.kernel import lamport
 from cluster.ops.spec import Field, OpSpec, shared
+from kernels.lamport.norm_tuning import FORMS
 from kernels.lamport.protocol import MODES
 
 SPEC = OpSpec(
@@ -33,6 +34,9 @@ SPEC = OpSpec(
     fields={"residual": Field("random", ("random", "zeros"),
                               "zeros: residual_out is BF16(sum) bit for bit"),
             "mode": Field("one_shot", MODES, "one_shot (all-reduce) or owner (reduce-scatter)",
+                          kernel_only=True),
+            "form": Field("auto", FORMS, "auto: the form table (kernels.lamport.norm_tuning); "
+                          "single / two: force one (ranks of their own process only)",
                           kernel_only=True)},
     reference="kernels.reference.allreduce:all_reduce_norm",
     golden="kernels.reference.cases",
@@ -132,13 +136,26 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
 
 def kernel(fields, *, top_k: int | None = None, **where):
     """``AllReduceNorm`` (one rank) or its ``VirtualRanks`` (``tp`` ranks), the
-    builder contract of :mod:`cluster.ops.kernel`: ``eps`` and ``mode`` from
-    ``fields``; ``top_k`` (routes per token) makes the publish a MoE finalize
+    builder contract of :mod:`cluster.ops.kernel`: ``eps``, ``mode`` and
+    ``form`` from ``fields`` (``form`` ``single`` / ``two`` forces the
+    one-shot form, :func:`kernels.lamport.norm_tuning.forced`; virtual ranks
+    always run two kernels, so ``single`` there is a ValueError); ``top_k``
+    (routes per token) makes the publish a MoE finalize
     (:func:`cluster.ops.finalize_publish.kernel` passes it)."""
     from kernels.lamport.all_reduce_norm import AllReduceNorm
+    from kernels.lamport.norm_tuning import forced
 
+    form = fields.get("form") or "auto"
+    tuning = forced(form)
+    options = {}
+    if where.get("tp") is not None:
+        if form == "single":
+            raise ValueError(f"form = 'single': tp = {where['tp']} virtual ranks run the "
+                             f"two-kernel form only (kernels.lamport.norm_single)")
+    elif tuning is not None:
+        options["norm_tuning"] = tuning
     return lamport(AllReduceNorm, eps=float(fields["eps"]),
-                   mode=fields.get("mode") or "one_shot", top_k=top_k, **where)
+                   mode=fields.get("mode") or "one_shot", top_k=top_k, **where, **options)
 
 
 class RankKernel:
@@ -156,7 +173,7 @@ class RankKernel:
     @staticmethod
     def key(case, budget_ns: int) -> tuple:
         return ("all_reduce_norm", budget_ns, float(case["eps"]),
-                case.get("mode", "one_shot"))
+                case.get("mode", "one_shot"), case.get("form", "auto"))
 
     def x(self, case, inputs: dict, rank: int, device):
         return inputs["partials"][rank].contiguous().to(device)

@@ -47,11 +47,13 @@ from kernels.validation import (norm_threads, require_choice, require_int, requi
                                 require_range, require_tensor, require_tp)
 
 from .compile import (EmbedNormConfig, EmbedPublishConfig, FinalizePublishConfig,
-                      NormConfig, PublishConfig, cached)
+                      NormConfig, PublishConfig, SingleNormConfig, cached)
 from .diagnosis import GroupDiagnosis, diagnose_errors
 from .finalize_publish import (FinalizeTuning, check_finalize_options,
                                finalize_ctas_per_token)
 from .mailbox import Mailbox, RankErrors, require_multicast
+from .norm_tuning import NormTuning
+from .norm_tuning import norm_tuning as norm_tuning_for
 from .protocol import ERR_DEFAULT_RECORDS, MODES, owner_capacity, owner_rows
 from .publish import TRANSPORTS, check_owner_transport, publish_ctas_per_token
 
@@ -101,6 +103,15 @@ class AllReduceNormOptions:
                 f"mailbox is capacity={capacity} hidden={hidden}, expected capacity "
                 f"{'>= ' if self.mode == 'owner' else ''}{rows} hidden={self.hidden_size} "
                 f"(mode={self.mode!r}, max_num_tokens={self.max_num_tokens}, tp={tp})")
+
+
+def check_norm_tuning(tuning: NormTuning, mode: str) -> None:
+    """A given :class:`NormTuning` is valid, and allows the single kernel
+    only in one-shot mode (ValueError naming it)."""
+    tuning.validate()
+    if mode != "one_shot" and tuning.single_max_tokens:
+        raise ValueError(f"norm_tuning={tuning!r}: the single-kernel form is one-shot only; "
+                         f"this instance has mode={mode!r}")
 
 
 def output_rows(mode: str, m: int, tp: int) -> int:
@@ -275,7 +286,8 @@ class AllReduceNorm(LamportGroupMember):
                  allow_multicast: bool = False,
                  error_records: int = ERR_DEFAULT_RECORDS, top_k: int | None = None,
                  routed_scaling_factor: float = 1.0,
-                 finalize_tuning: FinalizeTuning | None = None, mode: str = "one_shot") -> None:
+                 finalize_tuning: FinalizeTuning | None = None, mode: str = "one_shot",
+                 norm_tuning: NormTuning | None = None) -> None:
         finalize_tuning = FinalizeTuning() if finalize_tuning is None else finalize_tuning
         if top_k is not None:
             finalize_tuning.validate(top_k)
@@ -286,6 +298,8 @@ class AllReduceNorm(LamportGroupMember):
         options = AllReduceNormOptions(hidden_size, max_num_tokens, eps, transport, budget_ns,
                                        mode)
         options.validate()
+        if norm_tuning is not None:
+            check_norm_tuning(norm_tuning, mode)
         self.options = dataclasses.replace(options, eps=float(eps))
         self._group = group
         if mailbox is None:
@@ -317,6 +331,13 @@ class AllReduceNorm(LamportGroupMember):
                                        budget_ns=self.budget_ns, mode=mode))
         self._ctas = publish_ctas_per_token(hidden_size)
         self._virtual_peers = False  # set by VirtualRanks for tp > 1
+        # Which form a plain one-shot call launches (kernels.lamport.norm_tuning).
+        self.norm_tuning = norm_tuning if norm_tuning is not None else \
+            norm_tuning_for(hidden=hidden_size, tp=self.tp) if mode == "one_shot" else \
+            NormTuning(0, source="owner mode: two kernels always")
+        self._single = cached(SingleNormConfig(hidden=hidden_size, tp=self.tp,
+                                               budget_ns=self.budget_ns, transport=transport)) \
+            if self.norm_tuning.single_max_tokens else None
         # MoE finalize publish: one compile per (weight dtype, shared expert or not).
         self.top_k, self.routed_scaling_factor = top_k, float(routed_scaling_factor)
         self.finalize_tuning = finalize_tuning
@@ -338,6 +359,14 @@ class AllReduceNorm(LamportGroupMember):
         self._embeddings: dict[int, tuple[torch.Tensor, int, int, float]] = {}
         self._embed_publish = None
         self._embed_norm = None
+
+    def form(self, x) -> str:
+        """``"single"`` or ``"two"``: the form :meth:`__call__` launches for
+        ``x`` (a MoEOutput always goes through the finalize publish, two
+        kernels; virtual ranks never call this)."""
+        if isinstance(x, MoEOutput) or self._virtual_peers:
+            return "two"
+        return self.norm_tuning.form(x.shape[0])
 
     # -- introspection
     @classmethod
@@ -420,9 +449,29 @@ class AllReduceNorm(LamportGroupMember):
         m = self.validate(x, residual, norm_weight, out)
         if out is None:
             out = (torch.empty_like(residual), torch.empty_like(residual))
+        if self.form(x) == "single":
+            self.publish_and_consume(x, residual, norm_weight, out)
+            return out
         self.publish(x)
         self.consume(residual, norm_weight, out, tokens=m)
         return out
+
+    def publish_and_consume(self, x: torch.Tensor, residual: torch.Tensor,
+                            norm_weight: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor],
+                            *, stream: torch.cuda.Stream | None = None) -> None:
+        """Launch the single-kernel form (:mod:`kernels.lamport.norm_single`)
+        of a one-shot call on ``stream``; no validation (:meth:`__call__`
+        validates and picks the form). Needs a tuning that allows it (the
+        kernel is compiled at construction only then)."""
+        if self._single is None:
+            raise RuntimeError(f"norm_tuning={self.norm_tuning!r} never picks the single "
+                               f"kernel, so it was not compiled")
+        mb = self._mailbox
+        norm_out, residual_out = out
+        self._single(x.data_ptr(), mb.buffer_ptr, self._destination, residual.data_ptr(),
+                     norm_weight.data_ptr(), residual_out.data_ptr(), norm_out.data_ptr(),
+                     mb.stage_state_ptr, mb.error_ptr, mb.capacity, mb.error_records,
+                     self.eps, x.shape[0], self.rank, _stream_handle(stream))
 
     # -- embedding (the MTP draft's input)
     def prepare_embedding(self, weight: torch.Tensor, start: int, rows: int | None = None,
@@ -503,6 +552,11 @@ class AllReduceNorm(LamportGroupMember):
         return out
 
 
+VIRTUAL_NORM_TUNING = NormTuning(0, source="virtual ranks: two kernels always")
+"""Virtual ranks never launch the single kernel (a rank's grid spinning on
+one stream could hold the SMs a peer's grid queued on another needs)."""
+
+
 class VirtualRanks:
     """tp ranks in one process on one GPU, one stream each.
 
@@ -532,7 +586,8 @@ class VirtualRanks:
                                     eps=eps, transport=transport, budget_ns=budget_ns,
                                     mailbox=b, top_k=top_k,
                                     routed_scaling_factor=routed_scaling_factor,
-                                    finalize_tuning=finalize_tuning, mode=mode) for b in boxes]
+                                    finalize_tuning=finalize_tuning, mode=mode,
+                                    norm_tuning=VIRTUAL_NORM_TUNING) for b in boxes]
         for r in self.ranks:
             r._virtual_peers = tp > 1
         self.tp, self.device, self.mode = tp, boxes[0].device, mode

@@ -37,6 +37,16 @@ class NormConfig:
     mode: str = "one_shot"
 
 
+@dataclasses.dataclass(frozen=True)
+class SingleNormConfig:
+    """:class:`kernels.lamport.norm_single.SingleNormKernel` (one-shot only)."""
+    hidden: int
+    tp: int
+    budget_ns: int = 0
+    transport: str = "unicast"
+    arch: str = ""
+
+
 _cache: dict[Any, Any] = {}
 _lock = threading.Lock()
 
@@ -77,6 +87,21 @@ def compile_norm(config: NormConfig, *, dump_dir: str | None = None):
     kernel = NormKernel(hidden=config.hidden, tp=config.tp, budget_ns=config.budget_ns,
                         owner=config.mode == "owner")
     return cute.compile(kernel, *([Int64(0)] * 7), Int32(1), Int32(1), Float32(1e-6),
+                        Int32(1), Int32(0), make_fake_stream(),
+                        options=_options(config.arch, dump_dir))
+
+
+@persistent
+def compile_single_norm(config: SingleNormConfig, *, dump_dir: str | None = None):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64
+    from cutlass.cute.runtime import make_fake_stream
+
+    from .norm_single import SingleNormKernel
+
+    kernel = SingleNormKernel(hidden=config.hidden, tp=config.tp, budget_ns=config.budget_ns,
+                              transport=config.transport)
+    return cute.compile(kernel, *([Int64(0)] * 9), Int32(1), Int32(1), Float32(1e-6),
                         Int32(1), Int32(0), make_fake_stream(),
                         options=_options(config.arch, dump_dir))
 
@@ -176,6 +201,7 @@ def compile_embed_norm(config: EmbedNormConfig, *, dump_dir: str | None = None):
 _COMPILERS = {
     PublishConfig: compile_publish,
     NormConfig: compile_norm,
+    SingleNormConfig: compile_single_norm,
     FinalizePublishConfig: compile_finalize_publish,
     EmbedPublishConfig: compile_embed_publish,
     EmbedNormConfig: compile_embed_norm,

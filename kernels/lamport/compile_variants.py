@@ -53,7 +53,31 @@ def all_reduce_norm_variants(hiddens, tps) -> list[Variant]:
                                                    arch=arch), dump_dir=dump)
                 out.append(Variant("all_reduce_norm", "consumer", "NormKernel", build,
                                    budget_ns=wd, hidden=hidden, tp=tp))
-    return out + _owner_variants(hiddens, tps)
+    return out + _single_variants(hiddens, tps) + _owner_variants(hiddens, tps)
+
+
+def _single_variants(hiddens, tps) -> list[Variant]:
+    """The single-kernel form (:mod:`kernels.lamport.norm_single`): unicast,
+    plain and watchdog, for every (hidden, tp); multicast (compiled and
+    checked, never run here) at the first hidden for every tp, whose stores
+    do not depend on hidden."""
+    from kernels.lamport.compile import SingleNormConfig, compile_single_norm
+    from kernels.ptx_checks import check_single_norm
+
+    builds = [(hidden, tp, "unicast", wd) for hidden in hiddens for tp in tps
+              for wd in (0, CHECK_BUDGET_NS)]
+    if hiddens:
+        builds += [(hiddens[0], tp, "multicast", CHECK_BUDGET_NS) for tp in tps]
+    out = []
+    for hidden, tp, transport, wd in builds:
+        def build(arch, dump, hidden=hidden, tp=tp, transport=transport, wd=wd):
+            return compile_single_norm(SingleNormConfig(hidden=hidden, tp=tp, budget_ns=wd,
+                                                        transport=transport, arch=arch),
+                                       dump_dir=dump)
+        out.append(Variant("all_reduce_norm", "single", "SingleNormKernel", build,
+                           transport=transport, budget_ns=wd, hidden=hidden, tp=tp,
+                           check=check_single_norm, detail="single-kernel form"))
+    return out
 
 
 def _owner_variants(hiddens, tps) -> list[Variant]:

@@ -25,7 +25,8 @@ from .diagnosis import TimeoutRecord
 from .protocol import (ACTIVE_STAGE, ERR_BAD_STAGE, ERR_COUNT,
                        ERR_DEFAULT_RECORDS, ERR_HEADER_WORDS, ERR_MISSING_MASK,
                        ERR_RECORD_WORDS, ERR_UNSANITIZED_MASK, NEXT_STAGE,
-                       SENTINEL_INT16, VEC_BF16, error_buffer_words, mailbox_shape)
+                       SENTINEL_INT16, STAGE_STATE_WORDS, VEC_BF16, error_buffer_words,
+                       mailbox_shape)
 
 # ---------------------------------------------------------------- multicast gate
 MULTICAST_KILL_SWITCHES = {
@@ -124,7 +125,8 @@ class Mailbox:
         self._multicast_ptr = int(multicast_ptr)
         self._keepalive = keepalive
         self.error_records = error_records
-        self._stage_state = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self._stage_state = torch.zeros(STAGE_STATE_WORDS, dtype=torch.int32,
+                                        device=self.device)
         self._errors = torch.zeros(error_buffer_words(error_records), dtype=torch.int32,
                                    device=self.device)
         self.fill_sentinel()

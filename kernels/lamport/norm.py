@@ -93,8 +93,6 @@ class NormKernel:
         hidden = self.hidden
         tidx, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()  # the token, or the owned row in owner mode
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.warp_idx()
         column = Int64(tidx) * VEC_BF16
         element = Int64(row) * hidden + column
 
@@ -122,6 +120,22 @@ class NormKernel:
             failed = self._consume(mailbox, stage_state, error, capacity, error_records,
                                    row, tidx, column, reduced, hint)
 
+        self._epilogue(reduced, failed, residual_values, gamma_values, residual_out,
+                       norm_out, element, eps)
+
+    @cute.jit
+    def _epilogue(self, reduced, failed, residual_values, gamma_values, residual_out: Int64,
+                  norm_out: Int64, element, eps: Float32, smem=None):
+        """Step 5, shared by the consumer kernels of this class and its
+        subclasses: ``sum`` (``reduced``, NaN where ``failed``) rounded once
+        to BF16, ``+ residual``, stored as ``residual_out``; RMSNorm of that
+        row (warp shuffles, then the warps' sums through shared memory and
+        one barrier) times gamma, stored as ``norm_out``. ``smem``: the
+        kernel's ``SmemAllocator`` when it allocates shared memory of its
+        own (the warps' sums then go after that)."""
+        hidden = self.hidden
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.warp_idx()
         if failed:
             reduced.fill(Float32(float("nan")))
         # The all-reduced value is BF16, as the collective returns it.
@@ -135,7 +149,8 @@ class NormKernel:
         for offset in cutlass.range_constexpr(5):
             square = square + cute.arch.shuffle_sync_bfly(
                 square, offset=1 << offset, mask=-1, mask_and_clamp=31)
-        smem = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(smem is None):
+            smem = cutlass.memory.SmemAllocator()
         warp_sums = smem.allocate_array(Float32, self.warps)
         if lane == 0:
             cute.arch.store((warp_sums + warp).llvm_ptr, square)
@@ -163,7 +178,8 @@ class NormKernel:
     @cute.jit
     def _consume(self, mailbox: Int64, stage_state: Int64, error: Int64,
                  capacity: Int32, error_records: Int32, token, tidx, column,
-                 reduced, hint_stage, record_token=None, active=None) -> Boolean:
+                 reduced, hint_stage, record_token=None, active=None,
+                 stage=None, own=None, rank=None) -> Boolean:
         """The Lamport consume of one fragment (steps 1-4 of the protocol),
         shared by every consumer kernel: volatile ACTIVE_STAGE load (bounds
         checked) issued together with a first volatile load of every
@@ -179,17 +195,36 @@ class NormKernel:
         ``token`` is the mailbox row (the token itself outside owner mode);
         owner mode passes the token id for the error record
         (``record_token``) and ``active``, False for a row nobody published
-        (no spin, no sentinel write-back, ``reduced`` stays +0.0)."""
+        (no spin, no sentinel write-back, ``reduced`` stays +0.0).
+
+        ``stage`` given (the single-kernel form, which read it itself and
+        advances it itself): no ACTIVE_STAGE load, the first loads at that
+        stage (``hint_stage`` unused), no NEXT_STAGE store. ``own`` (the
+        sanitized payload words this thread published itself, with
+        ``rank``): source ``rank``'s fragment is taken from them, its slot
+        neither read nor reset (the publish did not write it)."""
         hidden = self.hidden
-        stage = prim.load_volatile_u32(stage_state + ACTIVE_STAGE * 4)
+        known = stage is not None
+        if cutlass.const_expr(known):
+            hint_stage = Int64(0)
+            if stage < Uint32(LAMPORT_GENERATIONS):
+                hint_stage = Int64(stage)
+        else:
+            stage = prim.load_volatile_u32(stage_state + ACTIVE_STAGE * 4)
         # First load of every source at once, at the hinted stage, so that
         # the stage load and all of them are in flight together: one memory
         # round trip after the wait instead of 1 + tp dependent ones.
         first = []
         for source in cutlass.range_constexpr(self.tp):
-            first.append(prim.load_volatile_u32x4(
-                mailbox + slot_index(hint_stage, self.tp, source, Int64(capacity),
-                                     Int64(token), hidden, column) * 2))
+            where = mailbox + slot_index(hint_stage, self.tp, source, Int64(capacity),
+                                         Int64(token), hidden, column) * 2
+            if cutlass.const_expr(own is None):
+                first.append(prim.load_volatile_u32x4(where))
+            else:
+                f0, f1, f2, f3 = own[0], own[1], own[2], own[3]
+                if rank != Int32(source):
+                    f0, f1, f2, f3 = prim.load_volatile_u32x4(where)
+                first.append([f0, f1, f2, f3])
         stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
         safe_stage = Int64(0)
         if stage_ok:
@@ -202,7 +237,9 @@ class NormKernel:
             reading = stage_ok & active
         if cutlass.const_expr(record_token is None):
             record_token = token
-        hint_missed = safe_stage != hint_stage
+        hint_missed = Boolean(False)
+        if cutlass.const_expr(not known):
+            hint_missed = safe_stage != hint_stage
 
         reduced.fill(0.0)
         deadline = Int64(0)
@@ -233,19 +270,22 @@ class NormKernel:
             reduced.store(reduced.load()
                           + prim.unpack_bf16x8([w0, w1, w2, w3]).to(Float32))
 
-        if (token == 0) & (tidx == 0):
-            if stage_ok:
-                prim.store_u32(stage_state + NEXT_STAGE * 4,
-                               (stage + Uint32(1)) % Uint32(LAMPORT_GENERATIONS))
-            else:
-                prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
+        if cutlass.const_expr(not known):
+            if (token == 0) & (tidx == 0):
+                if stage_ok:
+                    prim.store_u32(stage_state + NEXT_STAGE * 4,
+                                   (stage + Uint32(1)) % Uint32(LAMPORT_GENERATIONS))
+                else:
+                    prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
         cute.arch.griddepcontrol_launch_dependents()
         if reading:
             for source in cutlass.range_constexpr(self.tp):
-                prim.store_sentinel_u32x4(
-                    mailbox + slot_index(safe_stage, self.tp, source,
-                                         Int64(capacity), Int64(token),
-                                         hidden, column) * 2)
+                where = mailbox + slot_index(safe_stage, self.tp, source, Int64(capacity),
+                                             Int64(token), hidden, column) * 2
+                if cutlass.const_expr(own is None):
+                    prim.store_sentinel_u32x4(where)
+                elif rank != Int32(source):
+                    prim.store_sentinel_u32x4(where)
         return failed
 
     @cute.jit

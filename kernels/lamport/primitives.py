@@ -164,6 +164,19 @@ def atomic_add_u32(address: Int64, value, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
+def atomic_add_acq_rel_u32(address: Int64, value, *, loc=None, ip=None) -> Uint32:
+    """``atom.acq_rel.gpu.global.add.u32``; returns the old value. Release:
+    this thread's earlier loads and stores (and, after a ``bar.sync``, its
+    CTA's) happen before any thread that reads the sum; acquire: the stores
+    of the threads whose adds it read happen before this thread's later
+    ones."""
+    (old,) = _inline_asm([T.i32()], [_i64(address, loc, ip), _u32(value, loc, ip)],
+                         "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r",
+                         loc=loc, ip=ip)
+    return Uint32(old)
+
+
+@dsl_user_op
 def atomic_or_u32(address: Int64, value, *, loc=None, ip=None) -> None:
     """``red.global.or.b32`` (relaxed, gpu scope)."""
     _inline_asm([], [_i64(address, loc, ip), _u32(value, loc, ip)],

@@ -1,8 +1,8 @@
 """The Lamport mailbox protocol: constants and the slot index, in one place.
 
 Every rank owns a mailbox, a BF16 tensor ``[LAMPORT_GENERATIONS, tp,
-capacity, hidden]``, and a ``stage_state`` int32[2] holding
-``[ACTIVE_STAGE, NEXT_STAGE]``. Every mailbox element starts as the
+capacity, hidden]``, and a ``stage_state`` int32[3] holding
+``[ACTIVE_STAGE, NEXT_STAGE, ARRIVALS]``. Every mailbox element starts as the
 sentinel, BF16 negative zero (bits ``0x8000``); a 16-byte fragment of 8 BF16
 is the unit of transfer.
 
@@ -38,6 +38,23 @@ Consume (one CTA a token on every rank, after ``griddepcontrol.wait``):
   4. write the sentinel back into every slot it read;
   5. the fused epilogue (round the sum once to BF16, + residual, RMSNorm).
 
+Single-kernel form (:mod:`kernels.lamport.norm_single`; one-shot, for
+ranks in processes of their own): one CTA a token publishes its row and
+then consumes it, in one launch. Every CTA takes ``stage = NEXT_STAGE``
+after ``griddepcontrol.wait`` and publishes and consumes at that stage (no
+ACTIVE_STAGE round trip). No CTA may advance NEXT_STAGE while another may
+still read it, so thread 0 of each CTA, after the CTA's barrier, adds 1 to
+ARRIVALS (acq_rel); the CTA whose add returned ``M - 1`` is the last and
+writes ``ACTIVE_STAGE = stage``, ``NEXT_STAGE = (stage + 1) % 3``
+(unchanged for a bad stage) and ``ARRIVALS = 0`` (at M = 1 the one CTA
+writes them after its barrier, with no add). With unicast a rank's own
+fragment is summed from registers (its own slot stays sentinel). The slots, the stage sequence and the
+sentinel write-back are the two-kernel form's, so ranks (and calls) of the
+two forms interoperate on one mailbox. A CTA spins on its peers' CTA of the
+same token, so the form is used only where every CTA of the grid is
+resident at once (small M) and never on virtual ranks (tp ranks on one
+GPU, where a rank's grid may wait behind a peer's).
+
 Why three generations: rank A may publish call N+1 (stage s+1) as soon as
 its own consumer of call N finished, i.e. once every rank published call N;
 rank B may still be reading and resetting stage s of call N, but stage s+1
@@ -58,6 +75,13 @@ ACTIVE_STAGE = 0
 
 NEXT_STAGE = 1
 """Index in ``stage_state`` of the stage the next publish writes."""
+
+ARRIVALS = 2
+"""Index in ``stage_state`` of the single-kernel form's arrival counter
+(0 between calls; see "Single-kernel form" above)."""
+
+STAGE_STATE_WORDS = 3
+"""Length of ``stage_state`` (int32): ACTIVE_STAGE, NEXT_STAGE, ARRIVALS."""
 
 SENTINEL_BF16 = 0x8000
 """BF16 negative zero: an empty mailbox lane."""

@@ -139,7 +139,8 @@ def load_peers(kernel, destination: Int64, token) -> list:
 
 @cute.jit
 def store_payload(kernel, payload, stage, stage_ok, peers, destination: Int64, rank: Int32,
-                  capacity: Int32, token, hidden64: Int64, column: Int64) -> None:
+                  capacity: Int32, token, hidden64: Int64, column: Int64,
+                  skip_own: bool = False) -> None:
     """The publish's stores, shared by every publish kernel: ``payload``
     (4 words, one 16-byte fragment, or 2, its half) goes to slot ``(stage,
     rank, token)`` of every rank's mailbox, or, owner mode, to slot ``(stage,
@@ -149,7 +150,9 @@ def store_payload(kernel, payload, stage, stage_ok, peers, destination: Int64, r
     unicast and owner mode (the owner's address alone in owner mode);
     multicast stores through ``destination`` itself. Stores are
     ``st.relaxed.sys`` a peer or one ``multimem.st``
-    (:mod:`kernels.lamport.protocol`)."""
+    (:mod:`kernels.lamport.protocol`). ``skip_own`` (compile time, unicast
+    one-shot): no store into this rank's own mailbox (a caller that sums
+    its own fragment from registers)."""
     if stage_ok:
         if cutlass.const_expr(kernel.owner):
             offset = owner_slot_index(Int64(stage), kernel.tp, Int64(rank), Int64(capacity),
@@ -160,7 +163,10 @@ def store_payload(kernel, payload, stage, stage_ok, peers, destination: Int64, r
                                 Int64(token), hidden64, column) * 2
             if cutlass.const_expr(kernel.transport == "unicast"):
                 for p in cutlass.range_constexpr(kernel.tp):
-                    _store_unicast(peers[p] + offset, payload)
+                    if cutlass.const_expr(not skip_own):
+                        _store_unicast(peers[p] + offset, payload)
+                    elif rank != Int32(p):
+                        _store_unicast(peers[p] + offset, payload)
             else:
                 _store_multicast(destination + offset, payload)
 

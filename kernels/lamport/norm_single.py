@@ -1,0 +1,128 @@
+"""The single-kernel form of the one-shot AllReduceNorm: publish, Lamport
+consume, residual add and RMSNorm in one launch.
+
+The two-kernel form (:mod:`kernels.lamport.publish` then
+:mod:`kernels.lamport.norm`, PDL-chained) pays two kernel launches (two
+graph nodes) a call and a dependent ACTIVE_STAGE round trip in the
+consumer. Here one CTA a token, ``hidden / 8`` threads, one 16-byte
+fragment a thread, does both. Order inside the kernel (checked in the PTX by
+:func:`kernels.ptx_checks.check_single_norm`): peer table, residual and
+gamma loads, then ``griddepcontrol.wait``, the volatile NEXT_STAGE load
+(every thread) and the payload load (sanitized), the stores into slot
+``(stage, rank, token)`` of every peer's mailbox (``st.relaxed.sys`` a
+peer, or one ``multimem.st`` to all), the first volatile load of every
+peer's slot at that stage, the spins in rank order,
+``griddepcontrol.launch_dependents``, the sentinel write-back, the epilogue
+of :class:`kernels.lamport.norm.NormKernel` (its barrier included), then
+thread 0's arrival (``atom.acq_rel.gpu`` on ARRIVALS; none when M = 1) and,
+in the CTA that arrived last, the stage advance
+(:mod:`kernels.lamport.protocol`, "Single-kernel form").
+
+Unicast: a rank's own fragment is summed from registers, in its rank-order
+place; its own mailbox slot is neither written nor read (so at tp=1 the
+kernel moves no data through the mailbox at all). Multicast writes the own
+slot too (one ``multimem.st`` reaches every rank), so it is read back and
+reset like a peer's.
+
+Same outputs bit for bit as the two-kernel form (the same rank-order FP32
+sum, the same epilogue), the same watchdog (``budget_ns > 0``: records,
+NaN, error masks) and bad-stage handling (NEXT_STAGE >= 3: nothing stored,
+no spin, ``ERR_BAD_STAGE`` set, NaN outputs, the bad value copied into
+ACTIVE_STAGE, NEXT_STAGE unchanged).
+
+Use it only where the whole grid is resident at once and no peer's grid
+can be queued behind this one on the same GPU (a CTA spins on its peers'
+CTA of the same token): ranks in processes of their own, M within the
+tuning's bound (:mod:`kernels.lamport.norm_tuning`).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+import cuda.bindings.driver as cuda
+
+from kernels.validation import require_choice
+
+from . import primitives as prim
+from .norm import NormKernel
+from .protocol import (ACTIVE_STAGE, ARRIVALS, ERR_BAD_STAGE, LAMPORT_GENERATIONS,
+                       NEXT_STAGE, VEC_BF16)
+from .publish import TRANSPORTS, load_peers, store_payload
+
+
+class SingleNormKernel(NormKernel):
+    """Publish + consume + residual add + RMSNorm of ``[M, hidden]`` BF16 in
+    one launch (one-shot mode only). ``destination`` at launch is what
+    :class:`kernels.lamport.publish.PublishKernel` takes: the peer table
+    (unicast) or the multicast base address."""
+
+    def __init__(self, *, hidden: int, tp: int, budget_ns: int = 0,
+                 transport: str = "unicast") -> None:
+        super().__init__(hidden=hidden, tp=tp, budget_ns=budget_ns)
+        require_choice("transport", transport, TRANSPORTS)
+        self.transport = transport
+
+    @cute.jit
+    def __call__(self, x: Int64, mailbox: Int64, destination: Int64, residual: Int64,
+                 gamma: Int64, residual_out: Int64, norm_out: Int64, stage_state: Int64,
+                 error: Int64, capacity: Int32, error_records: Int32, eps: Float32,
+                 m: Int32, rank: Int32, stream: cuda.CUstream) -> None:
+        self.kernel(x, mailbox, destination, residual, gamma, residual_out, norm_out,
+                    stage_state, error, capacity, error_records, eps, m, rank).launch(
+            grid=(m, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, x: Int64, mailbox: Int64, destination: Int64, residual: Int64,
+               gamma: Int64, residual_out: Int64, norm_out: Int64, stage_state: Int64,
+               error: Int64, capacity: Int32, error_records: Int32, eps: Float32,
+               m: Int32, rank: Int32):
+        hidden = self.hidden
+        tidx, _, _ = cute.arch.thread_idx()
+        token, _, _ = cute.arch.block_idx()
+        column = Int64(tidx) * VEC_BF16
+        element = Int64(token) * hidden + column
+
+        # Written before this call's producer started (the peer table at
+        # construction).
+        peers = load_peers(self, destination, token)
+        residual_values = prim.unpack_bf16x8(
+            prim.load_u32x4(residual + element * 2)).to(Float32)
+        gamma_values = prim.unpack_bf16x8(
+            prim.load_u32x4(gamma + column * 2)).to(Float32)
+
+        cute.arch.griddepcontrol_wait()
+
+        stage = prim.load_volatile_u32(stage_state + NEXT_STAGE * 4)
+        stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
+        payload = prim.sanitize_u32x4(prim.load_u32x4(x + element * 2))
+
+        # Unicast: this rank's own fragment never goes through its mailbox
+        # (summed from registers); multicast stores it there too, so it is
+        # read back and reset like a peer's.
+        unicast = self.transport == "unicast"
+        store_payload(self, payload, stage, stage_ok, peers, destination, rank, capacity,
+                      token, Int64(hidden), column, skip_own=unicast)
+        reduced = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
+        failed = self._consume(mailbox, stage_state, error, capacity, error_records,
+                               token, tidx, column, reduced, Int64(0), stage=stage,
+                               own=payload if unicast else None, rank=rank)
+        self._epilogue(reduced, failed, residual_values, gamma_values, residual_out,
+                       norm_out, element, eps)
+
+        # After the epilogue's barrier every thread of this CTA has read
+        # NEXT_STAGE, so the CTA that arrives last may advance it; a grid of
+        # one CTA is the last without asking (the barrier orders its reads).
+        if tidx == 0:
+            arrived = Uint32(0)
+            if m > Int32(1):
+                arrived = prim.atomic_add_acq_rel_u32(stage_state + ARRIVALS * 4, Uint32(1))
+            if arrived == Uint32(m - 1):
+                prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
+                if stage_ok:
+                    prim.store_u32(stage_state + NEXT_STAGE * 4,
+                                   (stage + Uint32(1)) % Uint32(LAMPORT_GENERATIONS))
+                else:
+                    prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
+                prim.store_u32(stage_state + ARRIVALS * 4, Uint32(0))

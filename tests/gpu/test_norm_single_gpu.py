@@ -1,0 +1,153 @@
+"""The single-kernel AllReduceNorm (kernels/lamport/norm_single.py) on one
+GPU: bit for bit the two-kernel form's outputs, the two forms interleaved on
+one mailbox, graph replay, the bad-stage and watchdog paths, and tp > 1 on
+ranks of one process launched side by side (small grids, each on its own
+stream; the watchdog turns a rank that never runs into a failure, not a
+hang). Run under a process timeout:
+    timeout 300 python -m pytest -m gpu tests/gpu/test_norm_single_gpu.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.reference.numerics import assert_bit_exact, poison_
+
+from tests.gpu.test_all_reduce_norm_gpu import EPS, check, inputs
+
+pytestmark = pytest.mark.gpu
+
+BUDGET_NS = 50_000_000  # 50 ms
+SINGLE = 64
+
+
+def op(hidden, *, single=SINGLE, capacity=SINGLE, budget_ns=BUDGET_NS, mailbox=None):
+    from kernels.all_reduce_norm import AllReduceNorm
+    from kernels.lamport.norm_tuning import NormTuning
+
+    return AllReduceNorm(hidden_size=hidden, max_num_tokens=capacity, eps=EPS,
+                         budget_ns=budget_ns, mailbox=mailbox,
+                         norm_tuning=NormTuning(single))
+
+
+def outputs(residual):
+    return poison_(torch.empty_like(residual)), poison_(torch.empty_like(residual))
+
+
+@pytest.mark.parametrize("hidden", [2560, 3584, 5120, 7168, 8192])
+def test_single_kernel_is_the_two_kernel_form_bit_for_bit(hidden):
+    single, two = op(hidden), op(hidden, single=0)
+    for m in (1, 2, 7, 16, 64):
+        xs, residual, weight = inputs(1, m, hidden, seed=m)
+        assert single.form(xs[0]) == "single" and two.form(xs[0]) == "two"
+        a, b = outputs(residual), outputs(residual)
+        single(xs[0], residual, weight, out=a)
+        two(xs[0], residual, weight, out=b)
+        torch.cuda.synchronize()
+        check([a], xs, residual, weight, f"single H={hidden} M={m}")
+        assert_bit_exact(a[0], b[0], f"single vs two norm_out H={hidden} M={m}")
+        assert_bit_exact(a[1], b[1], f"single vs two residual_out H={hidden} M={m}")
+        assert single.mailbox.is_all_sentinel() and single.diagnose().ok
+    active, nxt, arrivals = single.mailbox.stage_state.tolist()
+    assert (active, nxt, arrivals) == (4 % 3, 5 % 3, 0)
+
+
+def test_the_two_forms_interleave_on_one_mailbox_without_host_sync():
+    hidden, calls = 4096, [4, 32, 1, 17, 16, 64, 3, 16, 40, 2]
+    grp = op(hidden, single=16)
+    cases = [inputs(1, m, hidden, seed=100 + i) for i, m in enumerate(calls)]
+    outs = []
+    for xs, residual, weight in cases:
+        outs.append(outputs(residual))
+        grp(xs[0], residual, weight, out=outs[-1])
+    torch.cuda.synchronize()
+    assert [grp.form(c[0][0]) for c in cases].count("single") == 6
+    for m, (xs, residual, weight), out in zip(calls, cases, outs):
+        check([out], xs, residual, weight, f"interleaved M={m}")
+    n = len(calls)
+    assert grp.mailbox.stage_state.tolist() == [(n - 1) % 3, n % 3, 0]
+    assert grp.mailbox.is_all_sentinel() and grp.diagnose().ok
+
+
+def test_single_kernel_graph_replay_matches_eager():
+    hidden, m = 5120, 8
+    grp = op(hidden, budget_ns=0)
+    xs, residual, weight = inputs(1, m, hidden, seed=3)
+    x = xs[0].clone()
+    out = outputs(residual)
+    grp(x, residual, weight, out=out)  # compile and warm before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grp(x, residual, weight, out=out)
+    for seed in (4, 5, 6):
+        fresh, _, _ = inputs(1, m, hidden, seed=seed)
+        x.copy_(fresh[0])
+        graph.replay()
+        torch.cuda.synchronize()
+        check([out], [fresh[0]], residual, weight, f"replay seed {seed}")
+    assert grp.mailbox.is_all_sentinel()
+
+
+def test_bad_stage_stores_nothing_and_fails_fast():
+    hidden, m = 2560, 5
+    grp = op(hidden)
+    xs, residual, weight = inputs(1, m, hidden, seed=9)
+    grp.mailbox.stage_state[1] = 7  # NEXT_STAGE out of range
+    out = outputs(residual)
+    grp(xs[0], residual, weight, out=out)
+    torch.cuda.synchronize()
+    d = grp.diagnose()
+    assert d.kind == "bad_stage" and d.bad_stage_ranks == {0}, d.summary()
+    assert grp.mailbox.stage_state.tolist() == [7, 7, 0]
+    assert grp.mailbox.is_all_sentinel(), "a bad stage stored into the mailbox"
+    assert torch.isnan(out[0].float()).all() and torch.isnan(out[1].float()).all()
+    grp.recover()
+    out = outputs(residual)
+    grp(xs[0], residual, weight, out=out)
+    torch.cuda.synchronize()
+    check([out], xs, residual, weight, "after recover")
+
+
+def test_a_peer_that_never_runs_times_out_and_is_named():
+    """Rank 0 of a tp=2 group alone: its single kernel publishes and then
+    spins on rank 1's slots until the watchdog gives them up."""
+    from kernels.lamport.mailbox import Mailbox
+
+    hidden, m = 2048, 3
+    boxes = Mailbox.virtual_ranks(tp=2, capacity=SINGLE, hidden=hidden)
+    lone = op(hidden, mailbox=boxes[0])
+    xs, residual, weight = inputs(2, m, hidden, seed=21)
+    out = outputs(residual)
+    lone(xs[0], residual, weight, out=out)
+    torch.cuda.synchronize()
+    errors = lone.errors()
+    assert errors.missing_mask == 0b10 and errors.count == m * hidden // 8, errors
+    assert torch.isnan(out[0].float()).all() and torch.isnan(out[1].float()).all()
+    # It still published: rank 1's mailbox holds rank 0's rows.
+    published = boxes[1].buffer[0, 0, :m]
+    assert_bit_exact(published, torch.where(xs[0] == 0, torch.zeros_like(xs[0]), xs[0]),
+                     "rank 0's publish into rank 1's mailbox")
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_ranks_side_by_side_on_their_own_streams(tp):
+    from kernels.lamport.mailbox import Mailbox
+
+    hidden = 5120
+    boxes = Mailbox.virtual_ranks(tp=tp, capacity=SINGLE, hidden=hidden)
+    ranks = [op(hidden, mailbox=b) for b in boxes]
+    streams = [torch.cuda.Stream() for _ in range(tp)]
+    for m in (1, 16, 7):
+        xs, residual, weight = inputs(tp, m, hidden, seed=tp * 10 + m)
+        outs = [outputs(residual) for _ in range(tp)]
+        for rank, stream in zip(ranks, streams):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                rank(xs[rank.rank], residual, weight, out=outs[rank.rank])
+        torch.cuda.synchronize()
+        for rank in ranks:
+            assert rank.errors().count == 0, rank.errors()
+        check(outs, xs, residual, weight, f"tp={tp} side by side M={m}")
+    assert all(b.is_all_sentinel() for b in boxes)
