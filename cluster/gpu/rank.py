@@ -63,6 +63,12 @@ WARM_GROUP_HIDDEN = 1024
 OPTIONS = ("master_addr", "master_port", "placement", "transport")
 
 
+SPLIT_FAULTS = ("skip_publish", "die_after_publish", "delay_publish")
+"""Faults that need the publish and the consumer launched apart; every other
+call of a kernel with a ``call()`` goes through it (AllReduceNorm's
+``__call__``: the single kernel where its form table picks it)."""
+
+
 class GpuRank:
     """One rank of a GPU TP group. Not thread-safe; the actor serialises calls."""
 
@@ -328,13 +334,17 @@ class GpuRank:
         if kind == "delay_publish":
             time.sleep(fault["delay_ns"] / 1e9)
         published = kind != "skip_publish"
-        if published:
-            kernel.publish()
-        if kind == "die_after_publish":
-            torch.cuda.synchronize(self._device)
-            os._exit(1)
-        consume_from = time.monotonic_ns()
-        kernel.consume()
+        consume_from = started
+        if kind in SPLIT_FAULTS or not hasattr(kernel, "call"):
+            if published:
+                kernel.publish()
+            if kind == "die_after_publish":
+                torch.cuda.synchronize(self._device)
+                os._exit(1)
+            consume_from = time.monotonic_ns()
+            kernel.consume()
+        else:
+            kernel.call()  # the op's own call: the form a caller gets (one kernel or two)
         torch.cuda.synchronize(self._device)
         done = time.monotonic_ns()
         clock.mark("call")

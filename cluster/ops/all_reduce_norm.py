@@ -191,6 +191,12 @@ class RankKernel:
                     poison_(torch.empty_like(self.residual)))
         self.tokens = self.kernel.validate(self.xd, self.residual, self.weight, self.out)
 
+    def call(self) -> None:
+        """The whole call as a caller makes it (``AllReduceNorm.__call__``:
+        the form its table picks); the rank splits publish and consume only
+        for the faults that need it (``cluster.gpu.rank.SPLIT_FAULTS``)."""
+        self.kernel(self.xd, self.residual, self.weight, out=self.out)
+
     def publish(self) -> None:
         self.kernel.publish(self.xd)
 

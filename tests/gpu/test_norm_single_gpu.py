@@ -151,3 +151,35 @@ def test_ranks_side_by_side_on_their_own_streams(tp):
             assert rank.errors().count == 0, rank.errors()
         check(outs, xs, residual, weight, f"tp={tp} side by side M={m}")
     assert all(b.is_all_sentinel() for b in boxes)
+
+
+def test_a_gpu_rank_s_call_runs_the_form_its_table_picks():
+    """The correctness job's rank (cluster/gpu/rank.py) calls the op as a
+    caller does, so at tp=1, hidden 5120, M <= 64 on the H200 it checks the
+    single kernel; a split fault still launches publish and consumer apart."""
+    from cluster.ops.all_reduce_norm import RankKernel, make_inputs
+    from kernels.lamport.mailbox import Mailbox
+    from kernels.lamport.norm_tuning import norm_tuning
+
+    hidden, m = 5120, 4
+    (box,) = Mailbox.virtual_ranks(tp=1, capacity=SINGLE, hidden=hidden)
+    case = {"op": "all_reduce_norm", "tokens": m, "inputs": "random", "seed": 7, "eps": EPS,
+            "budget_ns": BUDGET_NS, "residual": "random", "mode": "one_shot", "form": "auto"}
+    rank = RankKernel(box, hidden=hidden, capacity=SINGLE, transport="unicast",
+                      budget_ns=BUDGET_NS, case=case)
+    inputs = make_inputs(case, tp=1, hidden=hidden, tokens=m)
+    rank.load(case, inputs, 0, "cuda")
+    want = norm_tuning(hidden=hidden, tp=1).form(m)
+    assert rank.kernel.form(rank.xd) == want
+    for split in (False, True):
+        rank.load(case, inputs, 0, "cuda")
+        if split:
+            rank.publish()
+            rank.consume()
+        else:
+            rank.call()
+        torch.cuda.synchronize()
+        xs = [inputs["partials"][0].cuda()]
+        check([rank.out], xs, inputs["residual"].cuda(), inputs["norm_weight"].cuda(),
+              f"rank call ({'split' if split else want})")
+        assert box.is_all_sentinel() and box.read_errors().ok
