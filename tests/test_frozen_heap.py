@@ -31,7 +31,9 @@ def test_settle_heap_collects_garbage_first_and_freezes_only_what_is_live():
     del garbage
     frozen = settle_heap()
     assert dead() is None, "garbage was frozen instead of collected"
-    assert frozen == gc.get_freeze_count() > 0
+    # Frozen objects are still freed when their count falls to zero, by any
+    # thread (the xdist worker's own): the count can only have fallen since.
+    assert 0 < gc.get_freeze_count() <= frozen
     assert not gc.is_tracked(live) or live.me is live  # still there, now frozen
     # what is made after the freeze is still collected
     later = _Node()
