@@ -187,12 +187,13 @@ def main(argv=None) -> int:
             projs = [IndexerProjection(m) for m in mods]
             padded = padded_heads(heads)
             scale = mods[0].softmax_scale * heads ** -0.5
-            table = projs[0].table.fused_variant
-            # The table's variant first (marked *), the other candidates with --sweep.
-            candidates = [(table.name + "*", table)]
-            if args.sweep or args.ncu_calls:
-                candidates += [(v.name, v) for v in FUSED_CANDIDATES if v != table]
             for m in args.tokens:
+                # The table's variant for this cell first (marked *), the other
+                # candidates with --sweep.
+                table = projs[0].fused_variant_for(m)
+                candidates = [(table.name + "*", table)]
+                if args.sweep or args.ncu_calls:
+                    candidates += [(v.name, v) for v in FUSED_CANDIDATES if v != table]
                 g = torch.Generator().manual_seed(m)
                 xs = torch.randn(sets, m, k, generator=g).to(torch.bfloat16).cuda()
                 qs = torch.randn(sets, m, heads * 128, generator=g).to(torch.bfloat16).cuda()
@@ -277,7 +278,8 @@ def main(argv=None) -> int:
             f"weights and inputs rotated over >= {args.rotate_mb:g} MB, times in us per call "
             f"(median); fused = the fused variant timed (* = the tactic table's; "
             f"skip-zero: no loads of the layout's zero rows; early: slot codes and norm "
-            f"parameters loaded before the PDL wait); MB = fused_min_bytes, roof_us = MB / {HBM_PEAK / 1e12:.1f} TB/s, "
+            f"parameters loaded before the PDL wait; split-k/split-k2: a cluster's CTAs split K, "
+            f"one/two row groups a warp); MB = fused_min_bytes, roof_us = MB / {HBM_PEAK / 1e12:.1f} TB/s, "
             f"TB/s = MB / fused_us; kernels = kernels+memsets of one stock call")
     print(meta)
     if args.markdown:

@@ -52,11 +52,13 @@ def test_roofline_columns_and_sweep_rows(cpu_gpu, tmp_path, capsys):
     assert rc == 0
     text = out.read_text()
     rows = [ln.split() for ln in text.splitlines() if ln.startswith(" 1024")]
-    # each token count: the table's variant (marked *) then the other candidates
-    table = L.H200.fused_variant
+    # each token count: the table's variant of the cell (marked *) then the others
     names = [r[3] for r in rows]
-    want = [table.name + "*"] + [v.name for v in L.FUSED_CANDIDATES if v != table]
-    assert names == want * 2 and len(want) == len(L.FUSED_CANDIDATES)
+    want = []
+    for m in (1, 16):
+        table = L.H200.fused_variant_for(1024, 64, m)
+        want += [table.name + "*"] + [v.name for v in L.FUSED_CANDIDATES if v != table]
+    assert names == want and len(want) == 2 * len(L.FUSED_CANDIDATES)
     for r in rows:
         m, us = int(r[2]), float(r[4])
         skip = r[3].startswith("skip")
@@ -83,7 +85,7 @@ def test_ncu_calls_times_nothing(cpu_gpu, capsys):
     out = capsys.readouterr().out
     n = len(L.FUSED_CANDIDATES)
     assert "TB/s" not in out and out.count("ncu launch:") == n + 2
-    table = L.H200.fused_variant
+    table = L.H200.fused_variant_for(1024, 32, 1)
     assert [c[2] for c in cpu_gpu if c[0] == "fused"] == (
         [table] * 2 + [v for v in L.FUSED_CANDIDATES if v != table for _ in range(2)])
     assert [c[2] for c in cpu_gpu if c[0] == "proj"] == [L.Tactic(16, 1)] * 2 + [L.Tactic(4, 8)] * 2

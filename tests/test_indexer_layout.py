@@ -244,6 +244,46 @@ def test_fused_variant():
         dataclasses.replace(L.H200, fused_variant=(True, False))
 
 
+def test_split_k_variants_name_their_tactic():
+    assert L.FusedVariant(True, True, split_k=1).name == "skip-zero+early+split-k"
+    assert L.FusedVariant(True, True, split_k=2).name == "skip-zero+early+split-k2"
+    assert L.FusedVariant(True, True).tactic() == Tactic(FUSED_WARPS, 1)
+    assert L.FusedVariant(split_k=1).tactic() == Tactic(1, KEY // ROWS)
+    assert L.FusedVariant(split_k=2).tactic(128) == Tactic(2, 16)
+    for bad in (3, True, -1):
+        with pytest.raises(ValueError, match=f"split_k must be 0, 1 or 2, got {bad!r}"):
+            L.FusedVariant(split_k=bad)
+    with pytest.raises(ValueError, match="split_k needs a key cluster of 16 CTAs .*got key = 64"):
+        L.FusedVariant(split_k=1).tactic(64)
+
+
+def test_variant_rules_pick_per_cell_and_the_projection_follows():
+    t = L.H200
+    # the default outside every rule, the rule's variant inside one
+    assert t.fused_variant_for(7168, 32, 1) == t.fused_variant
+    assert t.fused_variant_for(7168, 64, 1).split_k == 1
+    assert t.fused_variant_for(7168, 64, 16).split_k == 2
+    # the projection alone gives the fused kernel's bits wherever it fuses
+    for k in (4096, 7168):
+        for heads in (16, 32, 64):
+            for tokens in range(1, 129):
+                got = t.lookup(tokens, k=k, heads=heads)
+                if t.fuse(tokens, heads):
+                    assert got == t.fused_variant_for(k, heads, tokens).tactic(), (k, heads, tokens)
+                else:
+                    assert got == t.lookup(tokens), (k, heads, tokens)
+    # a rule outside the fuse range, or not a VariantRule, is refused
+    rule = L.VariantRule(L.FusedVariant(split_k=2), 2, 128)
+    with pytest.raises(ValueError, match="up to 128 tokens, beyond the fuse rule's 64"):
+        dataclasses.replace(t, variant_rules=(rule,))
+    with pytest.raises(ValueError, match="is not a VariantRule"):
+        dataclasses.replace(t, variant_rules=((1, 2),))
+    with pytest.raises(ValueError, match="1 <= min_tokens <= max_tokens, got 3..2"):
+        L.VariantRule(L.FusedVariant(), 3, 2)
+    with pytest.raises(ValueError, match=r"VariantRule.k must be a tuple of positive ints, got \[7168\]"):
+        L.VariantRule(L.FusedVariant(), 1, 2, k=[7168])
+
+
 def test_roofline_bytes_by_hand():
     # K 7168, key 128, heads 64, gate 128, one token, FP32 head weights
     weights = 320 * 7168 * 2

@@ -143,7 +143,7 @@ class RankKernel:
 
     def consume(self) -> None:
         """Run the path (projection, fused or stage) on this GPU."""
-        from kernels.indexer.layout import Tactic, padded_heads
+        from kernels.indexer.layout import padded_heads
         from kernels.indexer.stage import IndexerStage, planned_step
 
         ind, proj = self.indexer, self.projection
@@ -152,7 +152,7 @@ class RankKernel:
         elif self.path == "fused":
             scale = ind.softmax_scale * ind.n_head ** -0.5
             self.padded = padded_heads(ind.n_head)
-            self.pre = proj(self.x, tactic=Tactic(16, 1))
+            self.pre = proj(self.x, tactic=proj.fused_tactic(self.x.shape[0]))
             self.result = proj.fused(self.x, self.q, ind.k_norm, scale, self.padded)
             self.scale = scale
         else:

@@ -18,7 +18,12 @@ Checks on the kernel's instruction lines:
   ``mbarrier.try_wait``, and the FP8 conversion ``cvt.rn.satfinite.e4m3x2``;
   predicated (``@p``) weight loads exactly in the skip-zero builds; no plain
   slot-code / LayerNorm loads (``ld.global.u32/.f32``) exactly in the
-  early-consts builds (there they are ``ld.global.nc``, before the wait).
+  early-consts builds (there they are ``ld.global.nc``, before the wait);
+  exactly the split-K builds push their partial tiles
+  (``st.async...complete_tx::bytes.v4.f32``) between the cluster wait and the
+  ``mbarrier.try_wait`` on them; exactly the bulk builds copy the weight tile
+  with ``cp.async.bulk`` before the PDL wait, read it with ``ld.shared.v4``
+  after it and load no weights into registers.
 """
 
 from __future__ import annotations
@@ -32,7 +37,11 @@ PROJECTION_VARIANTS = (("proj16x1", 1, 16, 1), ("proj16x1", 16, 16, 1), ("proj8x
 #: (name, tokens, BF16 head weights, FusedVariant fields) of the fused variants.
 FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True, (False, False)),
                   ("fusedskip", 1, False, (True, False)), ("fusedearly", 16, False, (True, True)),
-                  ("fusedlaunch", 1, True, (True, True, True)))
+                  ("fusedlaunch", 1, True, (True, True, True)),
+                  ("fusedsplitk", 1, False, (True, True, False, 1)),
+                  ("fusedsplitk2", 16, True, (True, True, False, 2)),
+                  ("fusedbulk", 1, False, (True, True, False, 1, True)),
+                  ("fusedbulk2", 16, True, (True, True, False, 2, True)))
 
 
 def _first(lines, pattern):
@@ -92,8 +101,11 @@ def check_fused(lines: list[str], v) -> list[str]:
         errs.append(f"mbarrier init < fence < cluster arrive < griddepcontrol.wait broken: "
                     f"{order} vs wait {wait}")
     after = [_first(lines, p) for p in ("barrier.cluster.wait", "mapa.shared::cluster",
-                                         "st.async.shared::cluster.mbarrier::complete_tx",
-                                         "mbarrier.try_wait")]
+                                         "st.async.shared::cluster.mbarrier::complete_tx")]
+    # The wait on the pushes: the first try_wait after the first push (a bulk
+    # build also waits, earlier, on its weight tile).
+    pushed = _first(lines[after[2] + 1:], "mbarrier.try_wait") if after[2] >= 0 else -1
+    after.append(after[2] + 1 + pushed if pushed >= 0 else -1)
     if min(after) < 0 or not wait < after[0] < after[2] < after[3]:
         errs.append(f"cluster wait < st.async complete_tx < mbarrier.try_wait after the PDL "
                     f"wait broken: {after}")
@@ -101,7 +113,22 @@ def check_fused(lines: list[str], v) -> list[str]:
         errs.append("no FP8 e4m3 conversion")
     guarded = [ln for ln in lines if ln.startswith("@") and "ld.global.nc" in ln]
     skip = "skip-zero" in v.detail
-    if skip and not guarded:
+    bulk = "bulk" in v.detail
+    copies = _all(lines, "cp.async.bulk.shared::cluster.global")
+    if bulk:
+        # The weight tile by the copy engine, before the PDL wait; read from
+        # shared memory (ld.shared.v4) after it; no weight loads into registers.
+        tile_reads = _all(lines, "ld.shared.v4.u32")
+        if not copies or max(copies) > wait:
+            errs.append(f"bulk build: cp.async.bulk weight copies {copies[:2]} missing or after "
+                        f"griddepcontrol.wait ({wait})")
+        if not tile_reads or min(tile_reads) < wait:
+            errs.append("bulk build: no ld.shared.v4 weight-tile reads after griddepcontrol.wait")
+        if _all(lines, "ld.global.nc.L1::no_allocate"):
+            errs.append("bulk build with register weight loads (ld.global.nc.L1::no_allocate)")
+    elif copies:
+        errs.append("cp.async.bulk weight copies in a build that is not bulk")
+    if skip and not bulk and not guarded:
         errs.append("skip-zero build without predicated (@p) weight loads")
     if not skip and guarded:
         errs.append("predicated weight loads in a build that loads every row")
@@ -111,6 +138,16 @@ def check_fused(lines: list[str], v) -> list[str]:
         errs.append(f"early-consts build with slot/norm loads after the PDL wait: {late[:2]}")
     if not early and not late:
         errs.append("no slot code / norm loads (ld.global.u32/.f32) in a late-consts build")
+    pushes = [i for i, ln in enumerate(lines)
+              if ln.startswith("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32")]
+    if "split-k" in v.detail:
+        # The partial tiles go out after the cluster wait and before the
+        # CTA's wait on its own gather mbarrier.
+        if not pushes or not after[0] < min(pushes) < after[3]:
+            errs.append(f"split-K build: partial-tile st.async.v4 pushes {pushes[:2]} not between "
+                        f"the cluster wait ({after[0]}) and the wait on them ({after[3]})")
+    elif pushes:
+        errs.append("st.async.v4 partial-tile pushes in a build that does not split K")
     return errs
 
 

@@ -15,7 +15,8 @@ from typing import Any
 from kernels.compile_cache import persistent
 from kernels.lamport.compile import _options
 
-from .layout import FUSED_WARPS, ROWS, FusedVariant, Tactic, check_projection_shape
+from .layout import (FUSED_PARTIAL_SLOTS, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, FusedVariant, Tactic,
+                     bulk_tile_bytes, check_projection_shape, fused_smem_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +65,18 @@ class FusedConfig:
 
     def validate(self) -> None:
         check_projection_shape(self.key, self.heads, self.gate, self.k)
-        Tactic(FUSED_WARPS, 1).span(self.k)
+        if not isinstance(self.variant, FusedVariant):
+            raise ValueError(f"variant must be a FusedVariant, got {self.variant!r}")
+        self.variant.tactic(self.key).span(self.k)
+        smem = self.smem_bytes()
+        if smem > MAX_SMEM_BYTES:
+            raise ValueError(f"the fused kernel {self.variant.name} at K = {self.k}, {self.tokens} "
+                             f"tokens needs {smem} B of shared memory, more than {MAX_SMEM_BYTES}")
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory this config's kernel uses (an upper bound)."""
+        tile = bulk_tile_bytes(self.k, self.key) if self.variant.bulk else 0
+        return fused_smem_bytes(self.tokens, FUSED_PARTIAL_SLOTS, self.key) + tile
         if self.tokens < 1:
             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
         if self.padded < self.heads:

@@ -32,8 +32,12 @@ every CTA of the cluster with ``st.async`` completing on an mbarrier, combines
 them in rank order (Chan, equal counts) and writes the normed key. Heads
 ``heads..padded-1`` are written as zeros.
 
-``FusedShape.variant`` (:class:`kernels.indexer.layout.FusedVariant`) moves
-loads, never arithmetic, so every variant writes the same bits:
+``FusedShape.variant`` (:class:`kernels.indexer.layout.FusedVariant`): its
+``split_k = G`` has the CTAs of a cluster split K instead of rows (CTA c sums
+K part c of the cluster's 16 row groups, each warp G groups over 1/G of the
+part, and pushes each group's partial tile to the CTA owning the group, which
+adds the parts in the projection's order at ``Tactic(G, 16)``); its other
+fields move loads, never arithmetic, so they write the same bits:
 ``skip_zero`` predicates off the loads of the layout's zero rows (at 64 heads
 half of the 80 CTAs' slots), ``early_consts`` loads each thread's slot code
 and the key CTAs' LayerNorm weight and bias with the weights, before the PDL
@@ -54,7 +58,7 @@ from kernels.lamport import primitives as lp
 
 from . import primitives as ip
 from .layout import (DIM, FUSED_WARPS, ROWS, SLOT_GATE, SLOT_HEAD, SLOT_INDEX_BITS, SLOT_KEY, TILE,
-                     FusedVariant)
+                     FusedVariant, bulk_row_stride)
 
 #: FP32(1 / 448): ``act_quant``'s scale factor.
 INV_FP8_MAX = 1.0 / 448.0
@@ -95,6 +99,7 @@ class ProjectionKernel:
                 raise ValueError(f"the fused kernel needs split 1, {FUSED_WARPS} warps and whole "
                                  f"clusters of {self.cluster} CTAs, got split={split} "
                                  f"warps={warps} ctas={fused.ctas}")
+            fused.variant.tactic(key)  # ValueError: split_k without a FUSED_WARPS-CTA cluster
 
     # ------------------------------------------------------------ launches
     @cute.jit
@@ -115,13 +120,16 @@ class ProjectionKernel:
 
     # ------------------------------------------------------------ shared parts
     @cute.jit
-    def load_weights(self, w: Int64, cta, rank, warp, lane, live=None):
-        """Lane (g, q)'s fragments of weight row g (before the PDL wait);
-        with ``live`` (Int32), zeros instead of the loads where it is 0."""
-        first = (rank * self.warps + warp) * self.span + lane % 4 * 8
-        row = Int64(cta * ROWS + lane // 4)
+    def load_weights(self, w: Int64, group, part, lane, live=None, span=0):
+        """Lane (g, q)'s fragments of weight row g of row group ``group`` in
+        K part ``part`` (``span`` wide, default ``self.span``), before the
+        PDL wait; with ``live`` (Int32), zeros instead of the loads where it
+        is 0."""
+        span = span or self.span
+        first = part * span + lane % 4 * 8
+        row = Int64(group * ROWS + lane // 4)
         b = []
-        for p in cutlass.range_constexpr(self.pairs):
+        for p in cutlass.range_constexpr(span // 32):
             address = w + (row * self.k + first + p * 32) * 2
             if cutlass.const_expr(live is None):
                 b += ip.load_weight_u32x4(address)
@@ -130,10 +138,9 @@ class ProjectionKernel:
         return b
 
     @cute.jit
-    def live_row(self, cta, lane):
-        """1 if lane (g, q)'s weight row g of fused CTA ``cta`` is a weight
-        row, 0 if a zero row: :func:`kernels.indexer.layout.fused_row_live`."""
-        g = lane // 4
+    def live_row(self, cta, g):
+        """1 if row g of fused CTA ``cta`` is a weight row, 0 if a zero row:
+        :func:`kernels.indexer.layout.fused_row_live`."""
         per = ROWS - 1
         live = Int32(1)
         head = cta - self.fused.first_head
@@ -148,21 +155,29 @@ class ProjectionKernel:
         return live
 
     @cute.jit
-    def gemv(self, x: Int64, b, partial: Int32, rank, warp, lane):
-        """Each warp's partial C tiles of its K span into shared ``partial``
-        ``[warps, tiles, 32 lanes, 4]`` FP32."""
+    def tile_tokens(self, tile, g):
+        """The tokens (rows g and g + 8 of 16-token tile ``tile``) whose input
+        a lane of group g loads: padding tokens repeat the last token (never
+        stored); with at most 8 tokens both are row g."""
+        lo = tile * TILE + g
+        if lo >= self.tokens:
+            lo = self.tokens - 1
+        hi = lo
+        if cutlass.const_expr(self.tokens > 8):
+            hi = tile * TILE + 8 + g
+            if hi >= self.tokens:
+                hi = self.tokens - 1
+        return lo, hi
+
+    @cute.jit
+    def gemv(self, x: Int64, b, partial: Int32, part, warp, lane):
+        """Each warp's partial C tiles of K part ``part`` into shared
+        ``partial`` ``[warps, tiles, 32 lanes, 4]`` FP32 at slot ``warp``."""
         g = lane // 4
-        first = (rank * self.warps + warp) * self.span + lane % 4 * 8
+        first = part * self.span + lane % 4 * 8
         both = self.tokens > 8
         for tile in cutlass.range(self.tiles, unroll=1):
-            lo = tile * TILE + g
-            if lo >= self.tokens:
-                lo = self.tokens - 1
-            hi = lo
-            if cutlass.const_expr(both):
-                hi = tile * TILE + 8 + g
-                if hi >= self.tokens:
-                    hi = self.tokens - 1
+            lo, hi = self.tile_tokens(tile, g)
             acc0 = [Float32(0.0)] * 4
             acc1 = [Float32(0.0)] * 4
             for p in cutlass.range_constexpr(self.pairs):
@@ -180,18 +195,86 @@ class ProjectionKernel:
                 ip.store_shared_f32(base + i * 4, ip.add_rn_f32(acc0[i], acc1[i]))
 
     @cute.jit
-    def warp_total(self, partial: Int32, e):
-        """Element e = (token, row) of C summed over the warps (from +0.0): it
-        sits in lane ``(token % 8) * 4 + row / 2``, value ``(token % 16) / 8 *
-        2 + row % 2``."""
+    def gemv_split(self, x: Int64, bs, partial: Int32, part, dest, lane, push, tile_in=None):
+        """The split-K fused GEMV: one warp, ``G = split_k`` row groups (owned
+        by cluster CTAs ``dest``, ``dest + 1``, ...) over K part ``part``
+        (``K / G / cluster`` wide); each group's partial tile goes to slot
+        ``part`` of its owner's ``partial`` by ``st.async`` completing on the
+        owner's mbarrier ``push``. One load of ``x`` feeds every group. The
+        weight fragments are ``bs`` (registers), or with ``tile_in = (tile,
+        mbarrier)`` read from the bulk variant's shared tile once the
+        mbarrier says it arrived (the ``x`` loads go out first)."""
+        groups = self.fused.variant.split_k
+        span = self.k // (self.cluster * groups)
+        stride = bulk_row_stride(self.k, self.key)
+        half = part % groups
+        g = lane // 4
+        first = part * span + lane % 4 * 8
+        both = self.tokens > 8
+        for tile in cutlass.range(self.tiles, unroll=1):
+            lo, hi = self.tile_tokens(tile, g)
+            accs = [[[Float32(0.0)] * 4, [Float32(0.0)] * 4] for _ in range(groups)]
+            xs = []
+            for p in cutlass.range_constexpr(span // 32):
+                offset = first + p * 32
+                a_lo = lp.load_u32x4(x + (Int64(lo) * self.k + offset) * 2)
+                a_hi = a_lo
+                if cutlass.const_expr(both):
+                    a_hi = lp.load_u32x4(x + (Int64(hi) * self.k + offset) * 2)
+                xs.append((a_lo, a_hi))
+            if cutlass.const_expr(tile_in is not None):
+                ip.mbarrier_wait_parity(tile_in[1], 0)
+            for p in cutlass.range_constexpr(span // 32):
+                a_lo, a_hi = xs[p]
+                for i in cutlass.range_constexpr(groups):
+                    if cutlass.const_expr(tile_in is None):
+                        b = bs[i][p * 4:p * 4 + 4]
+                    else:
+                        b = ip.load_shared_u32x4(
+                            tile_in[0] + ((dest + i) * ROWS + g) * stride
+                            + (half * span + lane % 4 * 8 + p * 32) * 2)
+                    accs[i][0] = ip.mma_bf16_m16n8k16((a_lo[0], a_hi[0], a_lo[1], a_hi[1]),
+                                                      (b[0], b[1]), accs[i][0])
+                    accs[i][1] = ip.mma_bf16_m16n8k16((a_lo[2], a_hi[2], a_lo[3], a_hi[3]),
+                                                      (b[2], b[3]), accs[i][1])
+            base = partial + (((part * self.tiles + tile) * 32 + lane) * 4) * 4
+            for i in cutlass.range_constexpr(groups):
+                ip.store_async_cluster_f32x4(
+                    base, [ip.add_rn_f32(accs[i][0][v], accs[i][1][v]) for v in range(4)],
+                    push, dest + i)
+
+    @cute.jit
+    def split_total(self, partial: Int32, e):
+        """Element e = (token, row) of C summed in the projection's order at
+        ``Tactic(G, cluster)``: slot ``c * G + s`` holds CTA c's K half s;
+        halves from +0.0 within a CTA, CTAs from +0.0 in rank order."""
+        groups = self.fused.variant.split_k
+        total = Float32(0.0)
+        for c in cutlass.range_constexpr(self.cluster):
+            cta_sum = Float32(0.0)
+            for h in cutlass.range_constexpr(groups):
+                cta_sum = ip.add_rn_f32(cta_sum, ip.load_shared_f32(
+                    self.partial_address(partial, c * groups + h, e)))
+            total = ip.add_rn_f32(total, cta_sum)
+        return total
+
+    @cute.jit
+    def partial_address(self, partial: Int32, slot, e):
+        """Shared address of element e = (token, row) of partial tile
+        ``slot``: lane ``(token % 8) * 4 + row / 2``, value ``(token % 16) /
+        8 * 2 + row % 2`` of the token's 16-token tile."""
         t = e // ROWS
         r = e % ROWS
         src = t % 8 * 4 + r // 2
         idx = t % TILE // 8 * 2 + r % 2
+        return partial + (((slot * self.tiles + t // TILE) * 32 + src) * 4 + idx) * 4
+
+    @cute.jit
+    def warp_total(self, partial: Int32, e):
+        """Element e = (token, row) of C summed over the warps (from +0.0)."""
         total = Float32(0.0)
         for v in cutlass.range_constexpr(self.warps):
-            total = ip.add_rn_f32(total, ip.load_shared_f32(
-                partial + (((v * self.tiles + t // TILE) * 32 + src) * 4 + idx) * 4))
+            total = ip.add_rn_f32(total, ip.load_shared_f32(self.partial_address(partial, v, e)))
         return total
 
     @cute.jit
@@ -212,7 +295,7 @@ class ProjectionKernel:
         block, _, _ = cute.arch.block_idx()
         cta = block // self.split
         rank = block % self.split
-        b = self.load_weights(w, cta, rank, warp, lane)
+        b = self.load_weights(w, cta, rank * self.warps + warp, lane)
         smem = cutlass.memory.SmemAllocator()
         partial = ip.shared_address(smem.allocate_array(
             Float32, self.warps * self.tiles * 32 * 4, byte_alignment=16))
@@ -221,7 +304,7 @@ class ProjectionKernel:
 
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
-        self.gemv(x, b, partial, rank, warp, lane)
+        self.gemv(x, b, partial, rank * self.warps + warp, warp, lane)
         cute.arch.sync_threads()
 
         for e in cutlass.range(tid, self.tokens * ROWS, self.threads, unroll=1):
@@ -303,10 +386,30 @@ class ProjectionKernel:
         cta, _, _ = cute.arch.block_idx()
         if cutlass.const_expr(f.variant.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(f.variant.skip_zero):
-            b = self.load_weights(w, cta, 0, warp, lane, self.live_row(cta, lane))
+        split_k = f.variant.split_k
+        tiles_in = self.warps  # partial tiles this CTA receives
+        if cutlass.const_expr(split_k):
+            # Warp (half, set): row groups base + set * G .. + G - 1 of this
+            # cluster over K part rank * G + half (K / (cluster * G) wide).
+            sets = self.cluster // split_k
+            tiles_in = self.cluster * split_k
+            rank = cta % self.cluster
+            dest = warp % sets * split_k
+            part = rank * split_k + warp // sets
+            span = self.k // tiles_in
+            bs = []
+            for i in cutlass.range_constexpr(0 if f.variant.bulk else split_k):
+                group = cta - rank + dest + i
+                if cutlass.const_expr(f.variant.skip_zero):
+                    bs.append(self.load_weights(w, group, part, lane, self.live_row(group, lane // 4),
+                                                span=span))
+                else:
+                    bs.append(self.load_weights(w, group, part, lane, span=span))
         else:
-            b = self.load_weights(w, cta, 0, warp, lane)
+            if cutlass.const_expr(f.variant.skip_zero):
+                b = self.load_weights(w, cta, warp, lane, self.live_row(cta, lane // 4))
+            else:
+                b = self.load_weights(w, cta, warp, lane)
         is_key = cta < self.cluster
         # A thread's epilogue elements e = tid + j * threads all sit in slot
         # e % ROWS = tid % ROWS (threads is a multiple of ROWS): with
@@ -322,8 +425,35 @@ class ProjectionKernel:
                 nw0 = ip.load_const_f32(norm_w + index0 * 4)
                 nb0 = ip.load_const_f32(norm_b + index0 * 4)
         smem = cutlass.memory.SmemAllocator()
+        tile_in = None
+        if cutlass.const_expr(f.variant.bulk):
+            stride = bulk_row_stride(self.k, self.key)
+            tile = ip.shared_address(smem.allocate_array(
+                Float32, self.cluster * ROWS * stride // 4, byte_alignment=128))
+            wbar = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
+            if tid == 0:
+                ip.mbarrier_init(wbar, 32)
+            cute.arch.sync_threads()
+            if warp == 0:
+                # Lane l copies rows l, l + 32, ... of the cluster's live rows
+                # over this CTA's K part (every CTA of a cluster has the same
+                # live rows) and arrives expecting their bytes.
+                row_bytes = self.k // self.cluster * 2
+                nbytes = Int32(0)
+                for j in cutlass.range_constexpr(self.cluster * ROWS // 32):
+                    r = lane + 32 * j
+                    nbytes = nbytes + self.live_row(cta - rank + r // ROWS, r % ROWS) * row_bytes
+                ip.mbarrier_arrive_expect_tx(wbar, nbytes)
+                for j in cutlass.range_constexpr(self.cluster * ROWS // 32):
+                    r = lane + 32 * j
+                    if self.live_row(cta - rank + r // ROWS, r % ROWS) != 0:
+                        ip.bulk_load_weights(
+                            tile + r * stride,
+                            w + (Int64((cta - rank) * ROWS + r) * self.k + rank * (row_bytes // 2)) * 2,
+                            row_bytes, wbar)
+            tile_in = (tile, wbar)
         partial = ip.shared_address(smem.allocate_array(
-            Float32, self.warps * self.tiles * 32 * 4, byte_alignment=16))
+            Float32, tiles_in * self.tiles * 32 * 4, byte_alignment=16))
         scales = ip.shared_address(smem.allocate_array(Float32, self.tokens, byte_alignment=16))
         values = ip.shared_address(smem.allocate_array(Float32, self.tokens * ROWS,
                                                        byte_alignment=16))
@@ -332,16 +462,33 @@ class ProjectionKernel:
         peers = ip.shared_address(smem.allocate_array(Float32, self.cluster * self.tokens * 2,
                                                       byte_alignment=16))
         bar = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
-        if is_key:
-            # Armed for every key CTA's (mean, M2) pushes before the PDL wait;
-            # the cluster barrier (completed in key_norm) publishes the init.
+        gather = bar
+        if cutlass.const_expr(split_k):
+            gather = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
+        if cutlass.const_expr(split_k):
+            # Armed for the cluster's partial tiles (and, in the key CTAs, the
+            # (mean, M2) pushes) before the PDL wait; the cluster barrier,
+            # waited on right after it, publishes the inits.
             if tid == 0:
-                ip.mbarrier_init_expect(bar, self.cluster * self.tokens * 8)
+                ip.mbarrier_init_expect(gather, tiles_in * self.tiles * 32 * 16)
+                if is_key:
+                    ip.mbarrier_init_expect(bar, self.cluster * self.tokens * 8)
             cute.arch.cluster_arrive_relaxed()
+        else:
+            if is_key:
+                # Armed for every key CTA's (mean, M2) pushes before the PDL
+                # wait; the cluster barrier (completed in key_norm) publishes
+                # the init.
+                if tid == 0:
+                    ip.mbarrier_init_expect(bar, self.cluster * self.tokens * 8)
+                cute.arch.cluster_arrive_relaxed()
 
         cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(not f.variant.early_launch):
             cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(split_k):
+            # Every CTA of a cluster arrived before its PDL wait: no stall.
+            cute.arch.cluster_wait()
         if cutlass.const_expr(f.padded > self.heads):
             spare = f.padded - self.heads
             for i in cutlass.range(cta * self.warps + warp, self.tokens * spare,
@@ -365,7 +512,10 @@ class ProjectionKernel:
             if t >= self.tokens:
                 t = self.tokens - 1
             got.append(ip.load_u32x2(q + ((Int64(t) * self.heads + head) * DIM + lane * 4) * 2))
-        self.gemv(x, b, partial, 0, warp, lane)
+        if cutlass.const_expr(split_k):
+            self.gemv_split(x, bs, partial, part, dest, lane, gather, tile_in)
+        else:
+            self.gemv(x, b, partial, warp, warp, lane)
         if is_head:
             for j in cutlass.range_constexpr(rounds):
                 t = j * self.warps + warp
@@ -374,6 +524,8 @@ class ProjectionKernel:
                     ip.store_b32(q_out + ((Int64(t) * f.padded + head) * DIM + lane * 4), word)
                     if lane == 0:
                         ip.store_shared_f32(scales + t * 4, q_scale)
+        if cutlass.const_expr(split_k):
+            ip.mbarrier_wait_parity(gather, 0)
         cute.arch.sync_threads()
 
         for e in cutlass.range(tid, self.tokens * ROWS, self.threads, unroll=1):
@@ -383,7 +535,10 @@ class ProjectionKernel:
                 code = Int32(ip.load_u32(slots + (cta * ROWS + e % ROWS) * 4))
             index = code & ((1 << SLOT_INDEX_BITS) - 1)
             kind = code >> SLOT_INDEX_BITS
-            total = self.warp_total(partial, e)
+            if cutlass.const_expr(split_k):
+                total = self.split_total(partial, e)
+            else:
+                total = self.warp_total(partial, e)
             if kind == SLOT_HEAD:
                 value = ip.mul_rn_f32(ip.mul_rn_f32(total, ip.load_shared_f32(scales + t * 4)),
                                       scale)
@@ -403,9 +558,11 @@ class ProjectionKernel:
         of the cluster (``st.async`` completing on the peer's mbarrier), which
         combine them in rank order (Chan, equal counts); then the LayerNorm.
         ``code0``, ``nw0``, ``nb0``: this thread's slot code and LayerNorm
-        weight and bias when loaded early (``early_consts``)."""
+        weight and bias when loaded early (``early_consts``); with ``split_k``
+        the cluster barrier was waited on after the PDL wait."""
         cute.arch.sync_threads()
-        cute.arch.cluster_wait()
+        if cutlass.const_expr(not self.fused.variant.split_k):
+            cute.arch.cluster_wait()
         for t in cutlass.range(tid, self.tokens, self.threads, unroll=1):
             total = Float32(0.0)
             for r in cutlass.range_constexpr(ROWS):

@@ -48,6 +48,10 @@ MQA_MIN_HEADS = 64
 #: token count ``fuse`` accepts is (16 warps, no K split), and the fused kernel
 #: must use the same tactic for its bit-identity claim.
 FUSED_WARPS = 16
+#: Partial C tiles the fused kernel keeps at the most: the split-K variant
+#: with two row groups a warp receives 16 CTAs x 2 K halves of them. Shared
+#: memory and the token limit are sized for it, whatever the variant.
+FUSED_PARTIAL_SLOTS = 2 * FUSED_WARPS
 #: K must be a multiple of this (the seed's ``k % 1024``): the largest
 #: ``32 * warps * split`` of the tactic table (8 warps x 4 CTAs x 32 = 1024),
 #: so every tactic's span is a whole number of 32-element fragment rows.
@@ -89,11 +93,27 @@ def projection_smem_bytes(tokens: int, warps: int) -> int:
 
 
 def fused_smem_bytes(tokens: int, warps: int, key: int) -> int:
-    """Bytes of dynamic shared memory of the fused kernel: the projection's plus
+    """Bytes of dynamic shared memory of the fused kernel with ``warps``
+    partial C tiles (:data:`FUSED_PARTIAL_SLOTS` bounds every variant): the projection's plus
     q scales, key values, LayerNorm stats, affine, slot codes, the cluster's
     (mean, M2) mailbox and its mbarrier (the seed's ``fused_smem``)."""
     extra = (tokens * (ROWS + 5 + 2 * key // ROWS) + 3 * ROWS) * 4 + 128
     return projection_smem_bytes(tokens, warps) + extra
+
+
+def bulk_row_stride(k: int, key: int = KEY) -> int:
+    """Bytes between two weight rows of the ``bulk`` variant's shared tile:
+    the row (``K / (key / ROWS)`` BF16) padded to 64 mod 128, so the eight
+    lanes of a quarter-warp reading rows g and g + 1 at 16-byte chunks q hit
+    eight different 16-byte bank groups."""
+    row = k // (key // ROWS) * 2
+    return row + (64 - row) % 128
+
+
+def bulk_tile_bytes(k: int, key: int = KEY) -> int:
+    """Shared memory of the ``bulk`` variant's weight tile: the cluster's
+    ``key`` rows (``key / ROWS`` groups of ``ROWS``) at :func:`bulk_row_stride`."""
+    return key * bulk_row_stride(k, key)
 
 
 # --- tactics ----------------------------------------------------------------
@@ -141,8 +161,10 @@ class Tactic:
 
 @dataclass(frozen=True)
 class FusedVariant:
-    """Which loads the fused kernel issues, and where; every variant writes
-    the same bits (the GEMV and the epilogue arithmetic do not change).
+    """Which loads the fused kernel issues, and where, and how its CTAs split
+    the GEMV. The load fields move loads, never arithmetic, so they write the
+    same bits; ``split_k`` changes the sum tree, and its outputs equal the
+    projection kernel's at :meth:`tactic` bit for bit instead.
 
     ``skip_zero``: the zero (padding) rows of the fused layout are not loaded
     (:func:`fused_row_live`; their products are never stored), so the kernel
@@ -154,30 +176,74 @@ class FusedVariant:
     kernel instead of after ``griddepcontrol.wait``, so the next kernel's CTAs
     may take free SMs (and issue their own pre-wait loads) while this one
     still waits on its predecessor; safe because a dependent's own wait still
-    waits for this grid's completion and memory flush. Frozen and hashable:
-    part of the compile-cache key."""
+    waits for this grid's completion and memory flush.
+
+    ``split_k`` (0, 1 or 2): with ``G = split_k`` >= 1 the CTAs of a cluster
+    split K instead of rows. CTA ``c`` of a cluster of ``n = key / ROWS`` CTAs
+    sums K part ``c`` (``K / n`` wide) of all the cluster's ``n`` row groups:
+    warp ``w`` takes the ``G`` groups ``G (w mod n/G) ..`` over K half
+    ``w div (n/G)`` of that part (``G`` = 1: the whole part), so one load of
+    ``x`` feeds ``G`` groups' mma. Each warp pushes a group's partial tile
+    into the shared memory of the CTA owning the group (``st.async``
+    completing on an mbarrier), which adds the parts in the projection's
+    order at ``Tactic(G, n)`` (K halves from +0.0 within a CTA, CTAs from
+    +0.0 in rank order) and runs the same epilogue. Each CTA reads ``1 / n``
+    of ``x`` (at 16 tokens and K 7168: 14 KB instead of 229 KB). Needs
+    ``n`` == ``FUSED_WARPS``.
+
+    ``bulk`` (with ``split_k`` and ``skip_zero``): the CTA's weight tile (its
+    cluster's live rows over its K part) comes by ``cp.async.bulk`` into
+    shared memory, one copy a row, issued before the PDL wait and completing
+    on an mbarrier, instead of by ``ld.global`` into registers: the copy
+    engine keeps the whole tile in flight, which the load units' outstanding
+    requests do not (:func:`bulk_tile_bytes`). Frozen and hashable: part of
+    the compile-cache key."""
 
     skip_zero: bool = False
     early_consts: bool = False
     early_launch: bool = False
+    split_k: int = 0
+    bulk: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("skip_zero", "early_consts", "early_launch"):
+        for name in ("skip_zero", "early_consts", "early_launch", "bulk"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k not in (0, 1, 2):
+            raise ValueError(f"FusedVariant.split_k must be 0, 1 or 2, got {self.split_k!r}")
+        if self.bulk and not (self.split_k and self.skip_zero):
+            raise ValueError(f"FusedVariant.bulk needs split_k and skip_zero, got split_k="
+                             f"{self.split_k}, skip_zero={self.skip_zero}")
 
     @property
     def name(self) -> str:
         parts = ((["skip-zero"] if self.skip_zero else []) + (["early"] if self.early_consts else [])
-                 + (["launch"] if self.early_launch else []))
+                 + (["launch"] if self.early_launch else []) + ([f"split-k{self.split_k if self.split_k > 1 else ''}"] if self.split_k else [])
+                 + (["bulk"] if self.bulk else []))
         return "+".join(parts) or "load-all"
+
+    def tactic(self, key: int = KEY) -> Tactic:
+        """The projection tactic whose sum tree this variant's outputs share
+        (bit for bit): ``Tactic(FUSED_WARPS, 1)``, or with ``split_k``
+        ``Tactic(split_k, key / ROWS)``. ValueError if ``split_k`` and the
+        key cluster is not ``FUSED_WARPS`` CTAs."""
+        if not self.split_k:
+            return Tactic(FUSED_WARPS, 1)
+        if key // ROWS != FUSED_WARPS or key % ROWS:
+            raise ValueError(f"split_k needs a key cluster of {FUSED_WARPS} CTAs (key = "
+                             f"{FUSED_WARPS * ROWS}), got key = {key}")
+        return Tactic(self.split_k, key // ROWS)
 
 
 #: The fused kernel's candidates the benchmark's ``--sweep`` times side by
 #: side: today's kernel, then each change added in turn.
 FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
                     FusedVariant(skip_zero=True, early_consts=True),
-                    FusedVariant(skip_zero=True, early_consts=True, early_launch=True))
+                    FusedVariant(skip_zero=True, early_consts=True, early_launch=True),
+                    FusedVariant(skip_zero=True, early_consts=True, split_k=1),
+                    FusedVariant(skip_zero=True, early_consts=True, split_k=2),
+                    FusedVariant(skip_zero=True, early_consts=True, split_k=1, bulk=True),
+                    FusedVariant(skip_zero=True, early_consts=True, split_k=2, bulk=True))
 
 
 @dataclass(frozen=True)
@@ -207,23 +273,74 @@ class FuseRule:
 
 
 @dataclass(frozen=True)
+class VariantRule:
+    """Where the fused kernel runs ``variant`` instead of its table's default:
+    ``min_tokens <= tokens <= max_tokens`` at a K in ``k`` and a head count in
+    ``heads`` (an empty tuple: any). A table takes its first matching rule."""
+
+    variant: FusedVariant
+    min_tokens: int
+    max_tokens: int
+    k: tuple[int, ...] = ()
+    heads: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.variant, FusedVariant):
+            raise ValueError(f"VariantRule.variant must be a FusedVariant, got {self.variant!r}")
+        if not 1 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"VariantRule tokens must satisfy 1 <= min_tokens <= max_tokens, got "
+                             f"{self.min_tokens}..{self.max_tokens}")
+        for name in ("k", "heads"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(isinstance(v, int) and v > 0 for v in value):
+                raise ValueError(f"VariantRule.{name} must be a tuple of positive ints, got {value!r}")
+
+    def matches(self, k: int, heads: int, tokens: int) -> bool:
+        return (self.min_tokens <= tokens <= self.max_tokens and (not self.k or k in self.k)
+                and (not self.heads or heads in self.heads))
+
+
+@dataclass(frozen=True)
 class TacticTable:
     """A validated token-range table of tactics plus the fuse rule, for one
     GPU. Ranges are consecutive (``1..ranges[0].max_tokens``, then up to the
     next bound, ...); every tactic fits ``MAX_SMEM_BYTES`` at its range's
     largest token count; every token count the fuse rule accepts maps to the
-    fused kernel's tactic ``(FUSED_WARPS, 1)`` (the seed's bit-identity claim:
-    same warps, no K split). ``source`` says where the numbers come from."""
+    fused kernel's tactic, ``fused_variant.tactic()`` (the seed's bit-identity
+    claim: the fused and the two-kernel path give the same bits); where a
+    :class:`VariantRule` picks another fused variant for a (K, heads, tokens)
+    cell, :meth:`lookup` given K and heads returns that variant's tactic.
+    ``source`` says where the numbers come from."""
 
     name: str
     ranges: tuple[TacticRange, ...]
     fuse: FuseRule
     source: str
-    #: The fused kernel's variant (which loads it issues where; the outputs
-    #: are the same bits for every variant).
+    #: The fused kernel's default variant.
     fused_variant: FusedVariant = FusedVariant()
+    #: Cells where another variant runs (first match wins), all inside the
+    #: fuse rule's token range.
+    variant_rules: tuple[VariantRule, ...] = ()
 
     def __post_init__(self) -> None:
+        for rule in self.variant_rules:
+            if not isinstance(rule, VariantRule):
+                raise ValueError(f"tactic table {self.name!r}: {rule!r} is not a VariantRule")
+            if rule.max_tokens > self.fuse.largest_tokens:
+                raise ValueError(f"tactic table {self.name!r}: {rule.variant.name} up to "
+                                 f"{rule.max_tokens} tokens, beyond the fuse rule's "
+                                 f"{self.fuse.largest_tokens}")
+            if rule.variant.bulk:
+                if not rule.k:
+                    raise ValueError(f"tactic table {self.name!r}: a bulk rule must name its K "
+                                     f"(the weight tile grows with K)")
+                for k in rule.k:
+                    need = (fused_smem_bytes(rule.max_tokens, FUSED_PARTIAL_SLOTS, KEY)
+                            + bulk_tile_bytes(k))
+                    if need > MAX_SMEM_BYTES:
+                        raise ValueError(f"tactic table {self.name!r}: {rule.variant.name} at K = "
+                                         f"{k}, {rule.max_tokens} tokens needs {need} B of shared "
+                                         f"memory, more than {MAX_SMEM_BYTES}")
         if not isinstance(self.fused_variant, FusedVariant):
             raise ValueError(f"tactic table {self.name!r}: fused_variant must be a FusedVariant, "
                              f"got {self.fused_variant!r}")
@@ -249,7 +366,7 @@ class TacticTable:
                     f"which K % {K_MULTIPLE} does not guarantee"
                 )
             low = r.max_tokens + 1
-        fused = Tactic(FUSED_WARPS, 1)
+        fused = self.fused_variant.tactic()
         for tokens in range(1, self.fuse.largest_tokens + 1):
             got = self.lookup(tokens)
             if got != fused:
@@ -257,7 +374,7 @@ class TacticTable:
                     f"tactic table {self.name!r}: the fuse rule accepts {tokens} tokens but the "
                     f"projection tactic there is {got}, not the fused kernel's {fused}"
                 )
-        need = fused_smem_bytes(self.fuse.largest_tokens, FUSED_WARPS, KEY)
+        need = fused_smem_bytes(self.fuse.largest_tokens, FUSED_PARTIAL_SLOTS, KEY)
         if need > MAX_SMEM_BYTES:
             raise ValueError(f"tactic table {self.name!r}: the fused kernel at "
                              f"{self.fuse.largest_tokens} tokens needs {need} B of shared memory")
@@ -266,10 +383,25 @@ class TacticTable:
     def max_tokens(self) -> int:
         return self.ranges[-1].max_tokens
 
-    def lookup(self, tokens: int) -> Tactic:
-        """The tactic for ``tokens``; ValueError outside ``1..max_tokens``."""
+    def fused_variant_for(self, k: int, heads: int, tokens: int) -> FusedVariant:
+        """The fused variant of a (K, heads, tokens) cell: the first matching
+        :class:`VariantRule`'s, else :attr:`fused_variant`."""
+        for rule in self.variant_rules:
+            if rule.matches(k, heads, tokens):
+                return rule.variant
+        return self.fused_variant
+
+    def lookup(self, tokens: int, k: int | None = None, heads: int | None = None) -> Tactic:
+        """The tactic for ``tokens``; ValueError outside ``1..max_tokens``.
+        Given ``k`` and ``heads``, where the fuse rule accepts the cell, the
+        tactic of its fused variant (:meth:`fused_variant_for`), so the
+        projection alone gives the fused kernel's bits."""
         if not isinstance(tokens, int) or isinstance(tokens, bool):
             raise ValueError(f"tokens must be an int, got {tokens!r}")
+        if k is not None and heads is not None and 1 <= tokens and self.fuse(tokens, heads):
+            variant = self.fused_variant_for(k, heads, tokens)
+            if variant != self.fused_variant:
+                return variant.tactic()
         for r in self.ranges:
             if 1 <= tokens <= r.max_tokens:
                 return r.tactic
@@ -301,12 +433,26 @@ GB300 = TacticTable(
 #: of the three candidates then, fastest (one tie) in 18 of the 20 (K 7168/4096,
 #: heads 64/32, tokens 1-16) cells, behind skip-zero alone at K 7168, heads 64,
 #: tokens 4 and 8, and faster than load-all in all 20.
+#: Variant rules: the split-K variants, measured 2026-12-03 side by side with
+#: the others (``python -m benchmarks.indexer --sweep``, K 7168/4096, heads
+#: 64/32; docs/results/indexer_splitk_h200_2026-12-03.md). Each rule names the
+#: cells where its variant was the fastest in that run; everywhere else the
+#: default (skip-zero+early) was fastest or within noise.
+_SPLIT_K = FusedVariant(skip_zero=True, early_consts=True, split_k=1)
+_SPLIT_K2 = FusedVariant(skip_zero=True, early_consts=True, split_k=2)
 H200 = TacticTable(
     name="h200",
     ranges=(TacticRange(64, Tactic(16, 1)), TacticRange(MAX_TOKENS, Tactic(8, 4))),
     fuse=FuseRule(max_tokens=2, wide_heads=32, wide_max_tokens=64),
-    source="measured on H200 2026-11-29 (benchmarks.indexer --sweep); fused variant 2026-11-30",
+    source="measured on H200 2026-11-29 (benchmarks.indexer --sweep); fused variants "
+           "2026-11-30 and 2026-12-03",
     fused_variant=FusedVariant(skip_zero=True, early_consts=True),
+    variant_rules=(
+        VariantRule(_SPLIT_K, 1, 1, k=(7168,), heads=(64,)),
+        VariantRule(_SPLIT_K2, 2, 64, k=(7168,), heads=(32, 64)),
+        VariantRule(_SPLIT_K, 4, 8, k=(4096,), heads=(64,)),
+        VariantRule(_SPLIT_K2, 16, 64, k=(4096,), heads=(32, 64)),
+    ),
 )
 #: Tables by compute capability (``sm_XY``); the one place to add a GPU.
 TACTIC_TABLES: dict[str, TacticTable] = {"sm_90": H200, "sm_100": GB300, "sm_103": GB300}

@@ -226,6 +226,20 @@ def store_async_cluster_f32x2(address, a, b, barrier, rank, *, loc=None, ip=None
 
 
 @dsl_user_op
+def store_async_cluster_f32x4(address, values, barrier, rank, *, loc=None, ip=None) -> None:
+    """Store four FP32 ``values`` at 16-byte aligned shared ``address`` of
+    cluster CTA ``rank`` and complete 16 transaction bytes on that CTA's
+    mbarrier at ``barrier`` (``st.async ... complete_tx::bytes.v4.f32``)."""
+    _inline_asm([], [_u32(address, loc, ip), _u32(barrier, loc, ip), _u32(rank, loc, ip)]
+                + [_f32(v, loc, ip) for v in values],
+                "{\n\t.reg .b32 ra, rb;\n\tmapa.shared::cluster.u32 ra, $0, $2;\n\t"
+                "mapa.shared::cluster.u32 rb, $1, $2;\n\t"
+                "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [ra], "
+                "{$3, $4, $5, $6}, [rb];\n\t}",
+                "r,r,r,f,f,f,f", loc=loc, ip=ip)
+
+
+@dsl_user_op
 def mbarrier_init_expect(barrier, tx_bytes, *, loc=None, ip=None) -> None:
     """Initialise the mbarrier at shared ``barrier`` for one arrival, arrive
     with ``tx_bytes`` expected, and fence the init for the cluster
@@ -235,6 +249,50 @@ def mbarrier_init_expect(barrier, tx_bytes, *, loc=None, ip=None) -> None:
                 "mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1;\n\t"
                 "fence.mbarrier_init.release.cluster;\n\t}",
                 "r,r", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def mbarrier_init(barrier, count, *, loc=None, ip=None) -> None:
+    """Initialise the mbarrier at shared ``barrier`` for ``count`` arrivals
+    and fence the init (``fence.mbarrier_init.release.cluster``). One thread;
+    a CTA barrier must follow before any thread or copy uses it."""
+    _inline_asm([], [_u32(barrier, loc, ip), _u32(count, loc, ip)],
+                "mbarrier.init.shared::cta.b64 [$0], $1;\n\t"
+                "fence.mbarrier_init.release.cluster;",
+                "r,r", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def mbarrier_arrive_expect_tx(barrier, tx_bytes, *, loc=None, ip=None) -> None:
+    """Arrive on the mbarrier at shared ``barrier``, expecting ``tx_bytes``
+    more transaction bytes in the current phase."""
+    _inline_asm([], [_u32(barrier, loc, ip), _u32(tx_bytes, loc, ip)],
+                "{\n\t.reg .b64 st;\n\t"
+                "mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1;\n\t}",
+                "r,r", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def bulk_load_weights(dst, src: Int64, nbytes, barrier, *, loc=None, ip=None) -> None:
+    """``nbytes`` (a multiple of 16) of read-only weights from global ``src``
+    to shared ``dst`` (both 16-byte aligned) by the copy engine, completing
+    on the mbarrier at ``barrier`` (``cp.async.bulk.shared::cluster.global
+    .mbarrier::complete_tx::bytes``). Allowed before the PDL wait."""
+    _inline_asm([], [_u32(dst, loc, ip), _i64(src, loc, ip), _u32(nbytes, loc, ip),
+                     _u32(barrier, loc, ip)],
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                "[$0], [$1], $2, [$3];",
+                "r,l,r,r", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def load_shared_u32x4(address, *, loc=None, ip=None):
+    """16 bytes at a 32-bit ``shared::cta`` address (``ld.shared.v4.u32``);
+    volatile, so it stays after the mbarrier wait that guards it."""
+    words = _inline_asm([T.i32()] * 4, [_u32(address, loc, ip)],
+                        "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];",
+                        "=r,=r,=r,=r,r", clobber_memory=False, loc=loc, ip=ip)
+    return [Uint32(w) for w in words]
 
 
 @dsl_user_op

@@ -24,7 +24,7 @@ import torch
 from kernels.validation import require_tensor
 
 from .compile import FusedConfig, ProjectionConfig, cached
-from .layout import (DIM, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, FusedVariant, Tactic,
+from .layout import (DIM, FUSED_PARTIAL_SLOTS, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, FusedVariant, Tactic,
                      TacticTable, check_projection_shape, fused_layout, fused_smem_bytes, slot_codes,
                      tactic_table)
 
@@ -45,10 +45,11 @@ def _stream_handle():
 
 
 def fused_max_tokens(key: int) -> int:
-    """Largest token count the fused kernel's shared memory and mbarrier
-    transaction count allow for a ``key``-wide key."""
+    """Largest token count the fused kernel's shared memory (sized for its
+    largest variant) and mbarrier transaction count allow for a ``key``-wide
+    key."""
     m = 1
-    while (fused_smem_bytes(m + 1, FUSED_WARPS, key) <= MAX_SMEM_BYTES
+    while (fused_smem_bytes(m + 1, FUSED_PARTIAL_SLOTS, key) <= MAX_SMEM_BYTES
            and key // ROWS * (m + 1) * 8 <= _MAX_TX_BYTES):
         m += 1
     return m
@@ -146,7 +147,16 @@ class IndexerProjection:
 
     def tactic_for(self, tokens: int) -> Tactic:
         """The tactic table's entry for ``tokens`` (ValueError outside it)."""
-        return self.table.lookup(tokens)
+        return self.table.lookup(tokens, k=self.k, heads=self.heads)
+
+    def fused_variant_for(self, tokens: int) -> FusedVariant:
+        """The table's fused variant for this K, head count and ``tokens``."""
+        return self.table.fused_variant_for(self.k, self.heads, tokens)
+
+    def fused_tactic(self, tokens: int, variant: FusedVariant | None = None) -> Tactic:
+        """The projection tactic whose bits :meth:`fused` at ``tokens`` (with
+        ``variant``, default the table's) reproduces: the reference's input."""
+        return (variant or self.fused_variant_for(tokens)).tactic(self.key)
 
     def validate(self, x, *, tactic: Tactic | None = None, out=None) -> tuple[int, Tactic]:
         """All checks of :meth:`__call__`; returns (M, tactic)."""
@@ -218,15 +228,20 @@ class IndexerProjection:
         normed key [M, key] BF16, kpool gate [M, gate] BF16)``, as
         ``__call__`` with the fused tactic followed by ``indexer_query``.
         ``norm`` has ``weight``, ``bias`` (FP32 ``[key]``) and ``eps``.
-        ``variant`` (default: the table's ``fused_variant``) picks which loads
-        the kernel issues where; the outputs are the same bits for all."""
-        if variant is None:
-            variant = self.table.fused_variant
-        elif not isinstance(variant, FusedVariant):
+        ``variant`` (default: the table's for this K, head count and token
+        count, :meth:`~kernels.indexer.layout.TacticTable.fused_variant_for`)
+        picks how the kernel loads and splits; the outputs equal the
+        projection at ``variant.tactic()`` plus the reference epilogue."""
+        if variant is not None and not isinstance(variant, FusedVariant):
             raise ValueError(f"variant must be a FusedVariant or None, got {variant!r}")
         eps = float(norm.eps)
         m = self.validate_fused(x, q, _param(norm.weight), _param(norm.bias), eps, scale,
                                 padded, weights_dtype, out)
+        if variant is None:
+            variant = self.fused_variant_for(m)
+        config = FusedConfig(self.key, self.heads, self.gate, self.k, m, padded,
+                             weights_dtype == torch.bfloat16, bool(ue8m0), variant=variant)
+        config.validate()
         dev = x.device
         if out is None:
             out = (torch.empty((m, padded, DIM), dtype=torch.float8_e4m3fn, device=dev),
@@ -234,9 +249,6 @@ class IndexerProjection:
                    torch.empty((m, self.key), dtype=torch.bfloat16, device=dev),
                    torch.empty((m, self.gate), dtype=torch.bfloat16, device=dev))
         q_out, w_out, key, gate = out
-        config = FusedConfig(self.key, self.heads, self.gate, self.k, m, padded,
-                             weights_dtype == torch.bfloat16, bool(ue8m0),
-                             variant=variant)
         kernel = cached(config)
         refused = self.cluster_occupancy.get(("refused", config))
         if refused:
@@ -259,7 +271,7 @@ class IndexerProjection:
         cannot be scheduled: later calls raise RuntimeError (the first launch
         has already failed with a CUDA error then)."""
         cluster = self.key // ROWS
-        smem = fused_smem_bytes(config.tokens, FUSED_WARPS, self.key)
+        smem = config.smem_bytes()
         try:
             n = max_active_clusters(kernel, cluster=cluster, threads=32 * FUSED_WARPS,
                                     smem_bytes=smem)

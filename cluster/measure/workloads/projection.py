@@ -22,11 +22,10 @@ from cluster.measure.workload import Call, RankContext, Spec, Workload
 from cluster.measure.workloads.common import BF16, generators, randn
 
 INDEXER_HEADS = 64
-FUSED_TACTIC = (16, 1)  # warps, K split: the fused kernel's projection tactic
 
 
 def indexer_workload(ctx: RankContext, spec: Spec) -> Workload:
-    from kernels.indexer.layout import DIM, Tactic, padded_heads
+    from kernels.indexer.layout import DIM, padded_heads
     from cluster import ops
     from kernels.indexer.stage import _fuse, stock_indexer_query
     from kernels.reference.indexer import assert_projection_within_bound, indexer_query
@@ -67,7 +66,7 @@ def indexer_workload(ctx: RankContext, spec: Spec) -> Workload:
         p, mod = projs[0], mods[0]
         if fuse:
             q_out, w_out, key, gate = got["out"]
-            key_pre, w_pre, gate_pre = p(xs[0], tactic=Tactic(*FUSED_TACTIC))
+            key_pre, w_pre, gate_pre = p(xs[0], tactic=p.fused_tactic(m))
             ref_q, ref_w, ref_key = indexer_query(
                 qs[0], key_pre, w_pre, mod.k_norm.weight.data, mod.k_norm.bias.data,
                 eps=mod.k_norm.eps, scale=scale, padded=padded, ue8m0=True)
