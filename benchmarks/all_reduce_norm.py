@@ -14,12 +14,13 @@ The fused outputs are checked against the reference before timing. Reported: med
 watchdog variant's overhead over the plain consumer. tp=1 only: virtual-rank
 timings are not a collective's speed (every peer store lands in local L2).
 
-``--forms``: instead, the two one-shot forms side by side
+``--forms``: instead, the one-shot forms side by side
 (:mod:`kernels.lamport.norm_tuning`): the two-kernel form (publish, then
-the consumer) and the single kernel, each against torch add + rms_norm,
-and single / two; plain consumers (no watchdog) unless ``--budget-ns`` is
-given with ``--forms``, which times both forms' watchdog builds instead.
-The table's ``auto`` column says which form the form table picks.
+the consumer) and the single kernel with each stage agreement (the arrival
+counter; the grid as one cluster with the cluster barrier, at M 2..16; none,
+at tp = 1), each against torch add + rms_norm; plain consumers (no watchdog) unless
+``--budget-ns`` is given with ``--forms``, which times the watchdog builds
+instead. The table's ``auto`` column says which the form table picks.
 """
 
 from __future__ import annotations
@@ -93,27 +94,43 @@ def _start(header: str) -> list[str]:
     return lines
 
 
+FORM_COLUMNS = (("two", "two"), ("single", "counter"), ("single+cluster", "cluster"),
+                ("single+nosync", "nosync"))
+"""The forms ``--forms`` times (kernels.lamport.norm_tuning.FORMS) and their
+columns: two kernels, then the single kernel with each agreement."""
+
+
 def forms(args, rows, budget_ns: int) -> list[str]:
-    """Both one-shot forms and torch, per (hidden, M), in this process."""
+    """Every one-shot form (two kernels; the single kernel with each stage
+    agreement: the arrival counter, the cluster barrier at M 2..16, none)
+    and torch, per (hidden, M), in this process; ``auto`` is the variant
+    the form table picks."""
     from cluster.measure.stats import median_p10_p90
     from cluster.measure.timing import measure_tp1
-    from kernels.lamport.norm_tuning import norm_tuning
+    from kernels.lamport.norm_tuning import CLUSTER_MAX_TOKENS, norm_tuning
 
-    header = (f"{'hidden':>6} {'M':>4} {'two_us':>8} {'single_us':>9} {'torch_us':>9} "
-              f"{'two/torch':>9} {'single/torch':>12} {'single/two':>10} {'auto':>6}")
+    header = (f"{'hidden':>6} {'M':>4} " + " ".join(f"{c + '_us':>10}" for _, c in FORM_COLUMNS)
+              + f" {'torch_us':>9} " + " ".join(f"{c + '/torch':>13}" for _, c in FORM_COLUMNS)
+              + f" {'auto':>14}")
     lines = _start(header)
     for hidden in args.hidden:
         for m in args.tokens:
-            two = measure_tp1(_spec(args, hidden, m, form="two", budget_ns=budget_ns))
-            single = measure_tp1(_spec(args, hidden, m, form="single", budget_ns=budget_ns,
-                                       baselines=[]))
-            for spec_form, out in (("two", two), ("single", single)):
-                rows.record(_spec(args, hidden, m, form=spec_form, budget_ns=budget_ns), out)
-            t, ref = (median_p10_p90(two["impls"][n]["times_us"])[0] for n in ("fused", "unfused"))
-            s = median_p10_p90(single["impls"]["fused"]["times_us"])[0]
-            auto = norm_tuning(hidden=hidden, tp=1).form(m)
-            row = (f"{hidden:>6} {m:>4} {t:>8.2f} {s:>9.2f} {ref:>9.2f} {t / ref:>9.2f} "
-                   f"{s / ref:>12.2f} {s / t:>10.2f} {auto:>6}")
+            here = [f for f, _ in FORM_COLUMNS
+                    if f != "single+cluster" or 2 <= m <= CLUSTER_MAX_TOKENS]
+            outs = {f: measure_tp1(_spec(args, hidden, m, form=f, budget_ns=budget_ns,
+                                         **({} if f == "two" else {"baselines": []})))
+                    for f in here}
+            for f, out in outs.items():
+                rows.record(_spec(args, hidden, m, form=f, budget_ns=budget_ns), out)
+            ref = median_p10_p90(outs["two"]["impls"]["unfused"]["times_us"])[0]
+            us = {f: median_p10_p90(out["impls"]["fused"]["times_us"])[0]
+                  for f, out in outs.items()}
+            cells = [f"{us[f]:>10.2f}" if f in us else f"{'-':>10}" for f, _ in FORM_COLUMNS]
+            ratios = [f"{us[f] / ref:>13.2f}" if f in us else f"{'-':>13}"
+                      for f, _ in FORM_COLUMNS]
+            auto = norm_tuning(hidden=hidden, tp=1).variant(m)
+            row = (f"{hidden:>6} {m:>4} " + " ".join(cells) + f" {ref:>9.2f} "
+                   + " ".join(ratios) + f" {auto:>14}")
             print(row, flush=True)
             lines.append(row)
     return lines

@@ -134,7 +134,9 @@ def check_single_norm(lines: list[str], v: Variant) -> list[str]:
     ``st.relaxed.sys``, or one ``multimem.st``), the spins,
     ``launch_dependents``, the sentinel write-back, the epilogue's barrier,
     then the acq_rel arrival and the stage advance (the last
-    ``st.volatile.global.u32``); the watchdog build alone reads
+    ``st.volatile.global.u32``); the cluster barrier's arrive between the
+    NEXT_STAGE load and the first store, its wait after the epilogue's
+    barrier and before the advance; the watchdog build alone reads
     ``%globaltimer``."""
     errs = []
     wait = _first(lines, "griddepcontrol.wait")
@@ -151,6 +153,8 @@ def check_single_norm(lines: list[str], v: Variant) -> list[str]:
     arrival = _first(lines, "atom.acq_rel.gpu.global.add.u32")
     advance = max((i for i, ln in enumerate(lines) if ln.startswith("st.volatile.global.u32")),
                   default=-1)
+    cluster_arrive = _first(lines, "barrier.cluster.arrive")
+    cluster_wait = _first(lines, "barrier.cluster.wait")
     if len(plain) < 3 or max(plain[:2]) > wait or plain[2] < wait:
         errs.append("residual/gamma loads not before griddepcontrol.wait, or the payload "
                     "load not after it")
@@ -164,6 +168,11 @@ def check_single_norm(lines: list[str], v: Variant) -> list[str]:
         errs.append(f"order wait<stage<stores<spin<launch<sentinel<bar<arrival<advance "
                     f"broken: {wait},{stage},{stores},{spin},{launch},{sentinel},{barrier},"
                     f"{arrival},{advance}")
+    elif not (stage < cluster_arrive < min(stores, default=spin) and
+              barrier < cluster_wait < advance):
+        errs.append(f"cluster barrier out of place: arrive {cluster_arrive} not between the "
+                    f"stage load {stage} and the first store, or wait {cluster_wait} not "
+                    f"between bar.sync {barrier} and the advance {advance}")
     return errs + _watchdog_errors(lines, v)
 
 

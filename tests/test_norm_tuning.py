@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
-from kernels.lamport.norm_tuning import (DEFAULT, SINGLE_MAX_TOKENS, TABLE, NormTuning,
-                                         norm_tuning)
+from kernels.lamport.norm_tuning import (CLUSTER_MAX_TOKENS, DEFAULT, FORMS, SINGLE_MAX_TOKENS,
+                                         TABLE, NormTuning, check_sync, forced, norm_tuning)
 
 
 def test_the_form_follows_the_token_range():
@@ -14,10 +16,43 @@ def test_the_form_follows_the_token_range():
     assert NormTuning(0).form(1) == "two"
 
 
+def test_the_cluster_covers_the_whole_grid_from_two_tokens_to_its_bound():
+    t = NormTuning(64, "cluster")
+    assert [t.launch_sync(m) for m in (1, 2, 16, 17)] == [("counter", 1), ("cluster", 2),
+                                                           ("cluster", 16), ("counter", 1)]
+    assert [t.variant(m) for m in (1, 2, CLUSTER_MAX_TOKENS, 17, 65)] == [
+        "single", "single+cluster", "single+cluster", "single", "two"]
+    assert NormTuning(64, "none").launch_sync(64) == ("none", 1)
+    assert NormTuning(64).variant(8) == "single" and NormTuning(0, "none").variant(4) == "two"
+
+
+def test_an_agreement_that_is_not_one_is_refused():
+    with pytest.raises(ValueError, match=r"sync must be one of .*got 'barrier'"):
+        NormTuning(64, "barrier").validate()
+
+
+def test_no_agreement_only_at_tp_1_with_unicast():
+    check_sync(NormTuning(64, "none"), tp=1, transport="unicast")
+    check_sync(NormTuning(0, "none"), tp=2, transport="unicast")  # never launches it
+    for tp, transport in ((2, "unicast"), (1, "multicast")):
+        with pytest.raises(ValueError, match=rf"sync='none' needs tp = 1 and unicast.*"
+                                             rf"tp={tp}, transport='{transport}'"):
+            check_sync(NormTuning(64, "none"), tp=tp, transport=transport)
+
+
+def test_every_forced_form_is_what_it_names():
+    assert forced("auto") is None
+    got = {f: forced(f) for f in FORMS if f != "auto"}
+    assert {f: t.variant(8) for f, t in got.items()} == {f: f for f in got}
+    with pytest.raises(ValueError, match=r"form must be one of .*got 'cluster'"):
+        forced("cluster")
+
+
 def test_every_entry_is_valid_and_within_the_residency_bound():
-    for key, tuning in TABLE.items():
+    for (_, _, tp), tuning in TABLE.items():
         tuning.validate()
-        assert tuning.single_max_tokens <= SINGLE_MAX_TOKENS, key
+        check_sync(tuning, tp=tp, transport="unicast")
+        assert tuning.single_max_tokens <= SINGLE_MAX_TOKENS, tuning
     with pytest.raises(ValueError, match=r"single_max_tokens must be in \[0, 64\], got 65"):
         NormTuning(65).validate()
 
@@ -38,3 +73,7 @@ def test_a_given_tuning_is_checked_before_any_cuda_call(monkeypatch):
     with pytest.raises(ValueError, match=r"single_max_tokens must be in \[0, 64\], got 99"):
         arn.AllReduceNorm(hidden_size=5120, max_num_tokens=8, eps=1e-6,
                           norm_tuning=NormTuning(99))
+    with pytest.raises(ValueError, match=r"sync='none' needs tp = 1 and unicast.*tp=2"):
+        arn.AllReduceNorm(hidden_size=5120, max_num_tokens=8, eps=1e-6,
+                          mailbox=types.SimpleNamespace(tp=2),
+                          norm_tuning=NormTuning(8, "none"))

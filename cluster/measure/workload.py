@@ -59,7 +59,7 @@ class Spec:
     times the token-sharded variant against the ``one_shot`` kernel."""
     form: str = "auto"
     """The one-shot ``AllReduceNorm`` form (``kernels.lamport.norm_tuning.FORMS``):
-    ``auto`` the form table's, ``single`` / ``two`` forced."""
+    ``auto`` the form table's, any other forced."""
     min_replay_ms: float = 0.0
     """Floor on one replay's duration (:func:`cluster.measure.graph.fit_calls`),
     per implementation; 0: a graph holds max(``calls``, sets) calls."""

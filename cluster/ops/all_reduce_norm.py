@@ -36,7 +36,8 @@ SPEC = OpSpec(
             "mode": Field("one_shot", MODES, "one_shot (all-reduce) or owner (reduce-scatter)",
                           kernel_only=True),
             "form": Field("auto", FORMS, "auto: the form table (kernels.lamport.norm_tuning); "
-                          "single / two: force one (ranks of their own process only)",
+                          "two / single / single+cluster / single+nosync: force one "
+                          "(ranks of their own process only)",
                           kernel_only=True)},
     reference="kernels.reference.allreduce:all_reduce_norm",
     golden="kernels.reference.cases",
@@ -137,9 +138,10 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
 def kernel(fields, *, top_k: int | None = None, **where):
     """``AllReduceNorm`` (one rank) or its ``VirtualRanks`` (``tp`` ranks), the
     builder contract of :mod:`cluster.ops.kernel`: ``eps``, ``mode`` and
-    ``form`` from ``fields`` (``form`` ``single`` / ``two`` forces the
-    one-shot form, :func:`kernels.lamport.norm_tuning.forced`; virtual ranks
-    always run two kernels, so ``single`` there is a ValueError); ``top_k``
+    ``form`` from ``fields`` (any ``form`` but ``auto`` forces the one-shot
+    form and its stage agreement, :func:`kernels.lamport.norm_tuning.forced`;
+    virtual ranks always run two kernels, so a single form there is a
+    ValueError); ``top_k``
     (routes per token) makes the publish a MoE finalize
     (:func:`cluster.ops.finalize_publish.kernel` passes it)."""
     from kernels.lamport.all_reduce_norm import AllReduceNorm
@@ -149,8 +151,8 @@ def kernel(fields, *, top_k: int | None = None, **where):
     tuning = forced(form)
     options = {}
     if where.get("tp") is not None:
-        if form == "single":
-            raise ValueError(f"form = 'single': tp = {where['tp']} virtual ranks run the "
+        if form.startswith("single"):
+            raise ValueError(f"form = {form!r}: tp = {where['tp']} virtual ranks run the "
                              f"two-kernel form only (kernels.lamport.norm_single)")
     elif tuning is not None:
         options["norm_tuning"] = tuning

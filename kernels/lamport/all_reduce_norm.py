@@ -52,9 +52,9 @@ from .diagnosis import GroupDiagnosis, diagnose_errors
 from .finalize_publish import (FinalizeTuning, check_finalize_options,
                                finalize_ctas_per_token)
 from .mailbox import Mailbox, RankErrors, require_multicast
-from .norm_tuning import NormTuning
+from .norm_tuning import NormTuning, check_sync
 from .norm_tuning import norm_tuning as norm_tuning_for
-from .protocol import ERR_DEFAULT_RECORDS, MODES, owner_capacity, owner_rows
+from .protocol import ERR_DEFAULT_RECORDS, MODES, SINGLE_SYNCS, owner_capacity, owner_rows
 from .publish import TRANSPORTS, check_owner_transport, publish_ctas_per_token
 
 
@@ -105,10 +105,12 @@ class AllReduceNormOptions:
                 f"(mode={self.mode!r}, max_num_tokens={self.max_num_tokens}, tp={tp})")
 
 
-def check_norm_tuning(tuning: NormTuning, mode: str) -> None:
-    """A given :class:`NormTuning` is valid, and allows the single kernel
-    only in one-shot mode (ValueError naming it)."""
+def check_norm_tuning(tuning: NormTuning, mode: str, *, tp: int, transport: str) -> None:
+    """A given :class:`NormTuning` is valid, allows the single kernel only
+    in one-shot mode, and its agreement fits ``tp`` and ``transport``
+    (:func:`kernels.lamport.norm_tuning.check_sync`); ValueError naming it."""
     tuning.validate()
+    check_sync(tuning, tp=tp, transport=transport)
     if mode != "one_shot" and tuning.single_max_tokens:
         raise ValueError(f"norm_tuning={tuning!r}: the single-kernel form is one-shot only; "
                          f"this instance has mode={mode!r}")
@@ -299,7 +301,10 @@ class AllReduceNorm(LamportGroupMember):
                                        mode)
         options.validate()
         if norm_tuning is not None:
-            check_norm_tuning(norm_tuning, mode)
+            import torch.distributed as dist
+            tp = mailbox.tp if mailbox is not None else \
+                dist.get_world_size(group) if group is not None else 1
+            check_norm_tuning(norm_tuning, mode, tp=tp, transport=transport)
         self.options = dataclasses.replace(options, eps=float(eps))
         self._group = group
         if mailbox is None:
@@ -367,6 +372,14 @@ class AllReduceNorm(LamportGroupMember):
         if isinstance(x, MoEOutput) or self._virtual_peers:
             return "two"
         return self.norm_tuning.form(x.shape[0])
+
+    def variant(self, x) -> str:
+        """What :meth:`__call__` launches for ``x``, as the profile rows name
+        it: ``two``, or the single kernel with its agreement
+        (:meth:`kernels.lamport.norm_tuning.NormTuning.variant`)."""
+        if self.form(x) == "two":
+            return "two"
+        return self.norm_tuning.variant(x.shape[0])
 
     # -- introspection
     @classmethod
@@ -471,7 +484,13 @@ class AllReduceNorm(LamportGroupMember):
         self._single(x.data_ptr(), mb.buffer_ptr, self._destination, residual.data_ptr(),
                      norm_weight.data_ptr(), residual_out.data_ptr(), norm_out.data_ptr(),
                      mb.stage_state_ptr, mb.error_ptr, mb.capacity, mb.error_records,
-                     self.eps, x.shape[0], self.rank, _stream_handle(stream))
+                     self.eps, x.shape[0], self.rank, *self._sync(x.shape[0]),
+                     _stream_handle(stream))
+
+    def _sync(self, tokens: int) -> tuple[int, int]:
+        """The single kernel's ``sync`` index and cluster size for ``tokens``."""
+        sync, cluster = self.norm_tuning.launch_sync(tokens)
+        return SINGLE_SYNCS.index(sync), cluster
 
     # -- embedding (the MTP draft's input)
     def prepare_embedding(self, weight: torch.Tensor, start: int, rows: int | None = None,

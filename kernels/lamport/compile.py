@@ -102,7 +102,7 @@ def compile_single_norm(config: SingleNormConfig, *, dump_dir: str | None = None
     kernel = SingleNormKernel(hidden=config.hidden, tp=config.tp, budget_ns=config.budget_ns,
                               transport=config.transport)
     return cute.compile(kernel, *([Int64(0)] * 9), Int32(1), Int32(1), Float32(1e-6),
-                        Int32(1), Int32(0), make_fake_stream(),
+                        Int32(1), Int32(0), Int32(0), Int32(1), make_fake_stream(),
                         options=_options(config.arch, dump_dir))
 
 

@@ -14,9 +14,25 @@ peer, or one ``multimem.st`` to all), the first volatile load of every
 peer's slot at that stage, the spins in rank order,
 ``griddepcontrol.launch_dependents``, the sentinel write-back, the epilogue
 of :class:`kernels.lamport.norm.NormKernel` (its barrier included), then
-thread 0's arrival (``atom.acq_rel.gpu`` on ARRIVALS; none when M = 1) and,
-in the CTA that arrived last, the stage advance
-(:mod:`kernels.lamport.protocol`, "Single-kernel form").
+the stage advance (:mod:`kernels.lamport.protocol`, "Single-kernel form")
+by one CTA once no other CTA still has to read NEXT_STAGE and act on it.
+How the CTAs agree on that is the launch's ``sync``
+(:data:`kernels.lamport.protocol.SINGLE_SYNCS`, the form table's choice,
+:mod:`kernels.lamport.norm_tuning`):
+
+- ``counter`` (a plain grid): thread 0's arrival at the end of every CTA
+  (``atom.acq_rel.gpu`` on ARRIVALS, after the epilogue's barrier; none
+  when M = 1), and the CTA that arrived last advances. Its release waits
+  for the thread's output stores, then the atomic's round trip follows.
+- ``cluster`` (the grid is one cluster, M <= 16): every thread's
+  ``barrier.cluster.arrive`` (release) right after its NEXT_STAGE and
+  payload loads, before any store; CTA 0's thread 0 alone waits
+  (``barrier.cluster.wait``, acquire) after the epilogue and advances. No
+  atomic, and no wait on anyone's stores.
+- ``none`` (tp = 1 and unicast, where a CTA's stage decides nothing but
+  its validity): CTA 0 advances after its epilogue's barrier, as a grid of
+  one CTA does; no CTA waits for another. A build for any other (tp,
+  transport) runs ``none`` as ``counter``.
 
 Unicast: a rank's own fragment is summed from registers, in its rank-order
 place; its own mailbox slot is neither written nor read (so at tp=1 the
@@ -48,8 +64,13 @@ from kernels.validation import require_choice
 from . import primitives as prim
 from .norm import NormKernel
 from .protocol import (ACTIVE_STAGE, ARRIVALS, ERR_BAD_STAGE, LAMPORT_GENERATIONS,
-                       NEXT_STAGE, VEC_BF16)
+                       NEXT_STAGE, SINGLE_SYNCS, VEC_BF16)
 from .publish import TRANSPORTS, load_peers, store_payload
+
+
+SYNC_COUNTER = SINGLE_SYNCS.index("counter")
+SYNC_CLUSTER = SINGLE_SYNCS.index("cluster")
+SYNC_NONE = SINGLE_SYNCS.index("none")
 
 
 class SingleNormKernel(NormKernel):
@@ -68,16 +89,22 @@ class SingleNormKernel(NormKernel):
     def __call__(self, x: Int64, mailbox: Int64, destination: Int64, residual: Int64,
                  gamma: Int64, residual_out: Int64, norm_out: Int64, stage_state: Int64,
                  error: Int64, capacity: Int32, error_records: Int32, eps: Float32,
-                 m: Int32, rank: Int32, stream: cuda.CUstream) -> None:
+                 m: Int32, rank: Int32, sync: Int32, cluster: Int32,
+                 stream: cuda.CUstream) -> None:
+        """``sync``: the index of the agreement in
+        :data:`kernels.lamport.protocol.SINGLE_SYNCS`; ``cluster``: ``m``
+        for ``cluster`` (m <= :data:`kernels.lamport.norm_tuning.CLUSTER_MAX_TOKENS`),
+        else 1. The caller checks both."""
         self.kernel(x, mailbox, destination, residual, gamma, residual_out, norm_out,
-                    stage_state, error, capacity, error_records, eps, m, rank).launch(
-            grid=(m, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)
+                    stage_state, error, capacity, error_records, eps, m, rank, sync).launch(
+            grid=(m, 1, 1), block=(self.threads, 1, 1), cluster=(cluster, 1, 1),
+            stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, x: Int64, mailbox: Int64, destination: Int64, residual: Int64,
                gamma: Int64, residual_out: Int64, norm_out: Int64, stage_state: Int64,
                error: Int64, capacity: Int32, error_records: Int32, eps: Float32,
-               m: Int32, rank: Int32):
+               m: Int32, rank: Int32, sync: Int32):
         hidden = self.hidden
         tidx, _, _ = cute.arch.thread_idx()
         token, _, _ = cute.arch.block_idx()
@@ -97,6 +124,16 @@ class SingleNormKernel(NormKernel):
         stage = prim.load_volatile_u32(stage_state + NEXT_STAGE * 4)
         stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
         payload = prim.sanitize_u32x4(prim.load_u32x4(x + element * 2))
+        clustered = sync == Int32(SYNC_CLUSTER)
+        counted = sync == Int32(SYNC_COUNTER)
+        if cutlass.const_expr(not (self.tp == 1 and self.transport == "unicast")):
+            # ``none`` only where a late CTA may act on an advanced stage
+            # unharmed; anywhere else it runs as ``counter``.
+            counted = sync != Int32(SYNC_CLUSTER)
+        if clustered:
+            # Release: this thread's NEXT_STAGE read happens before CTA 0's
+            # advance. Only loads precede it, and the stores need the payload.
+            cute.arch.cluster_arrive()
 
         # Unicast: this rank's own fragment never goes through its mailbox
         # (summed from registers); multicast stores it there too, so it is
@@ -114,10 +151,25 @@ class SingleNormKernel(NormKernel):
         # After the epilogue's barrier every thread of this CTA has read
         # NEXT_STAGE, so the CTA that arrives last may advance it; a grid of
         # one CTA is the last without asking (the barrier orders its reads).
+        # In a cluster, CTA 0 advances once every thread of the cluster has
+        # arrived (the others exit without waiting); with ``none``, CTA 0
+        # advances without asking.
         if tidx == 0:
             arrived = Uint32(0)
-            if m > Int32(1):
-                arrived = prim.atomic_add_acq_rel_u32(stage_state + ARRIVALS * 4, Uint32(1))
+            if clustered:
+                if token == 0:
+                    cute.arch.cluster_wait()
+                    arrived = Uint32(m - 1)
+                else:
+                    arrived = Uint32(m)  # never the last
+            elif counted:
+                if m > Int32(1):
+                    arrived = prim.atomic_add_acq_rel_u32(stage_state + ARRIVALS * 4,
+                                                          Uint32(1))
+            else:
+                arrived = Uint32(m)
+                if token == 0:
+                    arrived = Uint32(m - 1)
             if arrived == Uint32(m - 1):
                 prim.store_u32(stage_state + ACTIVE_STAGE * 4, stage)
                 if stage_ok:
@@ -125,4 +177,5 @@ class SingleNormKernel(NormKernel):
                                    (stage + Uint32(1)) % Uint32(LAMPORT_GENERATIONS))
                 else:
                     prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
-                prim.store_u32(stage_state + ARRIVALS * 4, Uint32(0))
+                if counted:
+                    prim.store_u32(stage_state + ARRIVALS * 4, Uint32(0))

@@ -43,11 +43,19 @@ ranks in processes of their own): one CTA a token publishes its row and
 then consumes it, in one launch. Every CTA takes ``stage = NEXT_STAGE``
 after ``griddepcontrol.wait`` and publishes and consumes at that stage (no
 ACTIVE_STAGE round trip). No CTA may advance NEXT_STAGE while another may
-still read it, so thread 0 of each CTA, after the CTA's barrier, adds 1 to
-ARRIVALS (acq_rel); the CTA whose add returned ``M - 1`` is the last and
-writes ``ACTIVE_STAGE = stage``, ``NEXT_STAGE = (stage + 1) % 3``
-(unchanged for a bad stage) and ``ARRIVALS = 0`` (at M = 1 the one CTA
-writes them after its barrier, with no add). With unicast a rank's own
+still read it and act on its value; how the CTAs agree on that is the
+launch's ``sync`` (:data:`SINGLE_SYNCS`): ``counter``: thread 0 of each CTA,
+after the CTA's barrier, adds 1 to ARRIVALS (acq_rel) and the CTA whose add
+returned ``M - 1`` is the last; ``cluster``: the grid is one cluster (M <=
+16), every thread arrives on the cluster barrier (release) after its stage
+load and CTA 0's thread 0 waits on it (acquire) after its own barrier;
+``none`` (tp = 1, unicast only): CTA 0 advances after its own barrier and
+no one waits, because there a CTA's stage decides nothing but its validity
+(no slot is written or read: the own fragment comes from registers), and a
+late CTA that reads the advanced stage reads a valid one. The advancing
+CTA writes ``ACTIVE_STAGE = stage``, ``NEXT_STAGE = (stage + 1) % 3``
+(unchanged for a bad stage) and, with ``counter``, ``ARRIVALS = 0`` (at M =
+1 the one CTA writes them after its barrier, with no add). With unicast a rank's own
 fragment is summed from registers (its own slot stays sentinel). The slots, the stage sequence and the
 sentinel write-back are the two-kernel form's, so ranks (and calls) of the
 two forms interoperate on one mailbox. A CTA spins on its peers' CTA of the
@@ -79,6 +87,10 @@ NEXT_STAGE = 1
 ARRIVALS = 2
 """Index in ``stage_state`` of the single-kernel form's arrival counter
 (0 between calls; see "Single-kernel form" above)."""
+
+SINGLE_SYNCS = ("counter", "cluster", "none")
+"""How the single kernel's CTAs agree on the stage advance (above); the
+kernel takes the index."""
 
 STAGE_STATE_WORDS = 3
 """Length of ``stage_state`` (int32): ACTIVE_STAGE, NEXT_STAGE, ARRIVALS."""

@@ -1,6 +1,7 @@
 """The program Nsight Compute runs for the AllReduceNorm forms at tp=1: one
-call of each form (two kernels: publish then consumer; single kernel) per
-(hidden, M), inside ``cudaProfilerStart/Stop``, after warm-up calls that
+call of each form (two kernels: publish then consumer; the single kernel
+with each stage agreement: the arrival counter, the cluster barrier at M
+2..16, none) per (hidden, M), inside ``cudaProfilerStart/Stop``, after warm-up calls that
 compile and load. At tp=1 no kernel waits for a peer, so ncu's
 serialization and replays see each kernel's own cost.
 
@@ -25,7 +26,7 @@ import torch
 def main(argv=None) -> int:
     from benchmarks import int_list
     from kernels.lamport.all_reduce_norm import AllReduceNorm
-    from kernels.lamport.norm_tuning import forced
+    from kernels.lamport.norm_tuning import CLUSTER_MAX_TOKENS, FORMS, forced
     from kernels.reference.allreduce import all_reduce_norm
     from kernels.reference.numerics import assert_bit_exact, assert_within_ulp
 
@@ -42,7 +43,8 @@ def main(argv=None) -> int:
             residual = torch.randn(m, hidden, generator=g).to(torch.bfloat16).cuda()
             weight = (1 + 0.1 * torch.randn(hidden, generator=g)).to(torch.bfloat16).cuda()
             ref_norm, ref_res = all_reduce_norm([x], residual, weight, eps)
-            for form in ("two", "single"):
+            for form in [f for f in FORMS if f != "auto" and
+                         (f != "single+cluster" or 2 <= m <= CLUSTER_MAX_TOKENS)]:
                 op = AllReduceNorm(hidden_size=hidden, max_num_tokens=64, eps=eps,
                                    norm_tuning=forced(form))
                 out = (torch.empty_like(residual), torch.empty_like(residual))

@@ -1,6 +1,8 @@
 """The single-kernel AllReduceNorm (kernels/lamport/norm_single.py) on one
-GPU: bit for bit the two-kernel form's outputs, the two forms interleaved on
-one mailbox, graph replay, the bad-stage and watchdog paths, and tp > 1 on
+GPU: bit for bit the two-kernel form's outputs with each stage agreement
+(the arrival counter, the grid as one cluster with the cluster barrier,
+none at tp = 1), the forms and agreements interleaved on one mailbox, graph
+replay, the bad-stage and watchdog paths, and tp > 1 on
 ranks of one process launched side by side (small grids, each on its own
 stream; the watchdog turns a rank that never runs into a failure, not a
 hang). Run under a process timeout:
@@ -22,13 +24,17 @@ BUDGET_NS = 50_000_000  # 50 ms
 SINGLE = 64
 
 
-def op(hidden, *, single=SINGLE, capacity=SINGLE, budget_ns=BUDGET_NS, mailbox=None):
+SYNCS = ["counter", "cluster", "none"]
+
+
+def op(hidden, *, single=SINGLE, sync="counter", capacity=SINGLE, budget_ns=BUDGET_NS,
+       mailbox=None):
     from kernels.all_reduce_norm import AllReduceNorm
     from kernels.lamport.norm_tuning import NormTuning
 
     return AllReduceNorm(hidden_size=hidden, max_num_tokens=capacity, eps=EPS,
                          budget_ns=budget_ns, mailbox=mailbox,
-                         norm_tuning=NormTuning(single))
+                         norm_tuning=NormTuning(single, sync))
 
 
 def outputs(residual):
@@ -36,11 +42,13 @@ def outputs(residual):
 
 
 @pytest.mark.parametrize("hidden", [2560, 3584, 5120, 7168, 8192])
-def test_single_kernel_is_the_two_kernel_form_bit_for_bit(hidden):
-    single, two = op(hidden), op(hidden, single=0)
+@pytest.mark.parametrize("sync", SYNCS)
+def test_single_kernel_is_the_two_kernel_form_bit_for_bit(hidden, sync):
+    single, two = op(hidden, sync=sync), op(hidden, single=0)
     for m in (1, 2, 7, 16, 64):
         xs, residual, weight = inputs(1, m, hidden, seed=m)
         assert single.form(xs[0]) == "single" and two.form(xs[0]) == "two"
+        assert single.variant(xs[0]) == single.norm_tuning.variant(m)
         a, b = outputs(residual), outputs(residual)
         single(xs[0], residual, weight, out=a)
         two(xs[0], residual, weight, out=b)
@@ -53,26 +61,36 @@ def test_single_kernel_is_the_two_kernel_form_bit_for_bit(hidden):
     assert (active, nxt, arrivals) == (4 % 3, 5 % 3, 0)
 
 
-def test_the_two_forms_interleave_on_one_mailbox_without_host_sync():
-    hidden, calls = 4096, [4, 32, 1, 17, 16, 64, 3, 16, 40, 2]
-    grp = op(hidden, single=16)
+def test_the_forms_and_agreements_interleave_on_one_mailbox_without_host_sync():
+    """Calls of four instances on one mailbox, in turn: the counter, the
+    cluster barrier (the counter above 16 tokens), none, two kernels."""
+    hidden, calls = 4096, [4, 32, 1, 17, 16, 64, 3, 16, 40, 2, 8, 9]
+    first = op(hidden, sync="counter")
+    ops = [first, op(hidden, sync="cluster", mailbox=first.mailbox),
+           op(hidden, sync="none", mailbox=first.mailbox),
+           op(hidden, single=0, mailbox=first.mailbox)]
     cases = [inputs(1, m, hidden, seed=100 + i) for i, m in enumerate(calls)]
-    outs = []
-    for xs, residual, weight in cases:
+    outs, variants = [], []
+    for i, (xs, residual, weight) in enumerate(cases):
+        grp = ops[i % len(ops)]
         outs.append(outputs(residual))
+        variants.append(grp.variant(xs[0]))
         grp(xs[0], residual, weight, out=outs[-1])
     torch.cuda.synchronize()
-    assert [grp.form(c[0][0]) for c in cases].count("single") == 6
+    assert variants == ["single", "single", "single+nosync", "two", "single",
+                        "single", "single+nosync", "two", "single", "single+cluster",
+                        "single+nosync", "two"]
     for m, (xs, residual, weight), out in zip(calls, cases, outs):
         check([out], xs, residual, weight, f"interleaved M={m}")
     n = len(calls)
-    assert grp.mailbox.stage_state.tolist() == [(n - 1) % 3, n % 3, 0]
-    assert grp.mailbox.is_all_sentinel() and grp.diagnose().ok
+    assert first.mailbox.stage_state.tolist() == [(n - 1) % 3, n % 3, 0]
+    assert first.mailbox.is_all_sentinel() and first.diagnose().ok
 
 
-def test_single_kernel_graph_replay_matches_eager():
+@pytest.mark.parametrize("sync", SYNCS)
+def test_single_kernel_graph_replay_matches_eager(sync):
     hidden, m = 5120, 8
-    grp = op(hidden, budget_ns=0)
+    grp = op(hidden, budget_ns=0, sync=sync)
     xs, residual, weight = inputs(1, m, hidden, seed=3)
     x = xs[0].clone()
     out = outputs(residual)
@@ -90,9 +108,10 @@ def test_single_kernel_graph_replay_matches_eager():
     assert grp.mailbox.is_all_sentinel()
 
 
-def test_bad_stage_stores_nothing_and_fails_fast():
+@pytest.mark.parametrize("sync", SYNCS)
+def test_bad_stage_stores_nothing_and_fails_fast(sync):
     hidden, m = 2560, 5
-    grp = op(hidden)
+    grp = op(hidden, sync=sync)
     xs, residual, weight = inputs(1, m, hidden, seed=9)
     grp.mailbox.stage_state[1] = 7  # NEXT_STAGE out of range
     out = outputs(residual)
@@ -131,13 +150,14 @@ def test_a_peer_that_never_runs_times_out_and_is_named():
                      "rank 0's publish into rank 1's mailbox")
 
 
+@pytest.mark.parametrize("sync", ["counter", "cluster"])
 @pytest.mark.parametrize("tp", [2, 4])
-def test_ranks_side_by_side_on_their_own_streams(tp):
+def test_ranks_side_by_side_on_their_own_streams(tp, sync):
     from kernels.lamport.mailbox import Mailbox
 
     hidden = 5120
     boxes = Mailbox.virtual_ranks(tp=tp, capacity=SINGLE, hidden=hidden)
-    ranks = [op(hidden, mailbox=b) for b in boxes]
+    ranks = [op(hidden, mailbox=b, sync=sync) for b in boxes]
     streams = [torch.cuda.Stream() for _ in range(tp)]
     for m in (1, 16, 7):
         xs, residual, weight = inputs(tp, m, hidden, seed=tp * 10 + m)
@@ -171,6 +191,7 @@ def test_a_gpu_rank_s_call_runs_the_form_its_table_picks():
     rank.load(case, inputs, 0, "cuda")
     want = norm_tuning(hidden=hidden, tp=1).form(m)
     assert rank.kernel.form(rank.xd) == want
+    assert rank.kernel.variant(rank.xd) == norm_tuning(hidden=hidden, tp=1).variant(m)
     for split in (False, True):
         rank.load(case, inputs, 0, "cuda")
         if split:

@@ -82,7 +82,8 @@ def all_reduce_norm_workload(ctx: RankContext, spec: Spec) -> Workload:
     def fused() -> Call:
         op = host_kernel(ctx, spec)
         return Call(lambda i: op(xs[i], residuals[i], weight, out=(outs[0, i], outs[1, i])),
-                    {"mode": spec.mode, "form": op.form(xs[0])})
+                    {"mode": spec.mode, "form": op.form(xs[0]),
+                     "variant": op.variant(xs[0])})
 
     def check() -> None:
         _check_norm(ctx, spec, ctx.gather(xs[0]), residuals[0], weight, outs)
