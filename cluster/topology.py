@@ -325,30 +325,43 @@ def discover_local() -> Topology:
     return Topology((discover_node(),))
 
 
+_PENDING: dict[tuple, dict] = {}
+"""Discovery tasks that had not answered when a call gave up, by (job, alive
+nodes): the next call in this process waits on those rather than submitting
+more. On a loaded node a task's worker can take longer than the timeout to
+start, and every new submission only starts another worker beside it."""
+
+
 def discover_cluster(timeout_s: float = 60.0) -> Topology:
     """One :func:`discover_node` per alive Ray node, run there as a task that
     holds no GPU and sees all of them (Ray leaves its CUDA_VISIBLE_DEVICES
     alone: cluster.gpu.ALL_GPUS_VISIBLE). Discovery only reads, so GPUs held
     by a standing pool or another job do not delay it (a task that asked for
     every GPU waited out the timeout behind a pool's placement group).
-    TimeoutError names the nodes that did not answer."""
+    TimeoutError names the nodes that did not answer; their tasks are kept,
+    and the next call here (same job, same nodes) waits on them."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from cluster.gpu import ALL_GPUS_VISIBLE
 
-    task = ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(discover_node)
-    refs = {}
-    for n in ray.nodes():
-        if not n.get("Alive"):
-            continue
-        refs[n["NodeID"]] = task.options(
+    nodes = tuple(sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive")))
+    key = (ray.get_runtime_context().get_job_id(), nodes)
+    refs = _PENDING.pop(key, None)
+    again = refs is not None
+    if refs is None:
+        task = ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(discover_node)
+        refs = {nid: task.options(
             runtime_env={"env_vars": {ALL_GPUS_VISIBLE: "1"}},
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        ).remote(n["NodeID"])
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote(nid)
+            for nid in nodes}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     late = [nid for nid, ref in refs.items() if ref not in ready]
     if late:
-        raise TimeoutError(f"topology discovery: nodes {late} did not answer within {timeout_s} s "
+        _PENDING.clear()  # one job, one node set: anything older is moot
+        _PENDING[key] = refs
+        raise TimeoutError(f"topology discovery: nodes {late} did not answer within {timeout_s} s"
+                           f"{' (again: the tasks of an earlier call)' if again else ''}; "
+                           f"their tasks are kept for the next discovery "
                            f"(available {ray.available_resources()})")
     return Topology(tuple(ray.get(list(refs.values()), timeout=timeout_s)))

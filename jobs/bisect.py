@@ -525,9 +525,14 @@ class Runner:
     node, so two commits' pools could not both stand."""
 
     def __init__(self, key: CaseKey, suite: str, worktrees: Worktrees, scratch: Path,
-                 address: str, pool: str, *, warm: bool = False) -> None:
+                 address: str, pool: str, *, warm: bool = False, starts: int = 1) -> None:
         self.key, self.worktrees, self.scratch = key, worktrees, scratch
         self.address, self.pool, self.warm = address, pool, warm
+        self.starts = max(1, starts)
+        """Warm drivers started at once (the bisect's ``parallel``): on a
+        cluster with room for one candidate, starting three together only
+        shares its CPUs three ways, and on a loaded box their groups' setups
+        then ran past the setup timeout, were killed and started again."""
         self.params, self.repeats = case_params(key, suite)
         self.runs = 0
         self.drivers: dict[str, WarmDriver | None] = {}  # None: runs cold
@@ -549,30 +554,39 @@ class Runner:
         return {**os.environ, "PYTHONPATH": candidate_path(tree), "LAMPORT_GIT_COMMIT": sha}
 
     def prepare(self, shas: list[str]) -> None:
-        """The warm drivers of ``shas`` up (started together), or their
-        commits marked to run cold. Before a step's runs: a driver starting
+        """The warm drivers of ``shas`` up (``starts`` started at a time), or
+        their commits marked to run cold. Before a step's runs: a driver starting
         beside a measured run would slow it down."""
         if not self.warm:
             return
         t0, new = time.monotonic(), [sha for sha in shas if sha not in self.drivers]
-        for sha in new:
-            tree, _ = self.worktrees.get(sha)
-            pool = "-" if self.pool == "off" else f"bisect-{sha[:12]}-{self.scratch.name[-8:]}"
-            where = self.scratch / f"warmup-{sha[:12]}"
-            argv = self._argv(tree, where, WARMUP, self.pool if pool == "-" else pool)
-            self.drivers[sha] = WarmDriver(tree, self.address, pool, self.key.tp,
-                                           self.scratch / f"driver-{sha[:12]}.txt",
-                                           self._env(tree, sha), (argv, where / "output.txt"))
+        for at in range(0, len(new), self.starts):
+            batch = new[at:at + self.starts]
+            for sha in batch:
+                tree, _ = self.worktrees.get(sha)
+                pool = "-" if self.pool == "off" else f"bisect-{sha[:12]}-{self.scratch.name[-8:]}"
+                where = self.scratch / f"warmup-{sha[:12]}"
+                argv = self._argv(tree, where, WARMUP, self.pool if pool == "-" else pool)
+                self.drivers[sha] = WarmDriver(tree, self.address, pool, self.key.tp,
+                                               self.scratch / f"driver-{sha[:12]}.txt",
+                                               self._env(tree, sha), (argv, where / "output.txt"))
+            for sha in batch:
+                self._await_driver(sha)
         for sha in shas:
-            driver = self.drivers[sha]
-            if driver is not None and not driver.wait_ready(RUN_TIMEOUT_S):
-                print(f"   ({sha[:12]}: no warm driver ({driver.error.strip().splitlines()[-1]}"
-                      f"); its runs start cold)", flush=True)
-                driver.close()
-                self.drivers[sha] = None
+            if sha not in new:
+                self._await_driver(sha)
         if new:
             print(f"   (warm drivers of {', '.join(s[:12] for s in new)}: "
                   f"{time.monotonic() - t0:.1f} s to start)", flush=True)
+
+    def _await_driver(self, sha: str) -> None:
+        """Wait until ``sha``'s driver is ready, or mark the commit to run cold."""
+        driver = self.drivers[sha]
+        if driver is not None and not driver.wait_ready(RUN_TIMEOUT_S):
+            print(f"   ({sha[:12]}: no warm driver ({driver.error.strip().splitlines()[-1]}"
+                  f"); its runs start cold)", flush=True)
+            driver.close()
+            self.drivers[sha] = None
 
     def retire(self, keep: set[str]) -> None:
         """End the warm drivers of every commit but ``keep``."""
@@ -862,7 +876,8 @@ def run_bisect(args) -> int:
         scratch = worktrees.root / "runs" / run_id
         runner = stack.enter_context(contextlib.closing(Runner(
             key, suite, worktrees, scratch, address, args.pool,
-            warm=key.job != "profile" and not ray.cluster_resources().get("GPU"))))
+            warm=key.job != "profile" and not ray.cluster_resources().get("GPU"),
+            starts=parallel)))
         kind = args.kind if args.kind != "auto" else hint
         writer = _writer(args, run_id)
         step = 0

@@ -100,9 +100,20 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 given as its node IP (module docstring); the head (jobs.head) sets it too."""
 
 
+WORKER_ENV = {"RAY_worker_niceness": "0"}
+"""Ray starts its worker processes at nice 15. Rank actors are the
+service's work, not background work: with a one-core busy loop on the
+2-core box, nice-15 rank workers got about 4 % of a core (the busy loop
+80 %), so a group's setup (importing torch) ran past its 180 s timeout and
+its workers were killed and started again, over and over. Every cluster
+the project starts (this one, ``jobs head start``, the test fixtures,
+deploy/Dockerfile) runs them at the niceness of the rest."""
+
+
 def cluster_env(token: Path) -> dict[str, str]:
     """What the driver and every process of the embedded cluster inherit."""
-    return {**LOOPBACK_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    return {**LOOPBACK_ENV, **WORKER_ENV, "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token)}
 
 
 @contextlib.contextmanager

@@ -50,7 +50,7 @@ from pathlib import Path
 from cluster import procs
 from jobs import ray_token
 from jobs.config import ConfigError
-from jobs.embedded import LOOPBACK_ENV
+from jobs.embedded import LOOPBACK_ENV, WORKER_ENV
 from jobs.exits import InfraError
 
 HEAD_DIR_ENV = "LAMPORT_HEAD_DIR"
@@ -388,6 +388,7 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
            if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", *LOOPBACK_ENV)}
     if ipaddress.ip_address(host).is_loopback:
         env.update(LOOPBACK_ENV)
+    env.update(WORKER_ENV)
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
     log_path = (head / LOG_FILE).resolve()

@@ -13,14 +13,19 @@ head after it, in the same group (one `ray start --head` at a time).
 If pytest-xdist cannot honour the groups (pytest 9 with xdist 3.8: see
 pyproject.toml), the run stops at collection instead of scattering them.
 Nothing here depends on the environment's Ray: RAY_ADDRESS is dropped, so
-no test joins a cluster that happens to run on the machine."""
+no test joins a cluster that happens to run on the machine. Every cluster a
+test starts runs its workers at the niceness of the rest
+(:data:`jobs.embedded.WORKER_ENV`), as the service's own clusters do."""
 
 import os
 import tempfile
 
 import pytest
 
+from jobs.embedded import WORKER_ENV
+
 os.environ.pop("RAY_ADDRESS", None)
+os.environ.update(WORKER_ENV)
 
 pytest_plugins = ["tests.isolation"]  # a module's leftovers (process group, Ray, env) end with it
 

@@ -256,6 +256,31 @@ def test_topology_discovery_answers_while_every_gpu_is_held(fake_gpu_cluster):
         remove_placement_group(held)
 
 
+def test_a_discovery_past_its_timeout_is_waited_for_again_not_submitted_again(
+        fake_gpu_cluster, monkeypatch, tmp_path):
+    # on a loaded box a discovery task's worker took longer than the timeout
+    # to start, and every job on the pool then submitted another one
+    from cluster import topology
+    marks = tmp_path / "ran"
+    marks.mkdir()
+
+    def slow(node_id):  # nested: Ray ships it by value
+        import os
+        import time
+        (marks / str(os.getpid())).touch()
+        time.sleep(3)
+        from cluster.discovery import discover_node
+        return discover_node(node_id)
+
+    monkeypatch.setattr(topology, "discover_node", slow)
+    with pytest.raises(TimeoutError, match=r"within 0.5 s; their tasks are kept"):
+        topology.discover_cluster(timeout_s=0.5)
+    assert len(topology._PENDING) == 1
+    topo = topology.discover_cluster(timeout_s=60)
+    assert len(topo.nodes) == 1 and not topology._PENDING
+    assert len(list(marks.iterdir())) == 1  # one task ran, not two
+
+
 def test_each_peer_gets_an_export_of_its_own():
     """torch's CUDA IPC counts one reference per export: a shared-GPU rank
     exports its mailbox once per peer (never for itself), and each rank

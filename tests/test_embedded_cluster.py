@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster import procs
+from jobs.embedded import WORKER_ENV
 from tests.sockets import is_loopback
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +28,10 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "LAMPORT_RAY_TOKEN_FILE":
+    """The driver's environment: this one's, less the worker niceness the
+    test session sets (tests/conftest.py), which the cluster must set itself."""
+    return {**{k: v for k, v in os.environ.items() if k not in WORKER_ENV},
+            "PYTHONPATH": str(REPO), "LAMPORT_RAY_TOKEN_FILE":
             str(tmp_path / "token" / "ray-auth-token"), "RAY_ADDRESS": ""}
 
 
@@ -41,12 +45,12 @@ with embedded_cluster(2) as how:
     @ray.remote
     class Echo:
         def ping(self):
-            return os.getpid()
+            return os.getpid(), os.nice(0)
     actor = Echo.remote()
-    ray.get(actor.ping.remote(), timeout=120)
+    _, nice = ray.get(actor.ping.remote(), timeout=120)
     pids = [os.getpid(), *procs.descendants(os.getpid())]
     print(json.dumps({"how": how, "sockets": listening_sockets(pids), "pids": len(pids),
-                      "auth": os.environ.get("RAY_AUTH_MODE")}), flush=True)
+                      "auth": os.environ.get("RAY_AUTH_MODE"), "worker_nice": nice}), flush=True)
 """
 
 
@@ -66,6 +70,7 @@ def test_the_embedded_cluster_listens_on_loopback_only_with_an_owner_only_token(
     assert sockets, "no listening socket found: the listing proved nothing"
     assert not outside, f"sockets on non-loopback addresses: {outside}"
     assert report["auth"] == "token"
+    assert report["worker_nice"] == os.nice(0) == 0  # not Ray's default 15 (WORKER_ENV)
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
     assert "Token authentication is enabled" not in done.stderr  # set on purpose: no warning
 
