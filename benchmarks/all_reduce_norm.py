@@ -94,10 +94,11 @@ def _start(header: str) -> list[str]:
     return lines
 
 
-FORM_COLUMNS = (("two", "two"), ("single", "counter"), ("single+cluster", "cluster"),
+FORM_COLUMNS = (("two", "two"), ("single", "counter"), ("single+cluster", "barrier"),
                 ("single+nosync", "nosync"))
 """The forms ``--forms`` times (kernels.lamport.norm_tuning.FORMS) and their
-columns: two kernels, then the single kernel with each agreement."""
+columns: two kernels, then the single kernel with each agreement (``barrier``:
+the cluster barrier)."""
 
 
 def forms(args, rows, budget_ns: int) -> list[str]:

@@ -393,6 +393,9 @@ class _Reference:
     def form(self, x):
         return "reference"
 
+    def variant(self, x):
+        return "reference"
+
     def prepare_embedding(self, table, start, rows):
         self.table = (table, start)
 
