@@ -52,7 +52,12 @@ once it is judged (the embedded cluster keeps their idle task workers:
   (:func:`separated`) is regressed too, however wide good's spread:
   ``regressed`` is bad, ``ok`` good; ``improved`` (faster than good beyond
   the rule: the good rerun was disturbed) reruns the step once, then
-  counts as good. A ``regressed`` candidate is judged again, beside a new
+  counts as good. A candidate regressed by the rule whose median is nearer
+  good's level than bad's (below the geometric midpoint of good's median
+  and bad's median from step 0) is good: the range holds one step from
+  one level to the other, and a burst of load on a busy box once put a
+  commit with no change +79 % over good, five sigma out, twice in a row. A
+  ``regressed`` candidate is judged again, beside a new
   good rerun, before it counts as bad (a burst of load on the machine
   during one candidate's run looks like a regression once, rarely twice);
   when the two judgments differ a third decides. A run that does not pass
@@ -677,10 +682,15 @@ class Bisect:
     each candidate is judged against that rerun's values."""
 
     def __init__(self, key: CaseKey, kind: str, runner: Runner, rule, good: str,
-                 parallel: int = 1) -> None:
+                 parallel: int = 1, bad: str | None = None) -> None:
         self.key, self.kind, self.runner, self.rule, self.good = key, kind, runner, rule, good
         self.parallel = parallel
         self.need = rule.min_history
+        self.bad = bad
+        self.bad_level: float | None = None
+        """The median of bad's values when it was judged (step 0): a
+        candidate regressed by the rule but nearer good's level than bad's
+        (:meth:`_latency`) is good."""
 
     def _values(self, sha: str) -> Outcome:
         """Runs of ``sha`` until it gave ``need`` latency values (or failed)."""
@@ -729,6 +739,9 @@ class Bisect:
                 raise RuntimeError(f"the good commit {self.good[:12]} did not pass when rerun "
                                    f"beside {', '.join(s[:12] for s in shas)}: "
                                    f"{good.outcome}: {good.reason}")
+            bad = next((c for c in cands if c.sha == self.bad), None)
+            if bad is not None and bad.outcome == "pass" and bad.values:
+                self.bad_level = statistics.median(bad.values)
             verdicts = [self._latency(c, good) for c in cands]
             if attempt or not any(v.why.startswith("improved") for v in verdicts):
                 break
@@ -778,6 +791,16 @@ class Bisect:
         if status == "ok" and v.change > self.rule.threshold and separated(cand.values,
                                                                             good.values):
             status = "regressed (every value above good's)"
+        median = statistics.median(cand.values)
+        level = self.bad_level if cand.sha != self.bad else None
+        if status.startswith("regressed") and level and v.mean_us and level > v.mean_us:
+            # The range holds one step from good's level to bad's: a commit
+            # nearer good's (geometric midpoint) has not taken it, whatever a
+            # burst of load did to its one run.
+            middle = (level * v.mean_us) ** 0.5
+            if median < middle:
+                status = (f"ok (regressed by the rule, but nearer good's level than bad's "
+                          f"{_fmt(level, self.key)}: below the midpoint {_fmt(middle, self.key)})")
         why = (f"{status}: median {_fmt(v.current_us, self.key)} vs good's median "
                f"{_fmt(v.mean_us, self.key)} (MAD sigma {_fmt(v.stdev_us, self.key)}, "
                f"n={v.n} values beside it), {v.change:+.1%}")
@@ -894,7 +917,7 @@ def run_bisect(args) -> int:
                   flush=True)
             if kind == "wrong":
                 first = Verdict(bad, "bad", f"{probe.outcome}: {probe.reason}", probe)
-        bis = Bisect(key, kind, runner, rule, good, parallel)
+        bis = Bisect(key, kind, runner, rule, good, parallel, bad=bad)
         print(f"kind: {kind}" + (f"; the rule: {rule.describe()}, applied to {bis.need} values "
                                  f"of good rerun beside the candidates of each step"
                                  if kind == "latency" else "; one run per commit"), flush=True)

@@ -184,6 +184,25 @@ def test_a_slowdown_hidden_by_good_s_spread_is_found_by_order(cand, verdict, why
     assert (v.verdict, v.why.split(":")[0]) == (verdict, why), v.why
 
 
+@pytest.mark.parametrize("cand, verdict, why", [
+    # a commit with no change, one run during a burst of load: +79 % and five
+    # sigma over good's tight values (busy-loop run, 575c538), twice in a row
+    ([0.0021, 0.0022, 0.0022, 0.0023, 0.0024], "good", "ok (regressed by the rule, but nearer"),
+    ([0.0990, 0.1010, 0.1020, 0.1030, 0.1050], "bad", "regressed"),   # bad's level
+    ([0.0100, 0.0110, 0.0120, 0.0130, 0.0140], "bad", "regressed"),   # past the midpoint
+])
+def test_a_candidate_nearer_good_s_level_than_bad_s_is_good(cand, verdict, why):
+    from jobs.regression import Rule
+    bis = bs.Bisect(bs.CaseKey.parse(LATENCY_KEY), "latency", None, Rule(), "g" * 40,
+                    bad="b" * 40)
+    bis.bad_level = 0.1028  # bad's median in step 0
+    good = bs.Outcome("g" * 40, "pass", [0.0011, 0.0012, 0.0012, 0.0014, 0.0015], None, 1.0, "")
+    v = bis._latency(bs.Outcome("c" * 40, "pass", cand, None, 1.0, ""), good)
+    assert (v.verdict, v.why[:len(why)]) == (verdict, why), v.why
+    # bad itself is judged by the rule alone
+    assert bis._latency(bs.Outcome("b" * 40, "pass", cand, None, 1.0, ""), good).verdict == "bad"
+
+
 _FAKE_MAIN = """import sys
 def main(argv):
     print("ran", argv, flush=True)
