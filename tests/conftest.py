@@ -23,6 +23,7 @@ import tempfile
 import pytest
 
 from jobs.embedded import WORKER_ENV
+from tests.ray_local import local_ray_cluster
 
 os.environ.pop("RAY_ADDRESS", None)
 os.environ.update(WORKER_ENV)
@@ -69,15 +70,10 @@ def pytest_configure(config):
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray cluster of 2 CPUs for the module (the one a test process
-    already has is used as it is); its modules are in the xdist group "ray"."""
-    import ray
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    yield
-    if started:
-        ray.shutdown()
+    already has is used as it is; a slow start is retried); its modules are in
+    the xdist group "ray"."""
+    with local_ray_cluster(num_cpus=2):
+        yield
 
 
 @pytest.fixture(scope="session")

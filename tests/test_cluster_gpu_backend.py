@@ -21,6 +21,7 @@ from kernels.lamport.mailbox import RankErrors
 from kernels.lamport.protocol import (ERR_BAD_STAGE, ERR_COUNT, ERR_HEADER_WORDS,
                                       ERR_MISSING_MASK, ERR_RECORD_WORDS, ERR_UNSANITIZED_MASK,
                                       SENTINEL_WORD, error_buffer_words)
+from tests.ray_local import local_ray_cluster
 
 pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
 
@@ -197,13 +198,8 @@ def test_zero_residual_case_and_unobserved_sum():
 # ---------------------------------------------------------------- shared-GPU placement
 @pytest.fixture(scope="module")
 def fake_gpu_cluster():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
-    yield
-    if started:
-        ray.shutdown()
+    with local_ray_cluster(num_cpus=2, num_gpus=2):
+        yield
 
 
 @pytest.mark.parametrize("tp", [2, 4])

@@ -98,6 +98,27 @@ def test_the_retry_returns_once_ray_starts():
     assert len(calls) == 3 and len(stops) == 2
 
 
+def test_a_tests_own_cluster_start_is_retried_too(monkeypatch):
+    """The fixtures' start (tests/ray_local.py) is the service's: a raylet
+    that timed out once is tried again, not an error for every test of a
+    module (14 errors of a busy-loop run)."""
+    import ray
+
+    from tests.ray_local import local_ray_cluster
+    calls, stops = [], []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise Exception("The current node timed out during startup.")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: stops.append(1))
+    with local_ray_cluster(num_cpus=2):
+        assert len(calls) == 2 and len(stops) == 1
+    assert calls[-1]["address"] == "local" and calls[-1]["num_cpus"] == 2 and len(stops) == 2
+
+
 def test_joining_nothing_is_one_line_and_exit_3(tmp_path, capsys, monkeypatch):
     import ray
 

@@ -11,6 +11,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from jobs.session import gpu_task  # noqa: E402
+from tests.ray_local import local_ray_cluster  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("ray")  # starts Ray clusters: one at a time (conftest)
 
@@ -33,12 +34,10 @@ def broken(spec):
 
 @pytest.fixture(scope="module")
 def one_gpu():
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
-             log_to_driver=False)
-    # the workers cannot import this test module by name: ship its functions
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield
-    ray.shutdown()
+    with local_ray_cluster(num_cpus=2, num_gpus=1):
+        # the workers cannot import this test module by name: ship its functions
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        yield
 
 
 def test_result_hang_fail_and_error(one_gpu):
