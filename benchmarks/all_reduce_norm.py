@@ -1,8 +1,8 @@
 """Benchmark: fused Lamport publish + norm vs torch add + rms_norm, tp=1.
 
     python -m benchmarks.all_reduce_norm [--tokens 1,8,16,64] [--hidden 5120,7168]
-        [--calls 50] [--replays 200] [--budget-ns NS] [--forms] [--markdown PATH]
-        [--results DIR]
+        [--calls 50] [--replays 200] [--budget-ns NS] [--markdown PATH] [--results DIR]
+        [--forms [--op finalize_publish] [--top-k 8]]
 
 Timed through the one harness (:func:`cluster.measure.timing.measure_tp1`,
 the profile job's tp=1 path): each side is one CUDA graph holding
@@ -14,7 +14,11 @@ The fused outputs are checked against the reference before timing. Reported: med
 watchdog variant's overhead over the plain consumer. tp=1 only: virtual-rank
 timings are not a collective's speed (every peer store lands in local L2).
 
-``--forms``: instead, the one-shot forms side by side
+``--forms``: instead, the one-shot forms side by side, of the plain op or,
+with ``--op finalize_publish``, of a MoE output's call (``--top-k`` routes
+a token, every route held, FP32 weights, a shared expert; torch is the
+unfused finalize, add and rms_norm), or with ``--op embed_norm`` of the
+embedding's (torch: the gather, enorm and hnorm unfused)
 (:mod:`kernels.lamport.norm_tuning`): the two-kernel form (publish, then
 the consumer) and the single kernel with each stage agreement (the arrival
 counter; the grid as one cluster with the cluster barrier, at M 2..16; none,
@@ -53,7 +57,16 @@ def main(argv=None) -> int:
                    help="also write the timings as profile rows into this results dataset")
     p.add_argument("--forms", action="store_true",
                    help="time the two-kernel and the single-kernel form side by side")
+    p.add_argument("--op", choices=list(FORM_OPS), default="all_reduce_norm",
+                   help="with --forms: the op whose forms are timed (finalize_publish: a MoE "
+                        "output's call; embed_norm: the embedding's)")
+    p.add_argument("--top-k", type=int, default=8, help="with --op finalize_publish: routes "
+                                                        "a token")
     args = p.parse_args(argv)
+    if args.op != "all_reduce_norm" and not args.forms:
+        p.error(f"--op {args.op} times the forms only: add --forms")
+    if args.top_k < 1:
+        p.error(f"--top-k must be >= 1, got {args.top_k}")
     if not torch.cuda.is_available():
         print("benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -64,7 +77,9 @@ def main(argv=None) -> int:
     if args.forms:
         budget = args.budget_ns or 0
         lines = forms(args, rows, budget)
-        meta_extra = f", forms, budget_ns={budget}"
+        meta_extra = (f", forms of {args.op}"
+                      + (f" (top_k={args.top_k})" if args.op == "finalize_publish" else "")
+                      + f", budget_ns={budget}")
     else:
         args.budget_ns = args.budget_ns or DEFAULT_BUDGET_NS
         lines = plain_and_watchdog(args, rows)
@@ -85,6 +100,11 @@ def _spec(args, hidden: int, m: int, **over) -> dict:
     return {**dict(op="all_reduce_norm", hidden=hidden, tokens=m, calls=args.calls,
                    replays=args.replays, rotate_mb=args.rotate_mb, eps=args.eps, seed=m,
                    budget_ns=0, baselines=["unfused"]), **over}
+
+
+FORM_OPS = {"all_reduce_norm": "plain", "finalize_publish": "finalize", "embed_norm": "embed"}
+"""The ops whose calls the form table (kernels.lamport.norm_tuning) chooses
+for, and the table's path of each."""
 
 
 def _start(header: str) -> list[str]:
@@ -118,18 +138,20 @@ def forms(args, rows, budget_ns: int) -> list[str]:
         for m in args.tokens:
             here = [f for f, _ in FORM_COLUMNS
                     if f != "single+cluster" or 2 <= m <= CLUSTER_MAX_TOKENS]
-            outs = {f: measure_tp1(_spec(args, hidden, m, form=f, budget_ns=budget_ns,
+            finalize = args.op == "finalize_publish"
+            op = dict(op=args.op, **({"top_k": args.top_k} if finalize else {}))
+            outs = {f: measure_tp1(_spec(args, hidden, m, form=f, budget_ns=budget_ns, **op,
                                          **({} if f == "two" else {"baselines": []})))
                     for f in here}
             for f, out in outs.items():
-                rows.record(_spec(args, hidden, m, form=f, budget_ns=budget_ns), out)
+                rows.record(_spec(args, hidden, m, form=f, budget_ns=budget_ns, **op), out)
             ref = median_p10_p90(outs["two"]["impls"]["unfused"]["times_us"])[0]
             us = {f: median_p10_p90(out["impls"]["fused"]["times_us"])[0]
                   for f, out in outs.items()}
             cells = [f"{us[f]:>10.2f}" if f in us else f"{'-':>10}" for f, _ in FORM_COLUMNS]
             ratios = [f"{us[f] / ref:>13.2f}" if f in us else f"{'-':>13}"
                       for f, _ in FORM_COLUMNS]
-            auto = norm_tuning(hidden=hidden, tp=1).variant(m)
+            auto = norm_tuning(hidden=hidden, tp=1).variant(m, path=FORM_OPS[args.op])
             row = (f"{hidden:>6} {m:>4} " + " ".join(cells) + f" {ref:>9.2f} "
                    + " ".join(ratios) + f" {auto:>14}")
             print(row, flush=True)

@@ -130,8 +130,20 @@ def check_publish(lines: list[str], v: Variant) -> list[str]:
 def check_single_norm(lines: list[str], v: Variant) -> list[str]:
     """The single-kernel AllReduceNorm (:mod:`kernels.lamport.norm_single`):
     peer table, residual and gamma loads before ``griddepcontrol.wait``;
-    after it the NEXT_STAGE and payload loads, the stores (tp
-    ``st.relaxed.sys``, or one ``multimem.st``), the spins,
+    after it the NEXT_STAGE and payload loads, then
+    :func:`_single_tail_errors`."""
+    wait = _first(lines, "griddepcontrol.wait")
+    plain = [i for i, ln in enumerate(lines) if ln.startswith("ld.global.v4")]
+    errs = []
+    if len(plain) < 3 or max(plain[:2]) > wait or plain[2] < wait:
+        errs.append("residual/gamma loads not before griddepcontrol.wait, or the payload "
+                    "load not after it")
+    return errs + _single_tail_errors(lines, v)
+
+
+def _single_tail_errors(lines: list[str], v: Variant) -> list[str]:
+    """What every single-kernel form does from its NEXT_STAGE load on: the
+    stores (tp ``st.relaxed.sys``, or one ``multimem.st``), the spins,
     ``launch_dependents``, the sentinel write-back, the epilogue's barrier,
     then the acq_rel arrival and the stage advance (the last
     ``st.volatile.global.u32``); the cluster barrier's arrive between the
@@ -143,7 +155,6 @@ def check_single_norm(lines: list[str], v: Variant) -> list[str]:
     launch = _first(lines, "griddepcontrol.launch_dependents")
     if wait < 0 or launch < 0:
         return ["missing griddepcontrol.wait/launch_dependents"]
-    plain = [i for i, ln in enumerate(lines) if ln.startswith("ld.global.v4")]
     stage = _first(lines, "ld.volatile.global.u32", wait)
     stores = [i for i, ln in enumerate(lines)
               if ln.startswith("st.relaxed.sys.global.v4") or "multimem.st" in ln]
@@ -155,9 +166,6 @@ def check_single_norm(lines: list[str], v: Variant) -> list[str]:
                   default=-1)
     cluster_arrive = _first(lines, "barrier.cluster.arrive")
     cluster_wait = _first(lines, "barrier.cluster.wait")
-    if len(plain) < 3 or max(plain[:2]) > wait or plain[2] < wait:
-        errs.append("residual/gamma loads not before griddepcontrol.wait, or the payload "
-                    "load not after it")
     want = 1 if v.transport == "multicast" else (v.tp or 1)
     kinds = {"multimem.st" in lines[i] for i in stores}
     if len(stores) != want or kinds != {v.transport == "multicast"}:
@@ -174,6 +182,101 @@ def check_single_norm(lines: list[str], v: Variant) -> list[str]:
                     f"stage load {stage} and the first store, or wait {cluster_wait} not "
                     f"between bar.sync {barrier} and the advance {advance}")
     return errs + _watchdog_errors(lines, v)
+
+
+def _first_store(lines: list[str]) -> int:
+    """The index of a kernel's first peer store (``st.relaxed.sys`` or
+    ``multimem.st``), ``len(lines)`` when it has none."""
+    return min((i for i, ln in enumerate(lines)
+                if ln.startswith("st.relaxed.sys") or "multimem.st" in ln), default=len(lines))
+
+
+def check_single_embed_norm(lines: list[str], v: Variant) -> list[str]:
+    """The single-kernel embedding (:mod:`kernels.lamport.embed_single`):
+    enorm and hnorm loaded before ``griddepcontrol.wait``, ``previous``
+    after it; the token's id loaded after the NEXT_STAGE load and before
+    the first store, its row after the id; then :func:`_single_tail_errors`."""
+    wait = _first(lines, "griddepcontrol.wait")
+    stage = _first(lines, "ld.volatile.global.u32", max(wait, 0))
+    first_store = _first_store(lines)
+    plain = [i for i, ln in enumerate(lines) if ln.startswith("ld.global.v4")]
+    ids = [i for i, ln in enumerate(lines) if ln.startswith("ld.global.s32")]
+    errs = []
+    if len(plain) != 4 or max(plain[:2]) > wait or plain[2] < wait:
+        errs.append(f"{len(plain)} 16-byte loads: want enorm and hnorm before "
+                    f"griddepcontrol.wait, previous and the row after it")
+    if len(ids) != 1 or not stage < ids[0] < plain[-1] < first_store:
+        errs.append(f"the id load ({ids}) not between the stage load ({stage}) and the row's "
+                    f"load, or the row's not before the first store ({first_store})")
+    return errs + _single_tail_errors(lines, v)
+
+
+def check_single_finalize_norm(lines: list[str], v: Variant, *, config) -> list[str]:
+    """The single-kernel MoE-finalize AllReduceNorm
+    (:mod:`kernels.lamport.finalize_single`; ``config`` its
+    :class:`kernels.lamport.compile.SingleFinalizeNormConfig`): residual,
+    gamma, the routing metadata (and the shared expert with ``shared =
+    "before"``) loaded before ``griddepcontrol.wait``; between the
+    NEXT_STAGE load and the first store the finalize arithmetic, count-exact
+    (:func:`_finalize_arithmetic_errors`, 8 BF16 a thread); then
+    :func:`_single_tail_errors`."""
+    c = config
+    wait = _first(lines, "griddepcontrol.wait")
+    stage = _first(lines, "ld.volatile.global.u32", max(wait, 0))
+    first_store = _first_store(lines)
+    frags = [i for i, ln in enumerate(lines) if ln.startswith("ld.global.v4")]
+    errs = []
+    before = [i for i in frags if i < wait]
+    if len(before) != 2 + (c.shared == "before"):
+        errs.append(f"{len(before)} 16-byte loads before griddepcontrol.wait, want residual, "
+                    f"gamma{' and the shared expert' if c.shared == 'before' else ''}")
+    errs += _finalize_arithmetic_errors(lines[:first_store], c, elements=8, wait=wait,
+                                        stage=stage, fragments=frags)
+    return errs + _single_tail_errors(lines, v)
+
+
+def _finalize_arithmetic_errors(lines: list[str], c, *, elements: int, wait: int, stage: int,
+                                fragments: list[int]) -> list[str]:
+    """The finalize in ``lines`` (a kernel's lines up to its first store):
+    one index and one weight load, before ``griddepcontrol.wait``; ``top_k``
+    routed fragment loads after the stage load, a prefetch group's loads
+    before its first FMA; exactly ``elements * top_k`` ``fma.rn.f32`` (the
+    reference's ``fma=True``), ``elements`` ``add.rn.f32`` for the shared
+    expert, one ``mul.rn.f32`` for a routed scaling factor other than 1 and
+    one ``cvt.rn.bf16x2.f32`` a lane pair. ``fragments``: the indices of the
+    kernel's loads of the fragment width."""
+    errs = []
+    k = c.top_k
+
+    def where(pattern):
+        return [i for i, ln in enumerate(lines) if ln.startswith(pattern)]
+
+    index_loads = where("ld.global.s32")
+    weight_loads = where("ld.global.f32" if c.fp32_weights else "ld.global.b16")
+    if len(index_loads) != 1 or len(weight_loads) != 1:
+        errs.append(f"{len(index_loads)} index / {len(weight_loads)} weight loads, want 1 / 1")
+    elif max(index_loads + weight_loads) > wait:
+        errs.append("routing metadata not loaded before griddepcontrol.wait")
+    routed = [i for i in fragments if stage < i < len(lines)]
+    fmas = where("fma.rn.f32")
+    if len(routed) != k:
+        errs.append(f"{len(routed)} routed loads after the stage load, want top_k={k}")
+    if len(fmas) != elements * k:
+        errs.append(f"{len(fmas)} fma.rn.f32, want E*top_k={elements * k}")
+    elif len(routed) == k:
+        group = c.prefetch_group or k
+        for g in range(0, k, group):
+            last_load = routed[min(g + group, k) - 1]
+            if last_load > fmas[g * elements]:
+                errs.append(f"prefetch group at route {g}: a load after the group's first FMA")
+                break
+    counts = {"add.rn.f32": elements if c.shared != "none" else 0,
+              "mul.rn.f32": 0 if c.routed_scaling_factor == 1.0 else 1,
+              "cvt.rn.bf16x2.f32": elements // 2}
+    for op, n in counts.items():
+        if len(where(op)) != n:
+            errs.append(f"{len(where(op))} {op}, want {n}")
+    return errs
 
 
 def check_finalize_publish(lines: list[str], v: Variant, *, config) -> list[str]:
@@ -200,12 +303,6 @@ def check_finalize_publish(lines: list[str], v: Variant, *, config) -> list[str]
     def where(pattern):
         return [i for i, ln in enumerate(lines) if ln.startswith(pattern)]
 
-    index_loads = where("ld.global.s32")
-    weight_loads = where("ld.global.f32" if c.fp32_weights else "ld.global.b16")
-    if len(index_loads) != 1 or len(weight_loads) != 1:
-        errs.append(f"{len(index_loads)} index / {len(weight_loads)} weight loads, want 1 / 1")
-    elif max(index_loads + weight_loads) > wait:
-        errs.append("routing metadata not loaded before griddepcontrol.wait")
     frags = where(f"ld.global.{vec}")
     want = k + (c.shared != "none")
     if len(frags) != want:
@@ -214,25 +311,8 @@ def check_finalize_publish(lines: list[str], v: Variant, *, config) -> list[str]
     if len(before) != (c.shared == "before"):
         errs.append(f"{len(before)} fragment loads before griddepcontrol.wait "
                     f"with shared={c.shared!r}")
-    routed = [i for i in frags if i > stage]
-    fmas = where("fma.rn.f32")
-    if len(routed) != k:
-        errs.append(f"{len(routed)} routed loads after the stage load, want top_k={k}")
-    if len(fmas) != e * k:
-        errs.append(f"{len(fmas)} fma.rn.f32, want E*top_k={e * k}")
-    elif len(routed) == k:
-        group = c.prefetch_group or k
-        for g in range(0, k, group):
-            last_load = routed[min(g + group, k) - 1]
-            if last_load > fmas[g * e]:
-                errs.append(f"prefetch group at route {g}: a load after the group's first FMA")
-                break
-    counts = {"add.rn.f32": e if c.shared != "none" else 0,
-              "mul.rn.f32": 0 if c.routed_scaling_factor == 1.0 else 1,
-              "cvt.rn.bf16x2.f32": e // 2}
-    for op, n in counts.items():
-        if len(where(op)) != n:
-            errs.append(f"{len(where(op))} {op}, want {n}")
+    errs += _finalize_arithmetic_errors(lines, c, elements=e, wait=wait, stage=stage,
+                                        fragments=frags)
     mc = len(where(f"multimem.st.relaxed.sys.global.{vec}.bf16x2"))
     uc = len(where(f"st.relaxed.sys.global.{vec}.b32"))
     other = len(where("multimem.st")) + len(where("st.relaxed.sys")) - mc - uc

@@ -23,7 +23,7 @@ def rows(request, tmp_path_factory):
 
 
 def test_embed_variants_compile_and_pass(rows):
-    assert len(rows) == 4
+    assert len(rows) == 7  # publish twins, consumer plain / watchdog, 3 single-kernel builds
     for key, r in rows.items():
         assert not r.errors, (key, r.errors)
     assert rows[("publish", "unicast", 0)].variant.entry == "EmbedPublishKernel"
@@ -108,3 +108,26 @@ def test_shard_validation():
         validate_embedding_shard(w, 0, None, 0.0, hidden=H)
     with pytest.raises(ValueError, match="start must be an int"):
         validate_embedding_shard(w, 1.5, None, 1e-6, hidden=H)
+
+
+def test_single_embed_order_and_its_check_catches_mutations(rows):
+    """The single-kernel embedding (kernels/lamport/embed_single.py): enorm,
+    hnorm before the wait; previous, the id and its row after the stage
+    load; one store a peer; the PTX check refuses broken copies."""
+    row = rows[("single", "unicast", cv.CHECK_BUDGET_NS)]
+    lines, check = row.lines, row.variant.check
+    assert not check(lines, row.variant)
+    assert sum(ln.startswith("st.relaxed.sys.global.v4") for ln in lines) == 2
+    assert not rows[("single", "unicast", 0)].errors
+    assert not rows[("single", "multicast", cv.CHECK_BUDGET_NS)].errors
+    wait = lines.index("griddepcontrol.wait;")
+    stage = next(i for i in range(wait, len(lines)) if lines[i].startswith("ld.volatile.global.u32"))
+    ids = next(i for i, ln in enumerate(lines) if ln.startswith("ld.global.s32"))
+    early = lines[:wait] + [lines[ids]] + lines[wait:ids] + lines[ids + 1:]
+    assert any("the id load" in e for e in check(early, row.variant))
+    enorm = next(i for i, ln in enumerate(lines) if ln.startswith("ld.global.v4"))
+    late = lines[:enorm] + lines[enorm + 1:stage] + [lines[enorm]] + lines[stage:]
+    assert any("16-byte loads" in e for e in check(late, row.variant))
+    arrive = next(i for i, ln in enumerate(lines) if ln.startswith("barrier.cluster.arrive"))
+    assert any("cluster barrier out of place" in e
+               for e in check(lines[:arrive] + lines[arrive + 1:], row.variant))

@@ -18,12 +18,41 @@ H, CAP, K = 2560, 16, 6
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_compile_check_finalize(arch, capsys):
-    rc = cc.main(["--no-results", "--arch", arch, "--ops", "finalize_publish", "--tp", "2"])
+    rc = cc.main(["--no-results", "--arch", arch, "--ops", "finalize_publish", "--tp", "2",
+                  "--hidden", str(H)])
     out = capsys.readouterr().out
     assert rc == 0, out
-    # every option combination, unicast and multicast twins, and owner mode
+    # every option combination, unicast and multicast twins, and owner mode; the
+    # single-kernel form: its default (watchdog), every option set, multicast
     assert out.count(" ok ") == (2 * len(cv.FINALIZE_CHECK_CONFIGS)
-                                 + len(cv.FINALIZE_OWNER_CHECK_CONFIGS)), out
+                                 + len(cv.FINALIZE_OWNER_CHECK_CONFIGS)
+                                 + 2 + len(cv.FINALIZE_CHECK_CONFIGS)), out
+    assert out.count("single,E=8") == 2 + len(cv.FINALIZE_CHECK_CONFIGS), out
+
+
+def test_single_finalize_checks_catch_mutations(tmp_path):
+    """The single-kernel finalize's PTX check (kernels.ptx_checks
+    .check_single_finalize_norm) on a real build, then on broken copies."""
+    (v,) = [v for v in ops.get("finalize_publish").variants([H], [2])
+            if v.kernel == "single" and v.transport == "unicast" and v.budget_ns]
+    row = cc.run_variant(v, "sm_90a", str(tmp_path), 0)
+    lines = row.lines
+    assert not row.errors and not _check(row, lines), row.errors
+
+    def first(pattern, start=0):
+        return next(i for i in range(start, len(lines)) if lines[i].startswith(pattern))
+    wait = first("griddepcontrol.wait")
+    fma = first("fma.rn.f32")
+    assert any("fma.rn.f32" in e for e in _check(row, lines[:fma] + lines[fma + 1:]))
+    index = first("ld.global.s32")
+    late = lines[:index] + lines[index + 1:wait + 1] + [lines[index]] + lines[wait + 1:]
+    assert "routing metadata not loaded before griddepcontrol.wait" in _check(row, late)
+    residual = first("ld.global.v4")
+    assert any("16-byte loads before griddepcontrol.wait" in e
+               for e in _check(row, lines[:residual] + lines[residual + 1:]))
+    arrive = first("barrier.cluster.arrive")
+    assert any("cluster barrier out of place" in e
+               for e in _check(row, lines[:arrive] + lines[arrive + 1:]))
 
 
 @pytest.fixture(scope="module")

@@ -396,6 +396,9 @@ class _Reference:
     def variant(self, x):
         return "reference"
 
+    embed_form = form
+    embed_variant = variant
+
     def prepare_embedding(self, table, start, rows):
         self.table = (table, start)
 

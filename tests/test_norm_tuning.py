@@ -26,6 +26,16 @@ def test_the_cluster_covers_the_whole_grid_from_two_tokens_to_its_bound():
     assert NormTuning(64).variant(8) == "single" and NormTuning(0, "none").variant(4) == "two"
 
 
+def test_a_moe_output_s_call_has_its_own_bound():
+    t = NormTuning(64, "none", 16)
+    assert [t.form(m, path="finalize") for m in (1, 16, 17)] == ["single", "single", "two"]
+    assert t.variant(17, path="finalize") == "two" and t.variant(17) == "single+nosync"
+    assert NormTuning(0, "none", 8).variant(8, path="finalize") == "single+nosync"
+    assert NormTuning(8).form(1, path="finalize") == "two"
+    with pytest.raises(ValueError, match=r"finalize_max_tokens must be in \[0, 64\], got 65"):
+        NormTuning(0, "counter", 65).validate()
+
+
 def test_an_agreement_that_is_not_one_is_refused():
     with pytest.raises(ValueError, match=r"sync must be one of .*got 'barrier'"):
         NormTuning(64, "barrier").validate()
@@ -34,6 +44,8 @@ def test_an_agreement_that_is_not_one_is_refused():
 def test_no_agreement_only_at_tp_1_with_unicast():
     check_sync(NormTuning(64, "none"), tp=1, transport="unicast")
     check_sync(NormTuning(0, "none"), tp=2, transport="unicast")  # never launches it
+    with pytest.raises(ValueError, match=r"sync='none' needs tp = 1"):  # the finalize's alone
+        check_sync(NormTuning(0, "none", 8), tp=2, transport="unicast")
     for tp, transport in ((2, "unicast"), (1, "multicast")):
         with pytest.raises(ValueError, match=rf"sync='none' needs tp = 1 and unicast.*"
                                              rf"tp={tp}, transport='{transport}'"):
@@ -44,6 +56,7 @@ def test_every_forced_form_is_what_it_names():
     assert forced("auto") is None
     got = {f: forced(f) for f in FORMS if f != "auto"}
     assert {f: t.variant(8) for f, t in got.items()} == {f: f for f in got}
+    assert {f: t.variant(8, path="finalize") for f, t in got.items()} == {f: f for f in got}
     with pytest.raises(ValueError, match=r"form must be one of .*got 'cluster'"):
         forced("cluster")
 
@@ -53,6 +66,7 @@ def test_every_entry_is_valid_and_within_the_residency_bound():
         tuning.validate()
         check_sync(tuning, tp=tp, transport="unicast")
         assert tuning.single_max_tokens <= SINGLE_MAX_TOKENS, tuning
+        assert tuning.finalize_max_tokens <= SINGLE_MAX_TOKENS, tuning
     with pytest.raises(ValueError, match=r"single_max_tokens must be in \[0, 64\], got 65"):
         NormTuning(65).validate()
 
@@ -70,6 +84,9 @@ def test_a_given_tuning_is_checked_before_any_cuda_call(monkeypatch):
     with pytest.raises(ValueError, match="single-kernel form is one-shot only.*'owner'"):
         arn.AllReduceNorm(hidden_size=5120, max_num_tokens=8, eps=1e-6, mode="owner",
                           norm_tuning=NormTuning(8))
+    with pytest.raises(ValueError, match="single-kernel form is one-shot only.*'owner'"):
+        arn.AllReduceNorm(hidden_size=5120, max_num_tokens=8, eps=1e-6, mode="owner",
+                          top_k=8, norm_tuning=NormTuning(0, "counter", 8))
     with pytest.raises(ValueError, match=r"single_max_tokens must be in \[0, 64\], got 99"):
         arn.AllReduceNorm(hidden_size=5120, max_num_tokens=8, eps=1e-6,
                           norm_tuning=NormTuning(99))

@@ -25,6 +25,7 @@ SPEC = OpSpec(
     collective=True,
     impl=__name__,
     inputs=("random", "shard_edges", "sentinel_pattern"),
+    fields={"form": arn.SPEC.fields["form"]},
     reference="kernels.reference.embed:embed_norm",
     golden="kernels.reference.cases",
     compile_variants="kernels.lamport.compile_variants.embed_norm_variants",
@@ -125,7 +126,7 @@ class RankKernel:
 
     @staticmethod
     def key(case, budget_ns: int) -> tuple:
-        return ("embed_norm", budget_ns, float(case["eps"]))
+        return ("embed_norm", budget_ns, float(case["eps"]), case.get("form", "auto"))
 
     def load(self, case, inputs: dict, rank: int, device) -> None:
         import torch
@@ -140,6 +141,13 @@ class RankKernel:
         ids, positions, previous, enorm, hnorm = self.args
         self.kernel.validate_embedding(ids, positions, previous, self.table, enorm, hnorm,
                                        self.out)
+
+    def call(self) -> None:
+        """The whole call as a caller makes it (``AllReduceNorm.embed_norm``:
+        the form its table picks); the rank splits publish and consume only
+        for the faults that need it."""
+        ids, positions, previous, enorm, hnorm = self.args
+        self.kernel.embed_norm(ids, positions, previous, self.table, enorm, hnorm, out=self.out)
 
     def publish(self) -> None:
         self.kernel.publish_embedding(self.args[0], self.table)

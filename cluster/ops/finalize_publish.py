@@ -30,7 +30,8 @@ SPEC = OpSpec(
     impl=__name__,
     inputs=("random", "bf16_weights", "no_route", "order_sensitive", "sentinel_pattern"),
     fields={"top_k": Field(8, positive_int, "a positive int (routes per token)"),
-            "residual": arn.SPEC.fields["residual"], "mode": arn.SPEC.fields["mode"]},
+            "residual": arn.SPEC.fields["residual"], "mode": arn.SPEC.fields["mode"],
+            "form": arn.SPEC.fields["form"]},
     reference="kernels.reference.moe:all_reduce_norm_finalize",
     golden="kernels.reference.cases",
     compile_variants="kernels.lamport.compile_variants.finalize_publish_variants",
@@ -149,7 +150,7 @@ class RankKernel(arn.RankKernel):
     @staticmethod
     def key(case, budget_ns: int) -> tuple:
         return ("finalize_publish", budget_ns, float(case["eps"]), int(case["top_k"]),
-                case.get("mode", "one_shot"))
+                case.get("mode", "one_shot"), case.get("form", "auto"))
 
     def x(self, case, inputs: dict, rank: int, device):
         return moe_output(inputs["moes"][rank], device)

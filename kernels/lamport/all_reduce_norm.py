@@ -14,9 +14,11 @@ The same instance (one mailbox, one stage rotation) also serves
 - a MoE output whose routed top-k reduction is still open
   (:class:`kernels.moe.MoEOutput`): ``__call__`` dispatches to the finalize
   publish (:mod:`kernels.lamport.finalize_publish`) compiled for the weight
-  dtype (construct with ``top_k``);
+  dtype (construct with ``top_k``), or, where the tuning picks it, to the
+  single-kernel finalize (:mod:`kernels.lamport.finalize_single`);
 - the MTP draft's embedding: :meth:`AllReduceNorm.prepare_embedding` then
-  :meth:`AllReduceNorm.embed_norm` (:mod:`kernels.lamport.embed`).
+  :meth:`AllReduceNorm.embed_norm` (:mod:`kernels.lamport.embed`, or, where
+  the tuning picks it, :mod:`kernels.lamport.embed_single`).
 Calls of the three kinds interleave freely on one instance (every rank makes
 the same sequence of calls with the same token count).
 
@@ -47,14 +49,16 @@ from kernels.validation import (norm_threads, require_choice, require_int, requi
                                 require_range, require_tensor, require_tp)
 
 from .compile import (EmbedNormConfig, EmbedPublishConfig, FinalizePublishConfig,
-                      NormConfig, PublishConfig, SingleNormConfig, cached)
+                      NormConfig, PublishConfig, SingleEmbedNormConfig,
+                      SingleFinalizeNormConfig, SingleNormConfig, cached)
 from .diagnosis import GroupDiagnosis, diagnose_errors
 from .finalize_publish import (FinalizeTuning, check_finalize_options,
                                finalize_ctas_per_token)
 from .mailbox import Mailbox, RankErrors, require_multicast
 from .norm_tuning import NormTuning, check_sync
 from .norm_tuning import norm_tuning as norm_tuning_for
-from .protocol import ERR_DEFAULT_RECORDS, MODES, SINGLE_SYNCS, owner_capacity, owner_rows
+from .protocol import (ERR_DEFAULT_RECORDS, MODES, SINGLE_SYNCS, VEC_BF16, owner_capacity,
+                       owner_rows)
 from .publish import TRANSPORTS, check_owner_transport, publish_ctas_per_token
 
 
@@ -111,9 +115,14 @@ def check_norm_tuning(tuning: NormTuning, mode: str, *, tp: int, transport: str)
     (:func:`kernels.lamport.norm_tuning.check_sync`); ValueError naming it."""
     tuning.validate()
     check_sync(tuning, tp=tp, transport=transport)
-    if mode != "one_shot" and tuning.single_max_tokens:
+    if mode != "one_shot" and tuning.any_single:
         raise ValueError(f"norm_tuning={tuning!r}: the single-kernel form is one-shot only; "
                          f"this instance has mode={mode!r}")
+
+
+def _tokens(x) -> int:
+    """M of a call's input: a partial's rows or a MoE output's tokens."""
+    return x.tokens if isinstance(x, MoEOutput) else x.shape[0]
 
 
 def output_rows(mode: str, m: int, tp: int) -> int:
@@ -360,17 +369,37 @@ class AllReduceNorm(LamportGroupMember):
                         prefetch_group=t.prefetch_group, transport=transport, mode=mode))
             self._finalize_ctas = finalize_ctas_per_token(hidden_size,
                                                           t.elements_per_thread)
+        # Its single-kernel form, where the tuning picks it and a token's CTA
+        # has a thread a route (kernels.lamport.finalize_single).
+        self._single_finalize = {}
+        if top_k is not None and self.norm_tuning.finalize_max_tokens and \
+                top_k <= hidden_size // VEC_BF16:
+            t = finalize_tuning
+            for dtype in (torch.float32, torch.bfloat16):
+                for has_shared in (True, False):
+                    self._single_finalize[dtype, has_shared] = cached(SingleFinalizeNormConfig(
+                        hidden=hidden_size, tp=self.tp, top_k=top_k, budget_ns=self.budget_ns,
+                        fp32_weights=dtype == torch.float32,
+                        routed_scaling_factor=self.routed_scaling_factor,
+                        shared=("before" if t.load_shared_before_pdl else "after")
+                        if has_shared else "none",
+                        prefetch_group=t.prefetch_group, transport=transport))
         # Embedding: weight.data_ptr() -> (weight, start, rows, eps).
         self._embeddings: dict[int, tuple[torch.Tensor, int, int, float]] = {}
         self._embed_publish = None
         self._embed_norm = None
+        self._single_embed = None
 
     def form(self, x) -> str:
         """``"single"`` or ``"two"``: the form :meth:`__call__` launches for
-        ``x`` (a MoEOutput always goes through the finalize publish, two
-        kernels; virtual ranks never call this)."""
-        if isinstance(x, MoEOutput) or self._virtual_peers:
+        ``x`` (a MoEOutput: the single finalize kernel only where it was
+        compiled, see the constructor; virtual ranks: two always)."""
+        if self._virtual_peers:
             return "two"
+        if isinstance(x, MoEOutput):
+            if not self._single_finalize:
+                return "two"
+            return self.norm_tuning.form(_tokens(x), path="finalize")
         return self.norm_tuning.form(x.shape[0])
 
     def variant(self, x) -> str:
@@ -379,7 +408,8 @@ class AllReduceNorm(LamportGroupMember):
         (:meth:`kernels.lamport.norm_tuning.NormTuning.variant`)."""
         if self.form(x) == "two":
             return "two"
-        return self.norm_tuning.variant(x.shape[0])
+        return self.norm_tuning.variant(_tokens(x),
+                                        path="finalize" if isinstance(x, MoEOutput) else "plain")
 
     # -- introspection
     @classmethod
@@ -469,23 +499,36 @@ class AllReduceNorm(LamportGroupMember):
         self.consume(residual, norm_weight, out, tokens=m)
         return out
 
-    def publish_and_consume(self, x: torch.Tensor, residual: torch.Tensor,
+    def publish_and_consume(self, x: torch.Tensor | MoEOutput, residual: torch.Tensor,
                             norm_weight: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor],
                             *, stream: torch.cuda.Stream | None = None) -> None:
-        """Launch the single-kernel form (:mod:`kernels.lamport.norm_single`)
-        of a one-shot call on ``stream``; no validation (:meth:`__call__`
+        """Launch the single-kernel form (:mod:`kernels.lamport.norm_single`,
+        or :mod:`kernels.lamport.finalize_single` for a MoE output) of a
+        one-shot call on ``stream``; no validation (:meth:`__call__`
         validates and picks the form). Needs a tuning that allows it (the
         kernel is compiled at construction only then)."""
+        mb = self._mailbox
+        norm_out, residual_out = out
+        m = _tokens(x)
+        tail = (mb.buffer_ptr, self._destination, residual.data_ptr(), norm_weight.data_ptr(),
+                residual_out.data_ptr(), norm_out.data_ptr(), mb.stage_state_ptr, mb.error_ptr,
+                mb.capacity, mb.error_records, self.eps, m, self.rank, *self._sync(m),
+                _stream_handle(stream))
+        if isinstance(x, MoEOutput):
+            r, shared = x.routed, x.shared_output
+            kernel = self._single_finalize.get((r.expert_weights.dtype, shared is not None))
+            if kernel is None:
+                raise RuntimeError(f"norm_tuning={self.norm_tuning!r} (top_k={self.top_k}, "
+                                   f"hidden={self.hidden_size}) never picks the single "
+                                   f"finalize kernel, so it was not compiled")
+            kernel(r.gemm2_permuted.data_ptr(), r.expert_weights.data_ptr(),
+                   r.expanded_idx_to_permuted_idx.data_ptr(),
+                   0 if shared is None else shared.data_ptr(), r.gemm2_permuted.shape[0], *tail)
+            return
         if self._single is None:
             raise RuntimeError(f"norm_tuning={self.norm_tuning!r} never picks the single "
                                f"kernel, so it was not compiled")
-        mb = self._mailbox
-        norm_out, residual_out = out
-        self._single(x.data_ptr(), mb.buffer_ptr, self._destination, residual.data_ptr(),
-                     norm_weight.data_ptr(), residual_out.data_ptr(), norm_out.data_ptr(),
-                     mb.stage_state_ptr, mb.error_ptr, mb.capacity, mb.error_records,
-                     self.eps, x.shape[0], self.rank, *self._sync(x.shape[0]),
-                     _stream_handle(stream))
+        self._single(x.data_ptr(), *tail)
 
     def _sync(self, tokens: int) -> tuple[int, int]:
         """The single kernel's ``sync`` index and cluster size for ``tokens``."""
@@ -511,7 +554,25 @@ class AllReduceNorm(LamportGroupMember):
                                                             transport=self.transport))
             self._embed_norm = cached(EmbedNormConfig(hidden=self.hidden_size, tp=self.tp,
                                                       budget_ns=self.budget_ns))
+            if self.norm_tuning.embed_max_tokens:
+                self._single_embed = cached(SingleEmbedNormConfig(
+                    hidden=self.hidden_size, tp=self.tp, budget_ns=self.budget_ns,
+                    transport=self.transport))
         self._embeddings[weight.data_ptr()] = (weight, start, rows, eps)
+
+    def embed_form(self, ids: torch.Tensor) -> str:
+        """``"single"`` or ``"two"``: the form :meth:`embed_norm` launches
+        for ``ids`` (virtual ranks: two always)."""
+        if self._virtual_peers or self._single_embed is None:
+            return "two"
+        return self.norm_tuning.form(ids.shape[0], path="embed")
+
+    def embed_variant(self, ids: torch.Tensor) -> str:
+        """What :meth:`embed_norm` launches for ``ids``, as the profile rows
+        name it (:meth:`variant`'s names)."""
+        if self.embed_form(ids) == "two":
+            return "two"
+        return self.norm_tuning.variant(ids.shape[0], path="embed")
 
     def validate_embedding(self, ids, positions, previous, weight, enorm, hnorm,
                            out=None) -> int:
@@ -566,9 +627,33 @@ class AllReduceNorm(LamportGroupMember):
         if out is None:
             out = torch.empty(m, 2 * self.hidden_size, dtype=torch.bfloat16,
                               device=previous.device)
+        if self.embed_form(ids) == "single":
+            self.publish_and_consume_embedding(ids, positions, previous, weight, enorm, hnorm,
+                                               out)
+            return out
         self.publish_embedding(ids, weight)
         self.consume_embedding(positions, previous, weight, enorm, hnorm, out)
         return out
+
+    def publish_and_consume_embedding(self, ids: torch.Tensor, positions: torch.Tensor,
+                                      previous: torch.Tensor, weight: torch.Tensor,
+                                      enorm: torch.Tensor, hnorm: torch.Tensor,
+                                      out: torch.Tensor, *,
+                                      stream: torch.cuda.Stream | None = None) -> None:
+        """Launch the single-kernel embedding (:mod:`kernels.lamport.embed_single`)
+        on ``stream``; no validation (:meth:`embed_norm` validates and picks
+        the form)."""
+        if self._single_embed is None:
+            raise RuntimeError(f"norm_tuning={self.norm_tuning!r} never picks the single "
+                               f"embedding kernel, so it was not compiled")
+        _, start, rows, eps = self._embeddings[weight.data_ptr()]
+        mb = self._mailbox
+        m = ids.shape[0]
+        self._single_embed(ids.data_ptr(), weight.data_ptr(), start, rows, positions.data_ptr(),
+                           previous.data_ptr(), enorm.data_ptr(), hnorm.data_ptr(),
+                           out.data_ptr(), mb.buffer_ptr, self._destination,
+                           mb.stage_state_ptr, mb.error_ptr, mb.capacity, mb.error_records,
+                           eps, m, self.rank, *self._sync(m), _stream_handle(stream))
 
 
 VIRTUAL_NORM_TUNING = NormTuning(0, source="virtual ranks: two kernels always")

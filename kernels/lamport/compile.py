@@ -138,8 +138,34 @@ class FinalizePublishConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SingleFinalizeNormConfig:
+    """:class:`kernels.lamport.finalize_single.SingleFinalizeNormKernel`
+    (one-shot only; 16-byte fragments always)."""
+    hidden: int
+    tp: int
+    top_k: int
+    budget_ns: int = 0
+    fp32_weights: bool = True
+    routed_scaling_factor: float = 1.0
+    shared: str = "after"
+    prefetch_group: int | None = None
+    transport: str = "unicast"
+    arch: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class EmbedPublishConfig:
     tp: int
+    transport: str = "unicast"
+    arch: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleEmbedNormConfig:
+    """:class:`kernels.lamport.embed_single.SingleEmbedNormKernel`."""
+    hidden: int
+    tp: int
+    budget_ns: int = 0
     transport: str = "unicast"
     arch: str = ""
 
@@ -168,6 +194,40 @@ def compile_finalize_publish(config: FinalizePublishConfig, *, dump_dir: str | N
     return cute.compile(kernel, *([Int64(0)] * 4), Int32(1), *([Int64(0)] * 3), Int32(0),
                         Int32(1), Int32(VEC_BF16), Int32(1), Int32(1), make_fake_stream(),
                         options=_options(config.arch, dump_dir))
+
+
+@persistent
+def compile_single_finalize_norm(config: SingleFinalizeNormConfig, *,
+                                 dump_dir: str | None = None):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64
+    from cutlass.cute.runtime import make_fake_stream
+
+    from .finalize_single import SingleFinalizeNormKernel
+
+    kernel = SingleFinalizeNormKernel(
+        hidden=config.hidden, tp=config.tp, top_k=config.top_k, budget_ns=config.budget_ns,
+        transport=config.transport, fp32_weights=config.fp32_weights,
+        routed_scaling_factor=config.routed_scaling_factor, shared=config.shared,
+        prefetch_group=config.prefetch_group)
+    return cute.compile(kernel, *([Int64(0)] * 4), Int32(1), *([Int64(0)] * 8), Int32(1),
+                        Int32(1), Float32(1e-6), Int32(1), Int32(0), Int32(0), Int32(1),
+                        make_fake_stream(), options=_options(config.arch, dump_dir))
+
+
+@persistent
+def compile_single_embed_norm(config: SingleEmbedNormConfig, *, dump_dir: str | None = None):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64
+    from cutlass.cute.runtime import make_fake_stream
+
+    from .embed_single import SingleEmbedNormKernel
+
+    kernel = SingleEmbedNormKernel(hidden=config.hidden, tp=config.tp,
+                                   budget_ns=config.budget_ns, transport=config.transport)
+    return cute.compile(kernel, Int64(0), Int64(0), Int32(0), Int32(1), *([Int64(0)] * 9),
+                        Int32(1), Int32(1), Float32(1e-6), Int32(1), Int32(0), Int32(0),
+                        Int32(1), make_fake_stream(), options=_options(config.arch, dump_dir))
 
 
 @persistent
@@ -203,8 +263,10 @@ _COMPILERS = {
     NormConfig: compile_norm,
     SingleNormConfig: compile_single_norm,
     FinalizePublishConfig: compile_finalize_publish,
+    SingleFinalizeNormConfig: compile_single_finalize_norm,
     EmbedPublishConfig: compile_embed_publish,
     EmbedNormConfig: compile_embed_norm,
+    SingleEmbedNormConfig: compile_single_embed_norm,
 }
 
 

@@ -128,6 +128,30 @@ def embed_norm_variants(hiddens, tps) -> list[Variant]:
                                               dump_dir=dump)
                 out.append(Variant("embed_norm", "consumer", "EmbedNormKernel", build,
                                    budget_ns=wd, hidden=hidden, tp=tp, detail="embed"))
+    return out + _single_embed_variants(hiddens, tps)
+
+
+def _single_embed_variants(hiddens, tps) -> list[Variant]:
+    """The single-kernel embedding (:mod:`kernels.lamport.embed_single`):
+    unicast watchdog builds for every (hidden, tp), the plain build at the
+    first hidden for every tp, multicast (compiled and checked, never run
+    here) at the first hidden for every tp."""
+    from kernels.lamport.compile import SingleEmbedNormConfig, compile_single_embed_norm
+    from kernels.ptx_checks import check_single_embed_norm
+
+    builds = [(hidden, tp, "unicast", CHECK_BUDGET_NS) for hidden in hiddens for tp in tps]
+    if hiddens:
+        builds += [(hiddens[0], tp, transport, wd) for tp in tps
+                   for transport, wd in (("unicast", 0), ("multicast", CHECK_BUDGET_NS))]
+    out = []
+    for hidden, tp, transport, wd in builds:
+        def build(arch, dump, hidden=hidden, tp=tp, transport=transport, wd=wd):
+            return compile_single_embed_norm(SingleEmbedNormConfig(
+                hidden=hidden, tp=tp, budget_ns=wd, transport=transport, arch=arch),
+                dump_dir=dump)
+        out.append(Variant("embed_norm", "single", "SingleEmbedNormKernel", build,
+                           transport=transport, budget_ns=wd, hidden=hidden, tp=tp,
+                           check=check_single_embed_norm, detail="embed,single-kernel form"))
     return out
 
 
@@ -150,7 +174,8 @@ expert absent/before/after the wait, for every tp."""
 
 
 def _finalize_detail(c) -> str:
-    return (f"E={c.elements_per_thread},{'f32' if c.fp32_weights else 'bf16'}w,k={c.top_k},"
+    return (f"E={getattr(c, 'elements_per_thread', 8)},{'f32' if c.fp32_weights else 'bf16'}w,"
+            f"k={c.top_k},"
             f"sh={c.shared},pg={c.prefetch_group or c.top_k},s={c.routed_scaling_factor:g}")
 
 
@@ -197,4 +222,37 @@ def finalize_publish_variants(hiddens, tps) -> list[Variant]:
                 mode="owner")
             out.append(finalize_publish_variant(
                 "finalize_publish", config, detail="owner," + _finalize_detail(config)))
+    return out + _single_finalize_variants(hiddens, tps)
+
+
+def _single_finalize_variants(hiddens, tps) -> list[Variant]:
+    """The single-kernel finalize form (:mod:`kernels.lamport.finalize_single`,
+    16-byte fragments, hidden compiled in): the op's default options,
+    watchdog build, for every (hidden, tp); every option set of
+    :data:`FINALIZE_CHECK_CONFIGS` (their fragment width aside) unicast at
+    the first hidden for every tp; multicast (compiled and checked, never
+    run here) with the default options at the first hidden for every tp."""
+    from kernels.lamport.compile import SingleFinalizeNormConfig, compile_single_finalize_norm
+    from kernels.ptx_checks import check_single_finalize_norm
+
+    default = SingleFinalizeNormConfig(hidden=0, tp=0, top_k=8, budget_ns=CHECK_BUDGET_NS)
+    configs = [dataclasses.replace(default, hidden=hidden, tp=tp)
+               for hidden in hiddens for tp in tps]
+    for _, fp32, top_k, shared, group, scale in FINALIZE_CHECK_CONFIGS if hiddens else ():
+        configs += [SingleFinalizeNormConfig(
+            hidden=hiddens[0], tp=tp, top_k=top_k, fp32_weights=fp32, shared=shared,
+            prefetch_group=group, routed_scaling_factor=scale) for tp in tps]
+    if hiddens:
+        configs += [dataclasses.replace(default, hidden=hiddens[0], tp=tp,
+                                        transport="multicast") for tp in tps]
+    out = []
+    for config in configs:
+        def build(arch, dump, config=config):
+            return compile_single_finalize_norm(dataclasses.replace(config, arch=arch),
+                                                dump_dir=dump)
+        out.append(Variant("finalize_publish", "single", "SingleFinalizeNormKernel", build,
+                           transport=config.transport, budget_ns=config.budget_ns,
+                           hidden=config.hidden, tp=config.tp,
+                           check=functools.partial(check_single_finalize_norm, config=config),
+                           detail="single," + _finalize_detail(config)))
     return out

@@ -82,15 +82,7 @@ class EmbedPublishKernel:
         stage = prim.load_volatile_u32(stage_state + NEXT_STAGE * 4)
         stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
         if column < hidden64:
-            local = Int64(prim.load_s32(ids + Int64(token) * 4)) - Int64(start)
-            words = cute.make_rmem_tensor(cute.make_layout((4,)), Uint32)
-            words.fill(Uint32(0))
-            if (local >= Int64(0)) & (local < Int64(rows)):
-                loaded = prim.sanitize_u32x4(
-                    prim.load_u32x4(weight + (local * hidden64 + column) * 2))
-                for i in cutlass.range_constexpr(4):
-                    words[i] = loaded[i]
-            payload = [words[i] for i in range(4)]
+            payload = embedding_words(ids, weight, token, start, rows, hidden64, column)
             store_payload(self, payload, stage, stage_ok, peers, destination, rank, capacity,
                           token, hidden64, column)
         record_stage(stage, stage_ok, stage_state, error, (cta == 0) & (token == 0) & (tidx == 0))
@@ -119,8 +111,6 @@ class EmbedNormKernel(NormKernel):
         hidden = self.hidden
         tidx, _, _ = cute.arch.thread_idx()
         token, _, _ = cute.arch.block_idx()
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.warp_idx()
         column = Int64(tidx) * VEC_BF16
         element = Int64(token) * hidden + column
 
@@ -137,38 +127,73 @@ class EmbedNormKernel(NormKernel):
         reduced = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
         failed = self._consume(mailbox, stage_state, error, capacity, error_records,
                                token, tidx, column, reduced, hint)
-        if failed:
-            reduced.fill(Float32(float("nan")))
-        else:
-            if position == Int64(0):
-                reduced.fill(Float32(0.0))
-        # Exactly one rank owns each id: the BF16 sum is the owner's row.
-        embedding = reduced.load().to(cutlass.BFloat16).to(Float32)
+        embed_epilogue(self, reduced, failed, position, previous_values, enorm_values,
+                       hnorm_values, output, token, column, eps)
 
-        squares = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        squares[0] = (embedding * embedding).reduce(
-            cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
-        squares[1] = (previous_values * previous_values).reduce(
-            cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
-        for i in cutlass.range_constexpr(2):
-            for offset in cutlass.range_constexpr(5):
-                squares[i] = squares[i] + cute.arch.shuffle_sync_bfly(
-                    squares[i], offset=1 << offset, mask=-1, mask_and_clamp=31)
+
+@cute.jit
+def embedding_words(ids: Int64, weight: Int64, token, start: Int32, rows: Int32,
+                    hidden64: Int64, column: Int64) -> list:
+    """The publish's payload at ``column`` of ``token``: this rank's
+    embedding row of ``ids[token]`` (row ``id - start`` of its shard
+    ``weight``, -0.0 sanitized) when it owns the id, else +0.0; 4 words."""
+    local = Int64(prim.load_s32(ids + Int64(token) * 4)) - Int64(start)
+    words = cute.make_rmem_tensor(cute.make_layout((4,)), Uint32)
+    words.fill(Uint32(0))
+    if (local >= Int64(0)) & (local < Int64(rows)):
+        loaded = prim.sanitize_u32x4(prim.load_u32x4(weight + (local * hidden64 + column) * 2))
+        for i in cutlass.range_constexpr(4):
+            words[i] = loaded[i]
+    return [words[i] for i in range(4)]
+
+
+@cute.jit
+def embed_epilogue(kernel, reduced, failed, position, previous_values, enorm_values,
+                   hnorm_values, output: Int64, token, column: Int64, eps: Float32,
+                   smem=None) -> None:
+    """The MTP layer's ``fused_eh_norm`` of one fragment, shared by the
+    embed-norm consumers (``kernel``: a :class:`NormKernel`, its ``hidden``
+    and ``warps``): the summed embedding (NaN where ``failed``, +0.0 where
+    ``position == 0``) rounded to BF16, then ``[enorm(embedding),
+    hnorm(previous)]`` into ``output`` ([M, 2 * hidden] BF16), the two sums
+    of squares through warp shuffles and one barrier (``smem``: the
+    kernel's allocator, when it allocated shared memory of its own)."""
+    hidden = kernel.hidden
+    lane = cute.arch.lane_idx()
+    warp = cute.arch.warp_idx()
+    if failed:
+        reduced.fill(Float32(float("nan")))
+    else:
+        if position == Int64(0):
+            reduced.fill(Float32(0.0))
+    # Exactly one rank owns each id: the BF16 sum is the owner's row.
+    embedding = reduced.load().to(cutlass.BFloat16).to(Float32)
+
+    squares = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+    squares[0] = (embedding * embedding).reduce(
+        cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
+    squares[1] = (previous_values * previous_values).reduce(
+        cute.ReductionOp.ADD, init_val=Float32(0.0), reduction_profile=0)
+    for i in cutlass.range_constexpr(2):
+        for offset in cutlass.range_constexpr(5):
+            squares[i] = squares[i] + cute.arch.shuffle_sync_bfly(
+                squares[i], offset=1 << offset, mask=-1, mask_and_clamp=31)
+    if cutlass.const_expr(smem is None):
         smem = cutlass.memory.SmemAllocator()
-        warp_sums = smem.allocate_array(Float32, 2 * self.warps)
-        if lane == 0:
-            cute.arch.store((warp_sums + 2 * warp).llvm_ptr, squares[0])
-            cute.arch.store((warp_sums + 2 * warp + 1).llvm_ptr, squares[1])
-        cute.arch.barrier()
-        total_e = Float32(0.0)
-        total_h = Float32(0.0)
-        for w in cutlass.range_constexpr(self.warps):
-            total_e = total_e + cute.arch.load((warp_sums + 2 * w).llvm_ptr, Float32)
-            total_h = total_h + cute.arch.load((warp_sums + 2 * w + 1).llvm_ptr, Float32)
-        inv_e = cute.math.rsqrt(total_e / Float32(hidden) + eps, fastmath=True)
-        inv_h = cute.math.rsqrt(total_h / Float32(hidden) + eps, fastmath=True)
-        row = Int64(token) * (2 * hidden) + column
-        prim.store_u32x4(output + row * 2, prim.pack_bf16x8(
-            (embedding * inv_e * enorm_values).to(cutlass.BFloat16)))
-        prim.store_u32x4(output + (row + hidden) * 2, prim.pack_bf16x8(
-            (previous_values * inv_h * hnorm_values).to(cutlass.BFloat16)))
+    warp_sums = smem.allocate_array(Float32, 2 * kernel.warps)
+    if lane == 0:
+        cute.arch.store((warp_sums + 2 * warp).llvm_ptr, squares[0])
+        cute.arch.store((warp_sums + 2 * warp + 1).llvm_ptr, squares[1])
+    cute.arch.barrier()
+    total_e = Float32(0.0)
+    total_h = Float32(0.0)
+    for w in cutlass.range_constexpr(kernel.warps):
+        total_e = total_e + cute.arch.load((warp_sums + 2 * w).llvm_ptr, Float32)
+        total_h = total_h + cute.arch.load((warp_sums + 2 * w + 1).llvm_ptr, Float32)
+    inv_e = cute.math.rsqrt(total_e / Float32(hidden) + eps, fastmath=True)
+    inv_h = cute.math.rsqrt(total_h / Float32(hidden) + eps, fastmath=True)
+    row = Int64(token) * (2 * hidden) + column
+    prim.store_u32x4(output + row * 2, prim.pack_bf16x8(
+        (embedding * inv_e * enorm_values).to(cutlass.BFloat16)))
+    prim.store_u32x4(output + (row + hidden) * 2, prim.pack_bf16x8(
+        (previous_values * inv_h * hnorm_values).to(cutlass.BFloat16)))

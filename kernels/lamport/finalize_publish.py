@@ -141,12 +141,6 @@ class FinalizePublishKernel:
         self.prefetch_groups = (top_k + prefetch_group - 1) // prefetch_group
         self.threads = FINALIZE_THREADS
 
-    # -- the fragment width, chosen at compile time
-    def _load(self, address):
-        if self.elements == 8:
-            return prim.load_u32x4(address)
-        return prim.load_u32x2(address)
-
     @cute.jit
     def __call__(self, routed: Int64, weights: Int64, indices: Int64, shared: Int64,
                  routed_rows: Int32, stage_state: Int64, destination: Int64, error: Int64,
@@ -172,87 +166,126 @@ class FinalizePublishKernel:
         if cutlass.const_expr(self.owner):
             real = token < m
 
-        # Routing metadata -> shared memory, one thread a route.
         smem = cutlass.memory.SmemAllocator()
-        staged_rows = smem.allocate_array(Int32, self.top_k)
-        staged_weights = smem.allocate_array(Float32, self.top_k)
-        if cutlass.const_expr(self.owner):
-            if (tidx < self.top_k) & (token >= m):
-                cute.arch.store((staged_rows + tidx).llvm_ptr, Int32(-1))
-                cute.arch.store((staged_weights + tidx).llvm_ptr, Float32(0.0))
-        if (tidx < self.top_k) & real:
-            element = Int64(token) * self.top_k + Int64(tidx)
-            row = prim.load_s32(indices + element * 4)
-            if cutlass.const_expr(self.fp32_weights):
-                weight = prim.load_f32(weights + element * 4)
-            else:
-                weight = prim.load_bf16_as_f32(weights + element * 2)
-            if cutlass.const_expr(self.scale != 1.0):
-                weight = prim.mul_rn_f32(weight, Float32(self.scale))
-            if row == Int32(-1):
-                weight = Float32(0.0)
-            if (row < Int32(-1)) | (row >= routed_rows):
-                row = Int32(-1)
-                weight = Float32(float("nan"))
-            cute.arch.store((staged_rows + tidx).llvm_ptr, row)
-            cute.arch.store((staged_weights + tidx).llvm_ptr, weight)
-        cute.arch.barrier()
-
+        staged_rows, staged_weights = stage_routes(self, smem, indices, weights, routed_rows,
+                                                   token, tidx, real)
         shared_words = cute.make_rmem_tensor(cute.make_layout((self.words,)), Uint32)
         shared_words.fill(Uint32(0))
         if cutlass.const_expr(self.shared == "before"):
-            if (column < hidden64) & real:
-                loaded = self._load(shared + (Int64(token) * hidden64 + column) * 2)
-                for i in cutlass.range_constexpr(self.words):
-                    shared_words[i] = loaded[i]
+            load_shared_words(self, shared_words, shared, token, hidden64, column, real)
 
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
 
         if cutlass.const_expr(self.shared == "after"):
-            if (column < hidden64) & real:
-                loaded = self._load(shared + (Int64(token) * hidden64 + column) * 2)
-                for i in cutlass.range_constexpr(self.words):
-                    shared_words[i] = loaded[i]
+            load_shared_words(self, shared_words, shared, token, hidden64, column, real)
 
         stage = prim.load_volatile_u32(stage_state + NEXT_STAGE * 4)
         stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
         if column < hidden64:
-            acc = [Float32(0.0) for _ in range(self.elements)]
-            inputs = cute.make_rmem_tensor(
-                cute.make_layout((self.prefetch_group, self.words)), Uint32)
-            for group in cutlass.range_constexpr(self.prefetch_groups):
-                # Issue the group's loads back to back ...
-                for item in cutlass.range_constexpr(self.prefetch_group):
-                    k = group * self.prefetch_group + item
-                    if cutlass.const_expr(k < self.top_k):
-                        for w in cutlass.range_constexpr(self.words):
-                            inputs[item, w] = Uint32(0)
-                        row = cute.arch.load((staged_rows + k).llvm_ptr, Int32)
-                        if row != Int32(-1):
-                            loaded = self._load(
-                                routed + (Int64(row) * hidden64 + column) * 2)
-                            for w in cutlass.range_constexpr(self.words):
-                                inputs[item, w] = loaded[w]
-                # ... then their FMAs, in route order.
-                for item in cutlass.range_constexpr(self.prefetch_group):
-                    k = group * self.prefetch_group + item
-                    if cutlass.const_expr(k < self.top_k):
-                        weight = cute.arch.load((staged_weights + k).llvm_ptr, Float32)
-                        for w in cutlass.range_constexpr(self.words):
-                            lo, hi = prim.bf16x2_to_f32x2(inputs[item, w])
-                            acc[2 * w] = prim.fma_rn_f32(lo, weight, acc[2 * w])
-                            acc[2 * w + 1] = prim.fma_rn_f32(hi, weight, acc[2 * w + 1])
-            if cutlass.const_expr(self.shared != "none"):
-                for w in cutlass.range_constexpr(self.words):
-                    lo, hi = prim.bf16x2_to_f32x2(shared_words[w])
-                    acc[2 * w] = prim.add_rn_f32(acc[2 * w], lo)
-                    acc[2 * w + 1] = prim.add_rn_f32(acc[2 * w + 1], hi)
-            words = [prim.sanitize_u32(prim.f32x2_to_bf16x2_rn(acc[2 * w], acc[2 * w + 1]))
-                     for w in range(self.words)]
+            words = finalize_words(self, routed, staged_rows, staged_weights, shared_words,
+                                   hidden64, column)
             store_payload(self, words, stage, stage_ok, peers, destination, rank, capacity,
                           token, hidden64, column)
         record_stage(stage, stage_ok, stage_state, error, (cta == 0) & (token == 0) & (tidx == 0))
+
+
+# The finalize arithmetic, shared by this publish and the single-kernel form
+# (kernels.lamport.finalize_single). ``kernel`` supplies, at compile time,
+# ``top_k``, ``fp32_weights``, ``scale``, ``shared``, ``owner``, ``elements``
+# (BF16 a thread: 4 or 8), ``words`` (elements / 2), ``prefetch_group`` and
+# ``prefetch_groups``. Each output element's FMA chain depends only on its own
+# column, so the bits do not depend on how the columns are spread over threads.
+def load_fragment(kernel, address: Int64):
+    """``kernel.elements`` BF16 at ``address`` (8 or 16 bytes), as words."""
+    if kernel.elements == 8:
+        return prim.load_u32x4(address)
+    return prim.load_u32x2(address)
+
+
+@cute.jit
+def stage_routes(kernel, smem, indices: Int64, weights: Int64, routed_rows: Int32, token,
+                 tidx, real):
+    """Token ``token``'s routing metadata into shared memory, one thread a
+    route (the block has at least ``top_k`` threads), then a block barrier;
+    returns the arrays (route row, weight). The weight is scaled by the
+    routed scaling factor, 0 where the route is -1, and NaN (with the route
+    made -1) where the index is outside ``[-1, routed_rows)``. Not ``real``
+    (owner mode, a token >= M): every route -1, weight 0."""
+    staged_rows = smem.allocate_array(Int32, kernel.top_k)
+    staged_weights = smem.allocate_array(Float32, kernel.top_k)
+    if tidx < kernel.top_k:
+        row = Int32(-1)
+        weight = Float32(0.0)
+        if real:
+            element = Int64(token) * kernel.top_k + Int64(tidx)
+            row = prim.load_s32(indices + element * 4)
+            if cutlass.const_expr(kernel.fp32_weights):
+                weight = prim.load_f32(weights + element * 4)
+            else:
+                weight = prim.load_bf16_as_f32(weights + element * 2)
+            if cutlass.const_expr(kernel.scale != 1.0):
+                weight = prim.mul_rn_f32(weight, Float32(kernel.scale))
+            if row == Int32(-1):
+                weight = Float32(0.0)
+            if (row < Int32(-1)) | (row >= routed_rows):
+                row = Int32(-1)
+                weight = Float32(float("nan"))
+        cute.arch.store((staged_rows + tidx).llvm_ptr, row)
+        cute.arch.store((staged_weights + tidx).llvm_ptr, weight)
+    cute.arch.barrier()
+    return staged_rows, staged_weights
+
+
+@cute.jit
+def load_shared_words(kernel, shared_words, shared: Int64, token, hidden64: Int64,
+                      column: Int64, real) -> None:
+    """The shared expert's fragment of ``token`` at ``column`` into
+    ``shared_words`` (rmem, ``kernel.words``), where the column is inside
+    the row and the token is ``real``."""
+    if (column < hidden64) & real:
+        loaded = load_fragment(kernel, shared + (Int64(token) * hidden64 + column) * 2)
+        for i in cutlass.range_constexpr(kernel.words):
+            shared_words[i] = loaded[i]
+
+
+@cute.jit
+def finalize_words(kernel, routed: Int64, staged_rows, staged_weights, shared_words,
+                   hidden64: Int64, column: Int64) -> list:
+    """The finalized payload at ``column`` (inside the row): the routed rows
+    loaded in prefetch groups, their FMAs in route order, the shared expert
+    added, one rounding to BF16, -0.0 sanitized; ``kernel.words`` words."""
+    acc = [Float32(0.0) for _ in range(kernel.elements)]
+    inputs = cute.make_rmem_tensor(
+        cute.make_layout((kernel.prefetch_group, kernel.words)), Uint32)
+    for group in cutlass.range_constexpr(kernel.prefetch_groups):
+        # Issue the group's loads back to back ...
+        for item in cutlass.range_constexpr(kernel.prefetch_group):
+            k = group * kernel.prefetch_group + item
+            if cutlass.const_expr(k < kernel.top_k):
+                for w in cutlass.range_constexpr(kernel.words):
+                    inputs[item, w] = Uint32(0)
+                row = cute.arch.load((staged_rows + k).llvm_ptr, Int32)
+                if row != Int32(-1):
+                    loaded = load_fragment(kernel, routed + (Int64(row) * hidden64 + column) * 2)
+                    for w in cutlass.range_constexpr(kernel.words):
+                        inputs[item, w] = loaded[w]
+        # ... then their FMAs, in route order.
+        for item in cutlass.range_constexpr(kernel.prefetch_group):
+            k = group * kernel.prefetch_group + item
+            if cutlass.const_expr(k < kernel.top_k):
+                weight = cute.arch.load((staged_weights + k).llvm_ptr, Float32)
+                for w in cutlass.range_constexpr(kernel.words):
+                    lo, hi = prim.bf16x2_to_f32x2(inputs[item, w])
+                    acc[2 * w] = prim.fma_rn_f32(lo, weight, acc[2 * w])
+                    acc[2 * w + 1] = prim.fma_rn_f32(hi, weight, acc[2 * w + 1])
+    if cutlass.const_expr(kernel.shared != "none"):
+        for w in cutlass.range_constexpr(kernel.words):
+            lo, hi = prim.bf16x2_to_f32x2(shared_words[w])
+            acc[2 * w] = prim.add_rn_f32(acc[2 * w], lo)
+            acc[2 * w + 1] = prim.add_rn_f32(acc[2 * w + 1], hi)
+    return [prim.sanitize_u32(prim.f32x2_to_bf16x2_rn(acc[2 * w], acc[2 * w + 1]))
+            for w in range(kernel.words)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -122,17 +122,31 @@ class SingleNormKernel(NormKernel):
         cute.arch.griddepcontrol_wait()
 
         stage = prim.load_volatile_u32(stage_state + NEXT_STAGE * 4)
-        stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
         payload = prim.sanitize_u32x4(prim.load_u32x4(x + element * 2))
-        clustered = sync == Int32(SYNC_CLUSTER)
-        counted = sync == Int32(SYNC_COUNTER)
-        if cutlass.const_expr(not (self.tp == 1 and self.transport == "unicast")):
-            # ``none`` only where a late CTA may act on an advanced stage
-            # unharmed; anywhere else it runs as ``counter``.
-            counted = sync != Int32(SYNC_CLUSTER)
-        if clustered:
+        reduced, failed = self._publish_and_consume(
+            payload, stage, peers, mailbox, destination, stage_state, error, capacity,
+            error_records, rank, sync, token, tidx, column)
+        self._epilogue(reduced, failed, residual_values, gamma_values, residual_out,
+                       norm_out, element, eps)
+        self._advance(stage, stage_state, error, m, sync, token, tidx)
+
+    @cute.jit
+    def _publish_and_consume(self, payload, stage, peers, mailbox: Int64, destination: Int64,
+                             stage_state: Int64, error: Int64, capacity: Int32,
+                             error_records: Int32, rank: Int32, sync: Int32, token, tidx,
+                             column):
+        """What every single-kernel form does between its NEXT_STAGE read
+        (``stage``) with its sanitized ``payload`` (4 words) and its
+        epilogue: the cluster arrive (``sync`` the cluster barrier), the
+        stores, the consume. Returns ``(reduced, failed)`` as
+        :meth:`NormKernel._consume` leaves them; the caller's epilogue
+        follows, then :meth:`_advance`."""
+        hidden = self.hidden
+        stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
+        if sync == Int32(SYNC_CLUSTER):
             # Release: this thread's NEXT_STAGE read happens before CTA 0's
-            # advance. Only loads precede it, and the stores need the payload.
+            # advance. Only loads precede it (the payload's included: the
+            # stores need it).
             cute.arch.cluster_arrive()
 
         # Unicast: this rank's own fragment never goes through its mailbox
@@ -145,8 +159,20 @@ class SingleNormKernel(NormKernel):
         failed = self._consume(mailbox, stage_state, error, capacity, error_records,
                                token, tidx, column, reduced, Int64(0), stage=stage,
                                own=payload if unicast else None, rank=rank)
-        self._epilogue(reduced, failed, residual_values, gamma_values, residual_out,
-                       norm_out, element, eps)
+        return reduced, failed
+
+    @cute.jit
+    def _advance(self, stage, stage_state: Int64, error: Int64, m: Int32, sync: Int32, token,
+                 tidx) -> None:
+        """The stage advance by the agreement ``sync``, after the epilogue's
+        barrier (see the module docstring)."""
+        stage_ok = stage < Uint32(LAMPORT_GENERATIONS)
+        clustered = sync == Int32(SYNC_CLUSTER)
+        counted = sync == Int32(SYNC_COUNTER)
+        if cutlass.const_expr(not (self.tp == 1 and self.transport == "unicast")):
+            # ``none`` only where a late CTA may act on an advanced stage
+            # unharmed; anywhere else it runs as ``counter``.
+            counted = sync != Int32(SYNC_CLUSTER)
 
         # After the epilogue's barrier every thread of this CTA has read
         # NEXT_STAGE, so the CTA that arrives last may advance it; a grid of

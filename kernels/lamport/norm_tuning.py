@@ -10,6 +10,8 @@ A tuning is data only (a frozen dataclass):
   CTA of it must be resident at once (a CTA spins on its peers' CTA of the
   same token), which :data:`SINGLE_MAX_TOKENS` keeps far inside one H200's
   residency (132 SMs, at least two CTAs of <= 1024 threads each).
+- ``finalize_max_tokens`` and ``embed_max_tokens`` are the same bound for a
+  MoE output's call and the embedding's (:data:`PATHS`).
 - ``sync`` is the agreement (:data:`kernels.lamport.protocol.SINGLE_SYNCS`):
   ``counter`` (the arrival counter), ``cluster`` (the grid launched as one
   cluster with the cluster barrier, from 2 to :data:`CLUSTER_MAX_TOKENS`
@@ -17,8 +19,9 @@ A tuning is data only (a frozen dataclass):
   and unicast only, :func:`check_sync`).
 
 The form never applies to virtual ranks (tp ranks on one GPU) nor to owner
-mode, the MoE finalize publish or the embedding path, whatever the table
-says (:class:`kernels.lamport.all_reduce_norm.AllReduceNorm`).
+mode, whatever the table says; a MoE output's call launches the single
+finalize kernel only where its CTA has a thread a route (``top_k <= hidden /
+8``) (:class:`kernels.lamport.all_reduce_norm.AllReduceNorm`).
 
 Provenance (``source``, not part of the choice):
 - ``measured``: tp=1 on the H200 (sm_90a), hidden 5120 and 7168,
@@ -46,6 +49,13 @@ CLUSTER_MAX_TOKENS = 16
 """The largest cluster Hopper launches (above 8 a non-portable size, which
 the DSL's kernels allow): the largest M the single kernel runs as one
 cluster."""
+PATHS = ("plain", "finalize", "embed")
+"""The calls a tuning bounds apart: a plain partial's, a MoE output's
+(:mod:`kernels.lamport.finalize_single`) and the embedding's
+(:mod:`kernels.lamport.embed_single`); their single kernels cost
+differently (the finalize loads the routed rows)."""
+_BOUNDS = {"plain": "single_max_tokens", "finalize": "finalize_max_tokens",
+           "embed": "embed_max_tokens"}
 VARIANTS = {"counter": "single", "cluster": "single+cluster", "none": "single+nosync"}
 """The name of the single kernel with each agreement, in the profile rows
 and the op's ``form`` field."""
@@ -55,16 +65,29 @@ and the op's ``form`` field."""
 class NormTuning:
     single_max_tokens: int = 0
     sync: str = "counter"
+    finalize_max_tokens: int = 0
+    embed_max_tokens: int = 0
     source: str = dataclasses.field(default="explicit", compare=False)
 
     def validate(self) -> None:
-        require_int("single_max_tokens", self.single_max_tokens, low=0,
-                    high=SINGLE_MAX_TOKENS)
+        for path in PATHS:
+            require_int(_BOUNDS[path], self.max_tokens(path), low=0, high=SINGLE_MAX_TOKENS)
         require_choice("sync", self.sync, SINGLE_SYNCS)
 
-    def form(self, tokens: int) -> str:
-        """``"single"`` or ``"two"``: the form a ``tokens``-token call launches."""
-        return "single" if 1 <= tokens <= self.single_max_tokens else "two"
+    def max_tokens(self, path: str = "plain") -> int:
+        """The largest M of a ``path`` call (:data:`PATHS`) that launches
+        the single kernel (0: never)."""
+        return getattr(self, _BOUNDS[require_choice("path", path, PATHS)])
+
+    @property
+    def any_single(self) -> bool:
+        """Whether any call may launch a single kernel."""
+        return any(self.max_tokens(path) for path in PATHS)
+
+    def form(self, tokens: int, *, path: str = "plain") -> str:
+        """``"single"`` or ``"two"``: the form a ``tokens``-token call on
+        ``path`` launches."""
+        return "single" if 1 <= tokens <= self.max_tokens(path) else "two"
 
     def launch_sync(self, tokens: int) -> tuple[str, int]:
         """(the agreement, the cluster size) of a ``tokens``-token single
@@ -74,10 +97,11 @@ class NormTuning:
             return ("cluster", tokens) if 2 <= tokens <= CLUSTER_MAX_TOKENS else ("counter", 1)
         return self.sync, 1
 
-    def variant(self, tokens: int) -> str:
-        """What a ``tokens``-token call launches, as the profile rows name
-        it: ``two``, or the single kernel with its agreement (:data:`VARIANTS`)."""
-        if self.form(tokens) == "two":
+    def variant(self, tokens: int, *, path: str = "plain") -> str:
+        """What a ``tokens``-token call on ``path`` launches, as the profile
+        rows name it: ``two``, or the single kernel with its agreement
+        (:data:`VARIANTS`)."""
+        if self.form(tokens, path=path) == "two":
             return "two"
         return VARIANTS[self.launch_sync(tokens)[0]]
 
@@ -86,8 +110,7 @@ def check_sync(tuning: NormTuning, *, tp: int, transport: str) -> None:
     """``sync = none`` only at tp = 1 with unicast, where a CTA's stage
     decides nothing but its validity (:mod:`kernels.lamport.protocol`,
     "Single-kernel form"); ValueError naming the tuning otherwise."""
-    if tuning.sync == "none" and tuning.single_max_tokens and (tp != 1 or
-                                                               transport != "unicast"):
+    if tuning.sync == "none" and tuning.any_single and (tp != 1 or transport != "unicast"):
         raise ValueError(f"norm_tuning={tuning!r}: sync='none' needs tp = 1 and unicast "
                          f"(a CTA that read an advanced stage would publish or read the "
                          f"wrong slots); this instance has tp={tp}, transport={transport!r}")
@@ -116,7 +139,8 @@ def forced(form: str) -> NormTuning | None:
     if form == "two":
         return NormTuning(0, source="forced two")
     sync = next(s for s, name in VARIANTS.items() if name == form)
-    return NormTuning(SINGLE_MAX_TOKENS, sync, source=f"forced {form}")
+    return NormTuning(SINGLE_MAX_TOKENS, sync, SINGLE_MAX_TOKENS, SINGLE_MAX_TOKENS,
+                      source=f"forced {form}")
 
 
 def norm_tuning(*, hidden: int, tp: int, arch: str | None = None) -> NormTuning:

@@ -108,25 +108,37 @@ def test_single_kernel_graph_replay_matches_eager(sync):
     assert grp.mailbox.is_all_sentinel()
 
 
+def check_bad_stage(op, run, failed, check_after) -> None:
+    """NEXT_STAGE out of range on ``op``'s mailbox: ``run()`` stores
+    nothing, names rank 0's bad stage, leaves the stage alone and writes
+    NaN where ``failed(out)`` looks; after ``recover()`` a call is right
+    again (``check_after(out)``). Shared by every single-kernel form."""
+    op.mailbox.stage_state[1] = 7
+    out = run()
+    torch.cuda.synchronize()
+    d = op.diagnose()
+    assert d.kind == "bad_stage" and d.bad_stage_ranks == {0}, d.summary()
+    assert op.mailbox.stage_state.tolist() == [7, 7, 0]
+    assert op.mailbox.is_all_sentinel(), "a bad stage stored into the mailbox"
+    assert all(torch.isnan(t.float()).all() for t in failed(out)), "no NaN where it failed"
+    op.recover()
+    out = run()
+    torch.cuda.synchronize()
+    check_after(out)
+
+
 @pytest.mark.parametrize("sync", SYNCS)
 def test_bad_stage_stores_nothing_and_fails_fast(sync):
     hidden, m = 2560, 5
     grp = op(hidden, sync=sync)
     xs, residual, weight = inputs(1, m, hidden, seed=9)
-    grp.mailbox.stage_state[1] = 7  # NEXT_STAGE out of range
-    out = outputs(residual)
-    grp(xs[0], residual, weight, out=out)
-    torch.cuda.synchronize()
-    d = grp.diagnose()
-    assert d.kind == "bad_stage" and d.bad_stage_ranks == {0}, d.summary()
-    assert grp.mailbox.stage_state.tolist() == [7, 7, 0]
-    assert grp.mailbox.is_all_sentinel(), "a bad stage stored into the mailbox"
-    assert torch.isnan(out[0].float()).all() and torch.isnan(out[1].float()).all()
-    grp.recover()
-    out = outputs(residual)
-    grp(xs[0], residual, weight, out=out)
-    torch.cuda.synchronize()
-    check([out], xs, residual, weight, "after recover")
+
+    def run():
+        out = outputs(residual)
+        grp(xs[0], residual, weight, out=out)
+        return out
+    check_bad_stage(grp, run, lambda out: out,
+                    lambda out: check([out], xs, residual, weight, "after recover"))
 
 
 def test_a_peer_that_never_runs_times_out_and_is_named():

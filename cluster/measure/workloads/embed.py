@@ -60,7 +60,8 @@ def embed_norm_workload(ctx: RankContext, spec: Spec) -> Workload:
         op.prepare_embedding(table, start, VOCAB_ROWS)
         return Call(lambda i: op.embed_norm(ids[i], positions[i], previous[i], table, enorm,
                                             hnorm, out=outs[i]),
-                    {"vocab_rows_per_rank": VOCAB_ROWS})
+                    {"vocab_rows_per_rank": VOCAB_ROWS, "form": op.embed_form(ids[0]),
+                     "variant": op.embed_variant(ids[0])})
 
     def check() -> None:
         shards = [(w, r * VOCAB_ROWS) for r, w in enumerate(ctx.gather(table))]

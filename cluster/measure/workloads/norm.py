@@ -134,7 +134,8 @@ def finalize_publish_workload(ctx: RankContext, spec: Spec) -> Workload:
     def fused() -> Call:
         op = host_kernel(ctx, spec)
         return Call(lambda i: op(moes[i], residuals[i], weight, out=(outs[0, i], outs[1, i])),
-                    {"top_k": k, "expert_weights": "float32", "mode": spec.mode})
+                    {"top_k": k, "expert_weights": "float32", "mode": spec.mode,
+                     "form": op.form(moes[0]), "variant": op.variant(moes[0])})
 
     def check() -> None:
         parts = [MoEPartial(*p) for p in zip(ctx.gather(gemm2[0]), ctx.gather(weights[0]),
