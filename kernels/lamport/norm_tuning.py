@@ -117,8 +117,8 @@ def check_sync(tuning: NormTuning, *, tp: int, transport: str) -> None:
 
 
 TABLE: dict[tuple[str, int, int], NormTuning] = {
-    ("sm_90a", 5120, 1): NormTuning(64, "none", source="measured"),
-    ("sm_90a", 7168, 1): NormTuning(64, "none", source="measured"),
+    ("sm_90a", 5120, 1): NormTuning(64, "none", embed_max_tokens=64, source="measured"),
+    ("sm_90a", 7168, 1): NormTuning(64, "none", embed_max_tokens=64, source="measured"),
 }
 
 DEFAULT = NormTuning(0, source="default")
