@@ -14,7 +14,8 @@ import torch
 
 from kernels.reference.numerics import assert_bit_exact, poison_
 from tests.gpu.test_finalize_embed_gpu import EPS, check_moe, moe_inputs
-from tests.gpu.test_norm_single_gpu import SINGLE, SYNCS, check_bad_stage
+from tests.gpu.test_norm_single_gpu import (SIDE_BY_SIDE_BUDGET_NS, SINGLE, SYNCS,
+                                           check_bad_stage)
 
 pytestmark = pytest.mark.gpu
 
@@ -173,7 +174,7 @@ def test_ranks_side_by_side_on_their_own_streams(tp, sync):
 
     hidden = 5120
     boxes = Mailbox.virtual_ranks(tp=tp, capacity=SINGLE, hidden=hidden)
-    ranks = [op(hidden, mailbox=b, sync=sync) for b in boxes]
+    ranks = [op(hidden, mailbox=b, sync=sync, budget_ns=SIDE_BY_SIDE_BUDGET_NS) for b in boxes]
     streams = [torch.cuda.Stream() for _ in range(tp)]
     for m in (1, 16, 7):
         xs, residual, weight = moe_inputs(tp, m, hidden, TOP_K, seed=tp * 10 + m)
