@@ -17,10 +17,13 @@ def test_compile_check_subset(arch, capsys):
     assert rc == 0, out
     # 4 publishes + 2 hidden x 2 tp x 2 watchdog, as many for the embedding,
     # for owner mode 2 publishes (unicast only) + 8 consumers, and the single
-    # kernel: 2 hidden x 2 tp x 2 watchdog unicast + 2 tp multicast
-    assert out.count(" ok") == 44, out
+    # kernel: 2 hidden x 2 tp x 2 watchdog unicast + 2 tp multicast; the
+    # single embedding: 2 hidden x 2 tp watchdog unicast + 2 tp x (plain,
+    # multicast) at the first hidden
+    assert out.count(" ok") == 52, out
     assert out.count("[owner]") == 10, out
     assert out.count("[single-kernel form]") == 10, out
+    assert out.count("[embed,single-kernel form]") == 8, out
 
 
 def test_unknown_op_is_rejected(capsys):
