@@ -4,7 +4,8 @@
 # check of docs/results/tests_cpu_*.md. Usage, from a checkout:
 #   scripts/busy_runs.sh 5 [DIR]     # clone HEAD into DIR (default /tmp/busy-runs)
 # Each run's log is DIR.<i>.log, a line a test as it ends (-v: a run cut short
-# still names what failed); one line a run: exit, wall, pytest's summary.
+# still names what failed) and the 40 slowest at its end; one line a run:
+# exit, wall, pytest's summary.
 # Exit 0 only when every run passed. Stopped (SIGINT, SIGTERM), it stops the run
 # under way, Ray clusters included, before it exits.
 set -u
@@ -33,7 +34,8 @@ trap 'exit 143' TERM
 rc_all=0
 for i in $(seq 1 "$n"); do
   start=$(date +%s)
-  setsid timeout -k 30 3600 .venv/bin/python -m pytest -n 2 --dist loadgroup -v -p no:cacheprovider > "$dir.$i.log" 2>&1 &
+  setsid timeout -k 30 3600 .venv/bin/python -m pytest -n 2 --dist loadgroup -v -p no:cacheprovider \
+    --durations=40 > "$dir.$i.log" 2>&1 &
   run=$!
   wait "$run"
   rc=$?
