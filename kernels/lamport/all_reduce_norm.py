@@ -428,10 +428,15 @@ class AllReduceNorm(LamportGroupMember):
     # -- validation
     def validate(self, x, residual, norm_weight, out=None) -> int:
         """All checks before any launch; returns M."""
-        return validate_inputs(x, residual, norm_weight, out, hidden=self.hidden_size,
-                               capacity=self.capacity, device=self.device, top_k=self.top_k,
-                               fragment_bytes=2 * self.finalize_tuning.elements_per_thread,
-                               mode=self.mode, tp=self.tp)
+        m = validate_inputs(x, residual, norm_weight, out, hidden=self.hidden_size,
+                            capacity=self.capacity, device=self.device, top_k=self.top_k,
+                            fragment_bytes=2 * self.finalize_tuning.elements_per_thread,
+                            mode=self.mode, tp=self.tp)
+        if isinstance(x, MoEOutput) and self.form(x) == "single":
+            # The single finalize loads 16-byte fragments whatever the tuning's width.
+            validate_moe(x, hidden=self.hidden_size, capacity=self.capacity,
+                         device=self.device, top_k=self.top_k, fragment_bytes=16)
+        return m
 
     # -- launches (no validation: __call__ validates)
     def publish(self, x: torch.Tensor | MoEOutput, *,

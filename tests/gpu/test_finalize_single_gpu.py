@@ -99,6 +99,28 @@ def test_an_out_of_range_route_is_nan_in_both_forms():
     assert single.mailbox.is_all_sentinel() and single.diagnose().ok
 
 
+def test_an_input_aligned_for_the_publish_but_not_for_the_single_kernel_is_refused():
+    """The default finalize publish loads 8-byte fragments, the single kernel
+    16-byte ones: rows 8 bytes off a 16-byte boundary pass the first and are
+    refused, naming the tensor, before the second is launched."""
+    from kernels.all_reduce_norm import MoEOutput, RoutedExperts
+
+    hidden, m = 2048, 4
+    single, two = op(hidden), op(hidden, single=0)
+    xs, residual, weight = moe_inputs(1, m, hidden, TOP_K, seed=12)
+    r = xs[0].routed
+    rows = torch.empty(r.gemm2_permuted.numel() + 4, dtype=torch.bfloat16, device="cuda")
+    shifted = rows[4:].view_as(r.gemm2_permuted)  # 8 bytes past the allocation's start
+    shifted.copy_(r.gemm2_permuted)
+    moe = MoEOutput(RoutedExperts(shifted, r.expert_weights, r.expanded_idx_to_permuted_idx),
+                    xs[0].shared_output)
+    two(moe, residual, weight, out=outputs(residual))
+    with pytest.raises(ValueError, match=r"x\.routed\.gemm2_permuted.*16"):
+        single(moe, residual, weight, out=outputs(residual))
+    torch.cuda.synchronize()
+    assert single.mailbox.is_all_sentinel() and single.diagnose().ok
+
+
 def test_finalize_and_plain_forms_interleave_on_one_mailbox_without_host_sync():
     """MoE and plain calls of single and two-kernel instances on one mailbox."""
     from tests.gpu.test_all_reduce_norm_gpu import check, inputs
