@@ -57,7 +57,7 @@ def main(argv=None) -> int:
                    help="also write the timings as profile rows into this results dataset")
     p.add_argument("--forms", action="store_true",
                    help="time the two-kernel and the single-kernel form side by side")
-    p.add_argument("--op", choices=list(FORM_OPS), default="all_reduce_norm",
+    p.add_argument("--op", choices=form_ops(), default="all_reduce_norm",
                    help="with --forms: the op whose forms are timed (finalize_publish: a MoE "
                         "output's call; embed_norm: the embedding's)")
     p.add_argument("--top-k", type=int, default=8, help="with --op finalize_publish: routes "
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         budget = args.budget_ns or 0
         lines = forms(args, rows, budget)
         meta_extra = (f", forms of {args.op}"
-                      + (f" (top_k={args.top_k})" if args.op == "finalize_publish" else "")
+                      + (f" (top_k={args.top_k})" if "top_k" in _fields(args.op) else "")
                       + f", budget_ns={budget}")
     else:
         args.budget_ns = args.budget_ns or DEFAULT_BUDGET_NS
@@ -102,9 +102,16 @@ def _spec(args, hidden: int, m: int, **over) -> dict:
                    budget_ns=0, baselines=["unfused"]), **over}
 
 
-FORM_OPS = {"all_reduce_norm": "plain", "finalize_publish": "finalize", "embed_norm": "embed"}
-"""The ops whose calls the form table (kernels.lamport.norm_tuning) chooses
-for, and the table's path of each."""
+def _fields(op: str):
+    from cluster import ops
+    return ops.get(op).fields
+
+
+def form_ops() -> list[str]:
+    """The ops whose calls the form table (kernels.lamport.norm_tuning)
+    chooses for: those declaring a ``form`` field (the registry's word)."""
+    from cluster import ops
+    return [name for name in ops.names() if "form" in ops.get(name).fields]
 
 
 def _start(header: str) -> list[str]:
@@ -125,10 +132,10 @@ def forms(args, rows, budget_ns: int) -> list[str]:
     """Every one-shot form (two kernels; the single kernel with each stage
     agreement: the arrival counter, the cluster barrier at M 2..16, none)
     and torch, per (hidden, M), in this process; ``auto`` is the variant
-    the form table picks."""
+    the form table picks (the ``auto`` form's run names it)."""
     from cluster.measure.stats import median_p10_p90
     from cluster.measure.timing import measure_tp1
-    from kernels.lamport.norm_tuning import CLUSTER_MAX_TOKENS, norm_tuning
+    from kernels.lamport.norm_tuning import CLUSTER_MAX_TOKENS
 
     header = (f"{'hidden':>6} {'M':>4} " + " ".join(f"{c + '_us':>10}" for _, c in FORM_COLUMNS)
               + f" {'torch_us':>9} " + " ".join(f"{c + '/torch':>13}" for _, c in FORM_COLUMNS)
@@ -138,20 +145,21 @@ def forms(args, rows, budget_ns: int) -> list[str]:
         for m in args.tokens:
             here = [f for f, _ in FORM_COLUMNS
                     if f != "single+cluster" or 2 <= m <= CLUSTER_MAX_TOKENS]
-            finalize = args.op == "finalize_publish"
-            op = dict(op=args.op, **({"top_k": args.top_k} if finalize else {}))
+            routed = "top_k" in _fields(args.op)
+            op = dict(op=args.op, **({"top_k": args.top_k} if routed else {}))
+            # "auto" too: its row names the variant the table picks for this op.
             outs = {f: measure_tp1(_spec(args, hidden, m, form=f, budget_ns=budget_ns, **op,
                                          **({} if f == "two" else {"baselines": []})))
-                    for f in here}
+                    for f in [*here, "auto"]}
             for f, out in outs.items():
                 rows.record(_spec(args, hidden, m, form=f, budget_ns=budget_ns, **op), out)
             ref = median_p10_p90(outs["two"]["impls"]["unfused"]["times_us"])[0]
             us = {f: median_p10_p90(out["impls"]["fused"]["times_us"])[0]
-                  for f, out in outs.items()}
+                  for f, out in outs.items() if f != "auto"}
             cells = [f"{us[f]:>10.2f}" if f in us else f"{'-':>10}" for f, _ in FORM_COLUMNS]
             ratios = [f"{us[f] / ref:>13.2f}" if f in us else f"{'-':>13}"
                       for f, _ in FORM_COLUMNS]
-            auto = norm_tuning(hidden=hidden, tp=1).variant(m, path=FORM_OPS[args.op])
+            auto = outs["auto"]["impls"]["fused"]["extra"]["variant"]
             row = (f"{hidden:>6} {m:>4} " + " ".join(cells) + f" {ref:>9.2f} "
                    + " ".join(ratios) + f" {auto:>14}")
             print(row, flush=True)
