@@ -7,7 +7,10 @@
 # still names what failed) and the 40 slowest at its end; one line a run:
 # exit, wall, pytest's summary.
 # Exit 0 only when every run passed. Stopped (SIGINT, SIGTERM), it stops the run
-# under way, Ray clusters included, before it exits.
+# under way, Ray clusters included, before it exits. Tests' scratch directories
+# are under DIR.tmp (pytest --basetemp): a process still running from one after
+# a run (a Ray head a doc command started in a session of its own) is named and
+# killed.
 set -u
 n=${1:?usage: busy_runs.sh N [DIR]}
 dir=${2:-/tmp/busy-runs}
@@ -20,6 +23,16 @@ python3 -c "while True: pass" & hog=$!
 # Each run is a session of its own (pytest, its xdist workers and the Ray
 # clusters its tests start), so stopping this script stops all of it.
 run=''
+sweep() {  # processes whose working directory is a test's scratch directory
+  local pids p
+  pids=$(for p in /proc/[0-9]*; do
+    case "$(readlink "$p/cwd" 2>/dev/null)" in "$dir.tmp"/*) echo "${p#/proc/}";; esac
+  done)
+  [ -z "$pids" ] && return 0
+  echo "left behind: $(ps -o pid=,args= -p "$(echo $pids | tr ' ' ,)" | cut -c1-100 | paste -sd';')"
+  kill -TERM $pids 2>/dev/null; sleep 2; kill -KILL $pids 2>/dev/null
+  return 0
+}
 stop() {
   kill "$hog" 2>/dev/null
   if [ -n "$run" ]; then
@@ -27,6 +40,7 @@ stop() {
     for _ in $(seq 1 50); do kill -0 -- "-$run" 2>/dev/null || break; sleep 0.2; done
     kill -KILL -- "-$run" 2>/dev/null
   fi
+  sweep
 }
 trap stop EXIT
 trap 'exit 130' INT
@@ -35,12 +49,13 @@ rc_all=0
 for i in $(seq 1 "$n"); do
   start=$(date +%s)
   setsid timeout -k 30 3600 .venv/bin/python -m pytest -n 2 --dist loadgroup -v -p no:cacheprovider \
-    --durations=40 > "$dir.$i.log" 2>&1 &
+    --durations=40 --basetemp "$dir.tmp" > "$dir.$i.log" 2>&1 &
   run=$!
   wait "$run"
   rc=$?
   run=''
   [ $rc -ne 0 ] && rc_all=1
   echo "run $i: exit $rc, wall $(( $(date +%s) - start )) s, $(grep -E '(passed|failed|error)' "$dir.$i.log" | tail -1)"
+  sweep
 done
 exit $rc_all

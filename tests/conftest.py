@@ -9,7 +9,11 @@ one worker, so two embedded clusters never compete for the cores
 mid-deadline; the README's Ray section (tests/readme_ray.py, run once for
 test_jobs_submit.py and test_jobs_nightly.py, group "ray-head", free ports
 and directories of its own) may run beside them, and test_jobs_head.py's
-head after it, in the same group (one `ray start --head` at a time).
+head after it, in the same group (one `ray start --head` at a time). The
+doc commands that start Ray (tests/test_docs_commands.py, group "ray-docs")
+are subprocesses with clusters, ports and directories of their own and no
+deadline tighter than their exit; they run beside "ray" too, so that the
+worker that takes "ray" is not the last by a quarter of the run.
 If pytest-xdist cannot honour the groups (pytest 9 with xdist 3.8: see
 pyproject.toml), the run stops at collection instead of scattering them.
 Nothing here depends on the environment's Ray: RAY_ADDRESS is dropped, so
@@ -119,7 +123,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)
 
 
-LONGEST_FIRST = ("ray-head", "ray", "test_lamport_compile", "test_embedded_cluster",
+LONGEST_FIRST = ("ray-head", "ray", "ray-docs", "test_lamport_compile", "test_embedded_cluster",
                  "test_dashboards_browser")
 """xdist groups by their share of a run (the README's Ray section with its
 smoke nightly, the Ray cluster tests, the full compile check, ...); the

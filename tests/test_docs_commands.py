@@ -43,7 +43,7 @@ class Run:
     ``after``: from that point of a ``&&`` chain, the part before it
     covered as ``covered`` says; ``append``: options added for CI time),
     expecting ``status``; ``creates``: paths it must leave in the scratch
-    root; ``ray``: it starts Ray (xdist group "ray")."""
+    root; ``ray``: it starts Ray (xdist group "ray-docs", see tests/conftest.py)."""
 
     status: int = exits.OK
     before: str = ""
@@ -268,7 +268,7 @@ def _results(root: Path) -> None:
 
 def _runnable():
     for text, entry in DOC_COMMANDS.items():
-        marks = [pytest.mark.xdist_group("ray")] if isinstance(entry, Run) and entry.ray else []
+        marks = [pytest.mark.xdist_group("ray-docs")] if isinstance(entry, Run) and entry.ray else []
         if isinstance(entry, Skip):
             marks.append(pytest.mark.skip(reason=entry.reason))
         if not isinstance(entry, Covered):
