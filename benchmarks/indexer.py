@@ -26,7 +26,10 @@ Printed per token count:
 ``--sweep`` also times the fused kernel's candidates side by side with the
 table's (:data:`kernels.indexer.layout.FUSED_CANDIDATES`; one row each, the
 table's marked ``*``) and, at ``--sweep-tokens``, the projection kernel
-alone for every tactic of :data:`SWEEP_TACTICS` that tiles K, fastest first.
+alone for every tactic of :data:`SWEEP_TACTICS` that tiles K, each as built
+(``launch_dependents`` after its PDL wait) and with ``launch_dependents``
+first (``+launch``: the next call's CTAs may take the SMs this one leaves and
+issue their weight loads while it runs), fastest first.
 
 Roofline columns (the fused kernel): ``MB`` = :func:`kernels.indexer.layout.
 fused_min_bytes` (each weight row once, x, q, the norm parameters, the
@@ -208,9 +211,9 @@ def main(argv=None) -> int:
                     kk, w, gate = projs[j](xs[j])
                     return stock_indexer_query(qs[j], kk, w, mods[j].k_norm, scale, padded)
 
-                def proj(i, t=None):
+                def proj(i, t=None, early=False):
                     j = i % sets
-                    return projs[j](xs[j], tactic=t)
+                    return projs[j](xs[j], tactic=t, early_launch=early)
 
                 def stock(i):
                     j = i % sets
@@ -263,10 +266,12 @@ def main(argv=None) -> int:
                         t = Tactic(w, sp)
                         if k % t.k_multiple or t.smem_bytes(m) > 232_448:
                             continue
-                        us = _time_graph(lambda i, t=t: proj(i, t), sets, args.replays)
-                        got.append((us, t))
+                        for early in (False, True):
+                            us = _time_graph(lambda i, t=t, e=early: proj(i, t, e), sets,
+                                             args.replays)
+                            got.append((us, f"w{w}s{sp}" + ("+launch" if early else "")))
                     got.sort(key=lambda r: r[0])
-                    text = ", ".join(f"w{t.warps}s{t.split} {us:.2f}" for us, t in got)
+                    text = ", ".join(f"{name} {us:.2f}" for us, name in got)
                     sweep_lines.append(f"K={k} heads={heads} M={m:>3}: {text}")
                     print("  sweep projection " + sweep_lines[-1], flush=True)
             del mods, projs

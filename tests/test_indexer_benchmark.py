@@ -32,8 +32,8 @@ def cpu_gpu(monkeypatch):
                         lambda self, x, *a, variant=None, **kw: calls.append(
                             ("fused", x.shape[0], variant)))
     monkeypatch.setattr(P.IndexerProjection, "__call__",
-                        lambda self, x, tactic=None, **kw: calls.append(
-                            ("proj", x.shape[0], tactic)))
+                        lambda self, x, tactic=None, early_launch=False, **kw: calls.append(
+                            ("proj", x.shape[0], tactic) + (("launch",) if early_launch else ())))
     monkeypatch.setattr(bench, "read_bandwidth", lambda: 4.0e12)
     monkeypatch.setattr(bench, "graph_node_us", lambda replays: 1.0)
 
@@ -70,11 +70,15 @@ def test_roofline_columns_and_sweep_rows(cpu_gpu, tmp_path, capsys):
         assert roof == pytest.approx(want / bench.HBM_PEAK * 1e6, abs=0.006)
         assert x_roof == pytest.approx(us / (want / bench.HBM_PEAK * 1e6), abs=0.006)
         assert tbs == pytest.approx(want / (us * 1e-6) / 1e12, abs=0.006)
-    # the projection sweep at M=1: every tactic that tiles K = 1024
+    # the projection sweep at M=1: every tactic that tiles K = 1024, as built
+    # and with launch_dependents first
     sweep = [ln for ln in text.splitlines() if ln.startswith("K=1024")]
     assert len(sweep) == 1
     tiling = [f"w{w}s{s}" for w, s in bench.SWEEP_TACTICS if 1024 % (32 * w * s) == 0]
-    assert sorted(t.split()[0] for t in sweep[0].split(": ")[1].split(", ")) == sorted(tiling)
+    assert sorted(t.split()[0] for t in sweep[0].split(": ")[1].split(", ")) == sorted(
+        tiling + [t + "+launch" for t in tiling])
+    launched = [c for c in cpu_gpu if c[0] == "proj" and c[-1] == "launch"]
+    assert len(launched) == len(tiling)
     assert {c[2] for c in cpu_gpu if c[0] == "fused"} == set(L.FUSED_CANDIDATES)
 
 

@@ -71,6 +71,17 @@ def test_checks_catch_mutations(rows):
     assert checks.check_projection(proj.lines + ["mapa.shared::cluster.u32 r, a, b;"], v)
     assert checks.check_projection([ln for ln in split.lines if "mapa" not in ln],
                                    split.variant)
+    # the projection's early-launch build with launch_dependents back after
+    # the wait, and a plain build with it moved first
+    early = _row(rows, "proj2x16launch")
+    assert not early.errors
+    back = [ln for ln in early.lines if "launch_dependents" not in ln]
+    back.insert(next(i for i, ln in enumerate(back) if "griddepcontrol.wait" in ln) + 1,
+                "griddepcontrol.launch_dependents;")
+    assert any("launch_dependents" in e for e in checks.check_projection(back, early.variant))
+    first = ["griddepcontrol.launch_dependents;"] + [
+        ln for ln in proj.lines if "launch_dependents" not in ln]
+    assert any("launch_dependents" in e for e in checks.check_projection(first, v))
     # the early-launch build with launch_dependents back after the wait, and
     # the fused builds' early/late slot-code loads and predicated weight loads
     launch = _row(rows, "fusedlaunch")

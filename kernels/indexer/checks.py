@@ -2,14 +2,15 @@
 
 Variants (each compiled for every requested arch, K = 7168, key 128, heads
 64, gate 128): the projection kernel with the tactics of the tables (16 warps
-no split at 1 and 16 tokens, 8 warps x 4-CTA cluster at 64 tokens) and the
+no split at 1 and 16 tokens, 8 warps x 4-CTA cluster at 64 tokens), the
+benchmark's early-launch build (2 warps x 16-CTA cluster at 1 token) and the
 fused kernel (FP32 head weights at 1 token, BF16 at 16 tokens).
 
 Checks on the kernel's instruction lines:
 - ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`` present;
 - every weight load (``ld.global.nc``) before ``griddepcontrol.wait``, every
   input load (``ld.global.v4``) after it, ``wait`` before
-  ``launch_dependents`` (after it exactly in the fused early-launch build);
+  ``launch_dependents`` (after it exactly in the early-launch builds);
 - split-K builds: ``barrier.cluster`` and ``mapa`` + ``ld.shared::cluster``
   (the DSMEM partial sums); no-split builds: none of them;
 - fused builds: the mbarrier init and its cluster fence and the relaxed
@@ -32,8 +33,9 @@ from kernels.ptx_checks import Variant
 
 CHECK_K = 7168
 CHECK_SHAPE = dict(key=128, heads=64, gate=128)
-#: (name, tokens, warps, split) of the projection variants.
-PROJECTION_VARIANTS = (("proj16x1", 1, 16, 1), ("proj16x1", 16, 16, 1), ("proj8x4", 64, 8, 4))
+#: (name, tokens, warps, split, launch_dependents first) of the projection variants.
+PROJECTION_VARIANTS = (("proj16x1", 1, 16, 1, False), ("proj16x1", 16, 16, 1, False),
+                       ("proj8x4", 64, 8, 4, False), ("proj2x16launch", 1, 2, 16, True))
 #: (name, tokens, BF16 head weights, FusedVariant fields) of the fused variants.
 FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True, (False, False)),
                   ("fusedskip", 1, False, (True, False)), ("fusedearly", 16, False, (True, True)),
@@ -80,8 +82,8 @@ def _common(lines, early_launch: bool = False) -> tuple[list[str], int]:
 
 
 def check_projection(lines: list[str], v) -> list[str]:
-    errs, _ = _common(lines)
-    split = "split=1" not in v.detail
+    errs, _ = _common(lines, early_launch=v.detail.endswith(",launch"))
+    split = "split=1," not in v.detail + ","  # not split=16
     cluster = [_first(lines, p) for p in ("barrier.cluster", "mapa.shared::cluster",
                                            "ld.shared::cluster")]
     if split and min(cluster) < 0:
@@ -160,14 +162,15 @@ def indexer_variants(hiddens, tps) -> list[Variant]:
     from kernels.indexer.layout import FusedVariant, Tactic, padded_heads
 
     out = []
-    for name, tokens, warps, split in PROJECTION_VARIANTS:
-        def build(arch, dump, tokens=tokens, warps=warps, split=split):
+    for name, tokens, warps, split, early in PROJECTION_VARIANTS:
+        def build(arch, dump, tokens=tokens, warps=warps, split=split, early=early):
             return compile_projection(ProjectionConfig(
-                **CHECK_SHAPE, k=CHECK_K, tokens=tokens, tactic=Tactic(warps, split), arch=arch),
-                dump_dir=dump)
+                **CHECK_SHAPE, k=CHECK_K, tokens=tokens, tactic=Tactic(warps, split), arch=arch,
+                early_launch=early), dump_dir=dump)
         out.append(Variant("indexer", name, "ProjectionKernel", build, hidden=CHECK_K,
                            check=check_projection,
-                           detail=f"M={tokens},warps={warps},split={split}"))
+                           detail=f"M={tokens},warps={warps},split={split}"
+                                  + (",launch" if early else "")))
     for name, tokens, bf16, flags in FUSED_VARIANTS:
         variant = FusedVariant(*flags)
 

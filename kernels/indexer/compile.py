@@ -22,7 +22,9 @@ from .layout import (FUSED_PARTIAL_SLOTS, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, Fus
 @dataclasses.dataclass(frozen=True)
 class ProjectionConfig:
     """``IndexerProjection.__call__``: the seed's cache key (rows, K, heads, M)
-    plus the key width, the tactic and the arch."""
+    plus the key width, the tactic, the arch and where the kernel lets the
+    next one launch (``early_launch``: first thing, else after its PDL wait;
+    the same bits either way)."""
     key: int
     heads: int
     gate: int
@@ -30,6 +32,7 @@ class ProjectionConfig:
     tokens: int
     tactic: Tactic
     arch: str = ""
+    early_launch: bool = False
 
     @property
     def rows(self) -> int:
@@ -40,6 +43,8 @@ class ProjectionConfig:
         self.tactic.span(self.k)  # ValueError if K does not tile for the tactic
         if self.tokens < 1:
             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+        if not isinstance(self.early_launch, bool):
+            raise ValueError(f"early_launch must be a bool, got {self.early_launch!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +108,7 @@ def compile_projection(config: ProjectionConfig, *, dump_dir: str | None = None)
     config.validate()
     kernel = ProjectionKernel(rows=config.rows, k=config.k, key=config.key, heads=config.heads,
                               tokens=config.tokens, warps=config.tactic.warps,
-                              split=config.tactic.split)
+                              split=config.tactic.split, early_launch=config.early_launch)
     return cute.compile(kernel, *([Int64(0)] * 5), make_fake_stream(),
                         options=_options(config.arch, dump_dir))
 

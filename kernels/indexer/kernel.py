@@ -81,7 +81,7 @@ class ProjectionKernel:
     """``x @ weight.T`` for ``tokens`` tokens; see the module docstring."""
 
     def __init__(self, *, rows: int, k: int, key: int, heads: int, tokens: int, warps: int,
-                 split: int, fused: FusedShape | None = None) -> None:
+                 split: int, fused: FusedShape | None = None, early_launch: bool = False) -> None:
         if rows % ROWS or k % (32 * warps * split) or tokens < 1:
             raise ValueError(f"rows={rows} must tile by {ROWS}, K={k} by {32 * warps * split}, "
                              f"tokens={tokens} >= 1")
@@ -93,6 +93,9 @@ class ProjectionKernel:
         self.pairs = self.span // 32
         self.tiles = (tokens + TILE - 1) // TILE
         self.fused = fused
+        #: The projection's ``launch_dependents`` first thing instead of after
+        #: the PDL wait (the fused kernel's is ``fused.variant.early_launch``).
+        self.early_launch = early_launch
         if fused is not None:
             self.cluster = key // ROWS
             if split != 1 or warps != FUSED_WARPS or fused.ctas % self.cluster:
@@ -295,6 +298,8 @@ class ProjectionKernel:
         block, _, _ = cute.arch.block_idx()
         cta = block // self.split
         rank = block % self.split
+        if cutlass.const_expr(self.early_launch):
+            cute.arch.griddepcontrol_launch_dependents()
         b = self.load_weights(w, cta, rank * self.warps + warp, lane)
         smem = cutlass.memory.SmemAllocator()
         partial = ip.shared_address(smem.allocate_array(
@@ -303,7 +308,8 @@ class ProjectionKernel:
                                                      byte_alignment=16))
 
         cute.arch.griddepcontrol_wait()
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not self.early_launch):
+            cute.arch.griddepcontrol_launch_dependents()
         self.gemv(x, b, partial, rank * self.warps + warp, warp, lane)
         cute.arch.sync_threads()
 

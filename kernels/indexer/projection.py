@@ -207,16 +207,22 @@ class IndexerProjection:
         return m
 
     # ------------------------------------------------------------ launches
-    def __call__(self, x: torch.Tensor, *, tactic: Tactic | None = None, out=None):
+    def __call__(self, x: torch.Tensor, *, tactic: Tactic | None = None, out=None,
+                 early_launch: bool = False):
         """``(key BF16 [M, key], head weights FP32 [M, heads], gate BF16 [M,
-        gate])`` of ``x`` (BF16 ``[M, K]``); ``tactic`` overrides the table's."""
+        gate])`` of ``x`` (BF16 ``[M, K]``); ``tactic`` overrides the table's;
+        ``early_launch`` lets the next kernel launch before this one's PDL
+        wait (same bits; the benchmark's sweep times both)."""
+        if not isinstance(early_launch, bool):
+            raise ValueError(f"early_launch must be a bool, got {early_launch!r}")
         m, tactic = self.validate(x, tactic=tactic, out=out)
         if out is None:
             out = (torch.empty((m, self.key), dtype=torch.bfloat16, device=x.device),
                    torch.empty((m, self.heads), dtype=torch.float32, device=x.device),
                    torch.empty((m, self.gate), dtype=torch.bfloat16, device=x.device))
         key, weights, gate = out
-        kernel = cached(ProjectionConfig(self.key, self.heads, self.gate, self.k, m, tactic))
+        kernel = cached(ProjectionConfig(self.key, self.heads, self.gate, self.k, m, tactic,
+                                         early_launch=early_launch))
         kernel(self.weight.data_ptr(), x.data_ptr(), key.data_ptr(), weights.data_ptr(),
                gate.data_ptr(), _stream_handle())
         return key, weights, gate
