@@ -4,10 +4,12 @@
         [--replays 30] [--rotate-mb 120] [--sweep] [--sweep-tokens 1,16] [--no-stock]
         [--ncu-calls N] [--ncu-proj 16x1,4x8] [--markdown PATH]
 
-Per (K, heads, tokens), each side is one CUDA graph of R back-to-back calls,
-call i using indexer module i % R (its own weights) and input set i % R, with
-R chosen so the weights a graph reads span at least ``--rotate-mb`` (more than
-the H200's 50 MB L2): no call finds its weights in L2. Each replay is timed
+Per (K, heads, tokens), each side is one CUDA graph of max(R, 32)
+back-to-back calls, call i using indexer module i % R (its own weights) and
+input set i % R, with R chosen so the weights a graph reads span at least
+``--rotate-mb`` (by default more than the H200's 50 MB L2): no call finds its
+weights in L2. A small ``--rotate-mb`` (1: two modules) keeps them in L2
+instead, which separates the kernel's fixed time from its weight stream. Each replay is timed
 with CUDA events; per-call time = replay / R; medians over ``--replays``.
 Printed per token count:
 
@@ -63,6 +65,10 @@ from cluster.measure.stats import median_p10_p90
 #: (more CTAs in flight: 40 CTAs x 16 warps up to 640 CTAs x 2 warps at K 7168).
 SWEEP_TACTICS = ((16, 1), (8, 1), (16, 2), (8, 2), (4, 4), (8, 4), (4, 8), (2, 8), (2, 16),
                  (1, 16))
+#: Calls in a timed graph at the least, whatever the rotation: with fewer the
+#: graph's own launch shows in the per-call time (a ``--rotate-mb`` small
+#: enough for the weights to stay in L2 would make it 2 calls).
+MIN_CALLS = 32
 #: H200 HBM3e peak read bandwidth by the datasheet (bytes/s): the roofline.
 HBM_PEAK = 4.8e12
 
@@ -183,6 +189,7 @@ def main(argv=None) -> int:
             rows = 128 + heads + 128
             weight_bytes = rows * k * 2
             sets = max(2, math.ceil(args.rotate_mb * 2**20 / weight_bytes))
+            calls = max(sets, MIN_CALLS)
             if args.ncu_calls:
                 sets = 1
             mods = [Indexer(hidden=k, q_lora_rank=64, heads=heads, device="cuda",
@@ -239,15 +246,15 @@ def main(argv=None) -> int:
                     continue
                 min_bytes = fused_min_bytes(m, k, 128, heads, 128, padded)
                 floor = weight_bytes / bw * 1e6
-                t_proj = _time_graph(proj, sets, args.replays)
+                t_proj = _time_graph(proj, calls, args.replays)
                 t_two = t_stock = nan
                 kernels = other = 0
                 if not args.no_stock:
-                    t_two = _time_graph(two_step, sets, args.replays)
-                    t_stock = _time_graph(stock, sets, args.replays)
+                    t_two = _time_graph(two_step, calls, args.replays)
+                    t_stock = _time_graph(stock, calls, args.replays)
                     kernels, other = kernel_count(lambda: stock(0))
                 for name, variant in candidates:
-                    t_fused = (_time_graph(lambda i, v=variant: fused(i, v), sets, args.replays)
+                    t_fused = (_time_graph(lambda i, v=variant: fused(i, v), calls, args.replays)
                                if fits else nan)
                     w_read = fused_weight_bytes_read(k, 128, heads, 128,
                                                      skip_zero=variant.skip_zero)
@@ -267,7 +274,7 @@ def main(argv=None) -> int:
                         if k % t.k_multiple or t.smem_bytes(m) > 232_448:
                             continue
                         for early in (False, True):
-                            us = _time_graph(lambda i, t=t, e=early: proj(i, t, e), sets,
+                            us = _time_graph(lambda i, t=t, e=early: proj(i, t, e), calls,
                                              args.replays)
                             got.append((us, f"w{w}s{sp}" + ("+launch" if early else "")))
                     got.sort(key=lambda r: r[0])

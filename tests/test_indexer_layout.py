@@ -244,6 +244,19 @@ def test_fused_variant():
         dataclasses.replace(L.H200, fused_variant=(True, False))
 
 
+def test_bulk_variants_size_their_tile_and_need_skip_zero():
+    rows = L.FusedVariant(True, True, bulk=True)
+    split = L.FusedVariant(True, True, split_k=1, bulk=True)
+    assert rows.name == "skip-zero+early+bulk" and rows.tactic() == Tactic(FUSED_WARPS, 1)
+    # whole rows: the CTA's 8 rows of 2 K bytes, padded to 64 mod 128; split:
+    # the cluster's 128 rows over K / 16
+    assert rows.bulk_tile_bytes(7168) == 8 * (7168 * 2 + 64)
+    assert split.bulk_tile_bytes(7168) == 128 * (7168 // 16 * 2 + 64)
+    assert L.FusedVariant(True, True).bulk_tile_bytes(7168) == 0
+    with pytest.raises(ValueError, match="bulk needs skip_zero, got skip_zero=False"):
+        L.FusedVariant(bulk=True)
+
+
 def test_split_k_variants_name_their_tactic():
     assert L.FusedVariant(True, True, split_k=1).name == "skip-zero+early+split-k"
     assert L.FusedVariant(True, True, split_k=2).name == "skip-zero+early+split-k2"

@@ -43,7 +43,8 @@ FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True
                   ("fusedsplitk", 1, False, (True, True, False, 1)),
                   ("fusedsplitk2", 16, True, (True, True, False, 2)),
                   ("fusedbulk", 1, False, (True, True, False, 1, True)),
-                  ("fusedbulk2", 16, True, (True, True, False, 2, True)))
+                  ("fusedbulk2", 16, True, (True, True, False, 2, True)),
+                  ("fusedbulkrows", 1, False, (True, True, False, 0, True)))
 
 
 def _first(lines, pattern):

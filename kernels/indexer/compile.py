@@ -16,7 +16,7 @@ from kernels.compile_cache import persistent
 from kernels.lamport.compile import _options
 
 from .layout import (FUSED_PARTIAL_SLOTS, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, FusedVariant, Tactic,
-                     bulk_tile_bytes, check_projection_shape, fused_smem_bytes)
+                     check_projection_shape, fused_smem_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +80,8 @@ class FusedConfig:
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory this config's kernel uses (an upper bound)."""
-        tile = bulk_tile_bytes(self.k, self.key) if self.variant.bulk else 0
-        return fused_smem_bytes(self.tokens, FUSED_PARTIAL_SLOTS, self.key) + tile
+        return (fused_smem_bytes(self.tokens, FUSED_PARTIAL_SLOTS, self.key)
+                + self.variant.bulk_tile_bytes(self.k, self.key))
         if self.tokens < 1:
             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
         if self.padded < self.heads:

@@ -173,29 +173,50 @@ class ProjectionKernel:
         return lo, hi
 
     @cute.jit
-    def gemv(self, x: Int64, b, partial: Int32, part, warp, lane):
+    def gemv(self, x: Int64, b, partial: Int32, part, warp, lane, tile_in=None):
         """Each warp's partial C tiles of K part ``part`` into shared
-        ``partial`` ``[warps, tiles, 32 lanes, 4]`` FP32 at slot ``warp``."""
+        ``partial`` ``[warps, tiles, 32 lanes, 4]`` FP32 at slot ``warp``.
+        The weight fragments are ``b`` (registers), or with ``tile_in =
+        (tile, mbarrier)`` read from the whole-row bulk tile (row g at
+        ``g * stride``) once the mbarrier says it arrived (the tile's ``x``
+        loads go out first)."""
         g = lane // 4
         first = part * self.span + lane % 4 * 8
         both = self.tokens > 8
+        stride = bulk_row_stride(self.k, self.key, split_k=False)
         for tile in cutlass.range(self.tiles, unroll=1):
             lo, hi = self.tile_tokens(tile, g)
             acc0 = [Float32(0.0)] * 4
             acc1 = [Float32(0.0)] * 4
+            # Register weights: each x load next to its mma. Tile weights:
+            # the tile's x loads first, then the wait, then the mma chain.
+            xs = []
             for p in cutlass.range_constexpr(self.pairs):
                 offset = first + p * 32
                 a_lo = lp.load_u32x4(x + (Int64(lo) * self.k + offset) * 2)
                 a_hi = a_lo
                 if cutlass.const_expr(both):
                     a_hi = lp.load_u32x4(x + (Int64(hi) * self.k + offset) * 2)
-                acc0 = ip.mma_bf16_m16n8k16((a_lo[0], a_hi[0], a_lo[1], a_hi[1]),
-                                            (b[p * 4], b[p * 4 + 1]), acc0)
-                acc1 = ip.mma_bf16_m16n8k16((a_lo[2], a_hi[2], a_lo[3], a_hi[3]),
-                                            (b[p * 4 + 2], b[p * 4 + 3]), acc1)
+                if cutlass.const_expr(tile_in is None):
+                    acc0, acc1 = self.mma_pair(a_lo, a_hi, b[p * 4:p * 4 + 4], acc0, acc1)
+                else:
+                    xs.append((a_lo, a_hi))
+            if cutlass.const_expr(tile_in is not None):
+                ip.mbarrier_wait_parity(tile_in[1], 0)
+                for p in cutlass.range_constexpr(self.pairs):
+                    bp = ip.load_shared_u32x4(tile_in[0] + g * stride + (first + p * 32) * 2)
+                    acc0, acc1 = self.mma_pair(xs[p][0], xs[p][1], bp, acc0, acc1)
             base = partial + (((warp * self.tiles + tile) * 32 + lane) * 4) * 4
             for i in cutlass.range_constexpr(4):
                 ip.store_shared_f32(base + i * 4, ip.add_rn_f32(acc0[i], acc1[i]))
+
+    @cute.jit
+    def mma_pair(self, a_lo, a_hi, b, acc0, acc1):
+        """One 32-element K step: words 0-1 of the 16-byte chunks into
+        ``acc0``, words 2-3 into ``acc1`` (the module docstring's order)."""
+        acc0 = ip.mma_bf16_m16n8k16((a_lo[0], a_hi[0], a_lo[1], a_hi[1]), (b[0], b[1]), acc0)
+        acc1 = ip.mma_bf16_m16n8k16((a_lo[2], a_hi[2], a_lo[3], a_hi[3]), (b[2], b[3]), acc1)
+        return acc0, acc1
 
     @cute.jit
     def gemv_split(self, x: Int64, bs, partial: Int32, part, dest, lane, push, tile_in=None):
@@ -412,7 +433,10 @@ class ProjectionKernel:
                 else:
                     bs.append(self.load_weights(w, group, part, lane, span=span))
         else:
-            if cutlass.const_expr(f.variant.skip_zero):
+            b = []
+            if cutlass.const_expr(f.variant.bulk):
+                pass  # the CTA's rows come by bulk copies, below
+            elif cutlass.const_expr(f.variant.skip_zero):
                 b = self.load_weights(w, cta, warp, lane, self.live_row(cta, lane // 4))
             else:
                 b = self.load_weights(w, cta, warp, lane)
@@ -433,30 +457,45 @@ class ProjectionKernel:
         smem = cutlass.memory.SmemAllocator()
         tile_in = None
         if cutlass.const_expr(f.variant.bulk):
-            stride = bulk_row_stride(self.k, self.key)
+            stride = bulk_row_stride(self.k, self.key, split_k=bool(split_k))
             tile = ip.shared_address(smem.allocate_array(
-                Float32, self.cluster * ROWS * stride // 4, byte_alignment=128))
+                Float32, f.variant.bulk_tile_bytes(self.k, self.key) // 4, byte_alignment=128))
             wbar = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
             if tid == 0:
                 ip.mbarrier_init(wbar, 32)
             cute.arch.sync_threads()
-            if warp == 0:
-                # Lane l copies rows l, l + 32, ... of the cluster's live rows
-                # over this CTA's K part (every CTA of a cluster has the same
-                # live rows) and arrives expecting their bytes.
-                row_bytes = self.k // self.cluster * 2
-                nbytes = Int32(0)
-                for j in cutlass.range_constexpr(self.cluster * ROWS // 32):
-                    r = lane + 32 * j
-                    nbytes = nbytes + self.live_row(cta - rank + r // ROWS, r % ROWS) * row_bytes
-                ip.mbarrier_arrive_expect_tx(wbar, nbytes)
-                for j in cutlass.range_constexpr(self.cluster * ROWS // 32):
-                    r = lane + 32 * j
-                    if self.live_row(cta - rank + r // ROWS, r % ROWS) != 0:
-                        ip.bulk_load_weights(
-                            tile + r * stride,
-                            w + (Int64((cta - rank) * ROWS + r) * self.k + rank * (row_bytes // 2)) * 2,
-                            row_bytes, wbar)
+            if cutlass.const_expr(not split_k):
+                if warp == 0:
+                    # Lane r < ROWS copies this CTA's row r, all of K, if it
+                    # is live; every lane arrives expecting its bytes.
+                    live = Int32(0)
+                    if lane < ROWS:
+                        live = self.live_row(cta, lane)
+                    ip.mbarrier_arrive_expect_tx(wbar, live * (self.k * 2))
+                    if live != 0:
+                        ip.bulk_load_weights(tile + lane * stride,
+                                             w + Int64(cta * ROWS + lane) * (self.k * 2),
+                                             self.k * 2, wbar)
+            else:
+                if warp == 0:
+                    # Lane l copies rows l, l + 32, ... of the cluster's live rows
+                    # over this CTA's K part (every CTA of a cluster has the same
+                    # live rows) and arrives expecting their bytes.
+                    row_bytes = self.k // self.cluster * 2
+                    nbytes = Int32(0)
+                    for j in cutlass.range_constexpr(self.cluster * ROWS // 32):
+                        r = lane + 32 * j
+                        live = self.live_row(cta - rank + r // ROWS, r % ROWS)
+                        nbytes = nbytes + live * row_bytes
+                    ip.mbarrier_arrive_expect_tx(wbar, nbytes)
+                    for j in cutlass.range_constexpr(self.cluster * ROWS // 32):
+                        r = lane + 32 * j
+                        if self.live_row(cta - rank + r // ROWS, r % ROWS) != 0:
+                            ip.bulk_load_weights(
+                                tile + r * stride,
+                                w + (Int64((cta - rank) * ROWS + r) * self.k
+                                     + rank * (row_bytes // 2)) * 2,
+                                row_bytes, wbar)
             tile_in = (tile, wbar)
         partial = ip.shared_address(smem.allocate_array(
             Float32, tiles_in * self.tiles * 32 * 4, byte_alignment=16))
@@ -521,7 +560,7 @@ class ProjectionKernel:
         if cutlass.const_expr(split_k):
             self.gemv_split(x, bs, partial, part, dest, lane, gather, tile_in)
         else:
-            self.gemv(x, b, partial, warp, warp, lane)
+            self.gemv(x, b, partial, warp, warp, lane, tile_in)
         if is_head:
             for j in cutlass.range_constexpr(rounds):
                 t = j * self.warps + warp

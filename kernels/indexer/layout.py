@@ -101,19 +101,21 @@ def fused_smem_bytes(tokens: int, warps: int, key: int) -> int:
     return projection_smem_bytes(tokens, warps) + extra
 
 
-def bulk_row_stride(k: int, key: int = KEY) -> int:
-    """Bytes between two weight rows of the ``bulk`` variant's shared tile:
-    the row (``K / (key / ROWS)`` BF16) padded to 64 mod 128, so the eight
-    lanes of a quarter-warp reading rows g and g + 1 at 16-byte chunks q hit
-    eight different 16-byte bank groups."""
-    row = k // (key // ROWS) * 2
+def bulk_row_stride(k: int, key: int = KEY, *, split_k: bool = True) -> int:
+    """Bytes between two weight rows of a ``bulk`` variant's shared tile: the
+    row (with ``split_k``, the CTA's K part, ``K / (key / ROWS)`` BF16; else
+    all ``K``) padded to 64 mod 128, so the eight lanes of a quarter-warp
+    reading rows g and g + 1 at 16-byte chunks q hit eight different 16-byte
+    bank groups."""
+    row = (k // (key // ROWS) if split_k else k) * 2
     return row + (64 - row) % 128
 
 
-def bulk_tile_bytes(k: int, key: int = KEY) -> int:
-    """Shared memory of the ``bulk`` variant's weight tile: the cluster's
-    ``key`` rows (``key / ROWS`` groups of ``ROWS``) at :func:`bulk_row_stride`."""
-    return key * bulk_row_stride(k, key)
+def bulk_tile_bytes(k: int, key: int = KEY, *, split_k: bool = True) -> int:
+    """Shared memory of a ``bulk`` variant's weight tile at
+    :func:`bulk_row_stride`: with ``split_k`` the cluster's ``key`` rows over
+    the CTA's K part, else the CTA's own ``ROWS`` rows over all of K."""
+    return (key if split_k else ROWS) * bulk_row_stride(k, key, split_k=split_k)
 
 
 # --- tactics ----------------------------------------------------------------
@@ -191,12 +193,14 @@ class FusedVariant:
     of ``x`` (at 16 tokens and K 7168: 14 KB instead of 229 KB). Needs
     ``n`` == ``FUSED_WARPS``.
 
-    ``bulk`` (with ``split_k`` and ``skip_zero``): the CTA's weight tile (its
-    cluster's live rows over its K part) comes by ``cp.async.bulk`` into
-    shared memory, one copy a row, issued before the PDL wait and completing
-    on an mbarrier, instead of by ``ld.global`` into registers: the copy
-    engine keeps the whole tile in flight, which the load units' outstanding
-    requests do not (:func:`bulk_tile_bytes`). Frozen and hashable: part of
+    ``bulk`` (with ``skip_zero``): the CTA's weight tile comes by
+    ``cp.async.bulk`` into shared memory, one copy a live row, issued before
+    the PDL wait and completing on an mbarrier, instead of by ``ld.global``
+    into registers: the copy engine keeps the whole tile in flight, which the
+    load units' outstanding requests do not (:func:`bulk_tile_bytes`). With
+    ``split_k`` the tile is the cluster's live rows over the CTA's K part
+    (one ``K / 16`` copy a row); without, the CTA's own eight rows over all of
+    K (one whole-row copy, ``2 K`` bytes, a row). Frozen and hashable: part of
     the compile-cache key."""
 
     skip_zero: bool = False
@@ -211,9 +215,12 @@ class FusedVariant:
                 raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k not in (0, 1, 2):
             raise ValueError(f"FusedVariant.split_k must be 0, 1 or 2, got {self.split_k!r}")
-        if self.bulk and not (self.split_k and self.skip_zero):
-            raise ValueError(f"FusedVariant.bulk needs split_k and skip_zero, got split_k="
-                             f"{self.split_k}, skip_zero={self.skip_zero}")
+        if self.bulk and not self.skip_zero:
+            raise ValueError(f"FusedVariant.bulk needs skip_zero, got skip_zero={self.skip_zero}")
+
+    def bulk_tile_bytes(self, k: int, key: int = KEY) -> int:
+        """Shared memory of this variant's weight tile (0 unless ``bulk``)."""
+        return bulk_tile_bytes(k, key, split_k=bool(self.split_k)) if self.bulk else 0
 
     @property
     def name(self) -> str:
@@ -243,7 +250,8 @@ FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=1),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=2),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=1, bulk=True),
-                    FusedVariant(skip_zero=True, early_consts=True, split_k=2, bulk=True))
+                    FusedVariant(skip_zero=True, early_consts=True, split_k=2, bulk=True),
+                    FusedVariant(skip_zero=True, early_consts=True, bulk=True))
 
 
 @dataclass(frozen=True)
@@ -336,7 +344,7 @@ class TacticTable:
                                      f"(the weight tile grows with K)")
                 for k in rule.k:
                     need = (fused_smem_bytes(rule.max_tokens, FUSED_PARTIAL_SLOTS, KEY)
-                            + bulk_tile_bytes(k))
+                            + rule.variant.bulk_tile_bytes(k))
                     if need > MAX_SMEM_BYTES:
                         raise ValueError(f"tactic table {self.name!r}: {rule.variant.name} at K = "
                                          f"{k}, {rule.max_tokens} tokens needs {need} B of shared "
