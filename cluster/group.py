@@ -2,7 +2,9 @@
 
 Hang handling in layers (docs/design.md, Hang detection):
 1. every consumer has a watchdog (``case["budget_ns"]``) and still returns;
-2. the host deadline ``call_timeout_s`` bounds every rank's call;
+2. the host deadline ``call_timeout_s`` bounds every rank's call, moved
+   later by the time its ranks on this host waited for a CPU (at most
+   ``STARVED_STRETCH`` times more);
 3. :func:`kernels.lamport.diagnosis.diagnose` names the culprits at group level;
 4. after anything but a pass the whole group recovers: every rank's call has
    returned (quiesce), then every rank scrubs its mailbox and resets its stage
@@ -43,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import socket
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -63,6 +66,7 @@ from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport,
 from cluster import phases
 from cluster.injection import validate_injection
 from cluster.placement import Placement
+from cluster.procs import cpu_wait_s
 from kernels.lamport.protocol import VEC_BF16
 from kernels.validation import require_int, require_multiple, require_number, require_tp
 
@@ -70,6 +74,12 @@ CONTROL_TIMEOUT_S = 30.0
 """Bound on control calls (close, state, recover, kill confirmation)."""
 CLOSE_TIMEOUT_S = 5.0
 """Bound on a graceful close before ray.kill."""
+STARVED_STRETCH = 2.0
+"""A call's host deadline moves later by as long as its ranks on this host
+waited for a CPU during the call, by at most this many ``call_timeout_s``:
+on a starved host (a busy CI runner, a pool warming workers beside the
+group) a slow rank is not called hung, and a stuck one (asleep, or waiting
+on a GPU) is still judged at ``call_timeout_s``."""
 CPU_PER_RANK_BUNDLE = 0.01
 """A CPU bundle's size for CPU-only ranks: placement groups need a non-zero
 bundle; the rank actors themselves declare num_cpus=0."""
@@ -654,17 +664,26 @@ class TPGroup:
         return case, faults
 
     def _collect(self, streams, ended, started: float):
-        """Every rank's next result, each by ``started + call_timeout_s``."""
+        """Every rank's next result, each by ``started + call_timeout_s``
+        plus the stretch of :meth:`_starved_s`."""
         results: list[dict | None] = [None] * self.tp
         errors, absent, gone = {}, {}, set()
-        deadline = started + self.call_timeout_s
+        waited = self._cpu_waits()
+        cap = STARVED_STRETCH * self.call_timeout_s
         for r, stream in enumerate(streams):
             if ended[r]:
                 absent[r] = errors[r] = "ended its batch early"
                 continue
-            ready, _ = ray.wait([stream], timeout=max(0.0, deadline - time.monotonic()))
+            while True:
+                stretch = min(cap, self._starved_s(waited))
+                left = started + self.call_timeout_s + stretch - time.monotonic()
+                ready, _ = ray.wait([stream], timeout=max(0.0, left))
+                if ready or stretch >= cap or self._starved_s(waited) < stretch + 0.05:
+                    break
             if not ready:
-                absent[r] = f"missed the host deadline of {self.call_timeout_s} s"
+                absent[r] = f"missed the host deadline of {self.call_timeout_s} s" + (
+                    f" (moved {stretch:.1f} s later: its ranks' wait for a CPU)"
+                    if stretch >= 0.05 else "")
                 gone.add(r)
                 continue
             try:
@@ -682,6 +701,26 @@ class TPGroup:
                 absent[r] = f"raised {type(exc.cause).__name__}"
                 errors[r] = str(exc.cause)
         return results, errors, absent, gone
+
+    def _cpu_waits(self) -> dict[int, float]:
+        """pid -> run-queue wait so far (:func:`cluster.procs.cpu_wait_s`)
+        of this group's ranks that run on this host (none for ranks of
+        other hosts, whose load the driver cannot see)."""
+        here = (socket.gethostname(), ray.util.get_node_ip_address())
+        pids = [m["pid"] for m in self.metadata
+                if (m.get("hostname"), m.get("node_ip")) == here]
+        return {pid: w for pid in pids if (w := cpu_wait_s(pid)) is not None}
+
+    @staticmethod
+    def _starved_s(since: Mapping[int, float]) -> float:
+        """The longest any of those ranks has waited for a CPU since ``since``
+        (a rank gone since counts none)."""
+        longest = 0.0
+        for pid, before in since.items():
+            now = cpu_wait_s(pid)
+            if now is not None:
+                longest = max(longest, now - before)
+        return longest
 
     def _drain(self, streams, ended, remaining: int) -> set[int]:
         """Wait for every rank's batch to end (each stops after its first

@@ -1,6 +1,6 @@
 """Processes on this host, read from ``/proc`` (Linux): when one started, who
-descends from whom, stopping a set of them for good, and a lock they take
-turns on (:func:`one_at_a_time`).
+descends from whom, how long one waited for a CPU, stopping a set of them for
+good, and a lock they take turns on (:func:`one_at_a_time`).
 
 A process is named by ``(pid, start)``: ``start`` (clock ticks since boot,
 field 22 of ``/proc/<pid>/stat``) tells a reused pid from the process it
@@ -34,6 +34,20 @@ def process_memory(pid: int) -> int | None:
     try:
         with open(f"/proc/{int(pid)}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_wait_s(pid: int) -> float | None:
+    """Seconds the main thread of ``pid`` has spent runnable but waiting for
+    a CPU since it started (the run-queue wait, field 2 of
+    ``/proc/<pid>/schedstat``); None when that is unreadable (no such
+    process, a kernel without sched_info). A Ray actor runs its methods on
+    its main thread, so for a rank this is how long a starved host held its
+    calls back; a rank asleep or stuck in a wait accrues none."""
+    try:
+        with open(f"/proc/{int(pid)}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
 

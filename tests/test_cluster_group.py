@@ -188,3 +188,34 @@ def test_token_mismatch_at_tp2_is_named_by_the_asked_count(groups):
     verdict = run_fault(g, "token_count_differs", rank=1, budget_ns=BUDGET_NS)
     assert verdict.met, verdict.seen
     assert verdict.diagnosis.token_mismatch_ranks == {1}
+
+
+def test_a_deadline_moves_by_the_ranks_wait_for_a_cpu_and_no_further(groups, monkeypatch):
+    """A hung rank on a host that held the group's ranks back 1.5 s (faked:
+    the run-queue wait read from /proc grows 1.5 s once the call starts) is
+    judged 1.5 s after the host deadline, and the diagnosis says so; a wait
+    that keeps growing moves the deadline at most STARVED_STRETCH times."""
+    from cluster import group as group_module
+    g = groups[2]
+    g.recover()
+    reads = {}
+
+    def waited(pid, extra):
+        reads[pid] = reads.get(pid, -1) + 1
+        return 0.0 if reads[pid] == 0 else extra(pid)
+
+    t0 = {}
+    for extra, expect_s in ((lambda pid: 1.5, 1.5),
+                            (lambda pid: time.monotonic() - t0["call"],
+                             group_module.STARVED_STRETCH * CALL_TIMEOUT_S)):
+        reads.clear()
+        monkeypatch.setattr(group_module, "cpu_wait_s", lambda pid: waited(pid, extra))
+        t0["call"] = time.monotonic()
+        call = g.run(g.case(tokens=2, budget_ns=BUDGET_NS), faults={1: {"kind": "hang"}})
+        took = time.monotonic() - t0["call"]
+        assert call.outcome == "hang" and call.diagnosis.unresponsive_ranks == {1}
+        assert (f"missed the host deadline of {CALL_TIMEOUT_S} s (moved {expect_s:.1f} s "
+                f"later: its ranks' wait for a CPU)") in call.diagnosis.summary()
+        assert took >= CALL_TIMEOUT_S + expect_s, took
+    monkeypatch.undo()
+    assert g.run(g.case(tokens=4, seed=5, budget_ns=10**9)).outcome == "pass"

@@ -274,7 +274,8 @@ def test_variant_rules_pick_per_cell_and_the_projection_follows():
     t = L.H200
     # the default outside every rule, the rule's variant inside one
     assert t.fused_variant_for(7168, 32, 1) == t.fused_variant
-    assert t.fused_variant_for(7168, 64, 1).split_k == 1
+    assert t.fused_variant_for(7168, 64, 1).split_k == 2
+    assert t.fused_variant_for(4096, 64, 4).split_k == 1
     assert t.fused_variant_for(7168, 64, 16).split_k == 2
     # the projection alone gives the fused kernel's bits wherever it fuses
     for k in (4096, 7168):
