@@ -57,20 +57,30 @@ _handles: dict[tuple[str, str], object] = {}
 _lock = threading.Lock()
 
 
-def call_barrier():
-    """This driver's barrier actor (started on first use, on the driver's
-    node and only there: soft affinity let Ray put it on a worker node, and
-    losing that node then failed the groups of every other node). The
-    handle is kept for the Ray job's lifetime: an actor whose last handle
-    goes away is destroyed, even a named one, and a group's ranks would
-    then meet a dead barrier."""
+def call_barrier(timeout_s: float = 60.0):
+    """This driver's barrier actor, started on first use and returned only
+    once it serves calls (at most ``timeout_s``; TimeoutError past it). Its
+    start is a worker process's (over 10 s on a starved 2-core host) and
+    belongs to a group's build: started inside a batch, it held both ranks
+    of the batch's second call past a 10 s host deadline, a false hang.
+    On the driver's node and only there: soft affinity let Ray put it on a
+    worker node, and losing that node then failed the groups of every other
+    node. The handle is kept for the Ray job's lifetime: an actor whose last
+    handle goes away is destroyed, even a named one, and a group's ranks
+    would then meet a dead barrier."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     ctx = ray.get_runtime_context()
     job = (ctx.get_job_id(), ctx.get_node_id())  # a new Ray session reuses job ids
     with _lock:
         if job not in _handles:
-            _handles[job] = CallBarrier.options(
+            handle = CallBarrier.options(
                 name=NAME, get_if_exists=True,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(
                     ray.get_runtime_context().get_node_id(), soft=False)).remote()
+            try:
+                ray.get(handle.__ray_ready__.remote(), timeout=timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(f"the call barrier actor {NAME!r} did not start within "
+                                   f"{timeout_s} s") from None
+            _handles[job] = handle
         return _handles[job]

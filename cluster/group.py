@@ -367,6 +367,8 @@ class TPGroup:
         setups = self._await_setups(refs)
         self.metadata = [s["metadata"] for s in setups]
         self.start_diagnosis = diagnose_start([MailboxCheck(**s["start_check"]) for s in setups])
+        if self.tp > 1:  # the batches' barrier serves before any call's host deadline starts
+            call_barrier(timeout_s=self.setup_timeout_s)
         self.builds += 1
 
     def _await_setups(self, refs: list) -> list[dict]:

@@ -12,6 +12,7 @@ import time
 import ray
 
 from cluster.actors import RankActor
+from cluster.barrier import CallBarrier
 from cluster.faults import run_fault
 from cluster.group import TPGroup
 
@@ -228,3 +229,16 @@ class Starts:
         cls = self.cls if self.started in self.broken else RankActor
         self.started += 1
         return cls.options(**options)
+
+
+BARRIER_START_S = 4.0
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class SlowBarrier(CallBarrier.__ray_metadata__.modified_class):
+    """The batches' barrier actor whose start takes ``BARRIER_START_S``
+    (a worker process's start on a starved host)."""
+
+    def __init__(self) -> None:
+        time.sleep(BARRIER_START_S)
+        super().__init__()

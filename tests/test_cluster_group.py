@@ -219,3 +219,33 @@ def test_a_deadline_moves_by_the_ranks_wait_for_a_cpu_and_no_further(groups, mon
         assert took >= CALL_TIMEOUT_S + expect_s, took
     monkeypatch.undo()
     assert g.run(g.case(tokens=4, seed=5, budget_ns=10**9)).outcome == "pass"
+
+
+def test_the_barrier_starts_with_the_group_not_inside_a_call(cluster, monkeypatch):
+    """The barrier actor of a batch's calls is started, and served, by the
+    group's build: one whose start takes longer than the host deadline
+    (as a worker process's start on a starved host did) leaves every call
+    of a batch passing. Started inside the batch, it held both ranks of
+    call 1 past the deadline: a hang no rank had."""
+    import ray
+
+    from cluster import barrier
+    from tests import pool_scenarios as sc
+    sc.ship_by_value()
+    try:  # this module's barrier, from the groups before: gone, so the slow one starts
+        ray.kill(ray.get_actor(barrier.NAME))
+    except ValueError:
+        pass
+    monkeypatch.setattr(barrier, "_handles", {})
+    monkeypatch.setattr(barrier, "CallBarrier", sc.SlowBarrier)
+    assert sc.BARRIER_START_S > CALL_TIMEOUT_S
+    t0 = time.monotonic()
+    g = TPGroup(tp=2, hidden=HIDDEN, capacity=CAPACITY, call_timeout_s=CALL_TIMEOUT_S,
+                setup_timeout_s=SETUP_TIMEOUT_S)
+    try:
+        assert time.monotonic() - t0 >= sc.BARRIER_START_S  # the build waited for it
+        calls = list(g.run_batch([g.case(tokens=2, seed=s, budget_ns=BUDGET_NS) for s in range(3)]))
+        assert [c.outcome for c in calls] == ["pass"] * 3, [c.diagnosis.summary() for c in calls]
+    finally:
+        g.close()
+        ray.kill(ray.get_actor(barrier.NAME))  # the next module's groups start a plain one
