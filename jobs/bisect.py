@@ -120,6 +120,11 @@ first call of a group pays lazy imports and first touches: 50-250 ms
 against 2 ms on the 2-core box)."""
 RUN_TIMEOUT_S = 900.0
 """Bound on one candidate run (a subprocess)."""
+NOT_READY_EXIT_S = 10.0
+"""How long a warm driver that did not become ready gets to exit after EOF
+before it is killed: one that failed to start says why and exits, which
+took over 0.1 s on a loaded 2-core box (a kill then, and a pool stop the
+driver had nothing for)."""
 IDLE_WORKERS = 16
 """Idle Ray workers the embedded cluster keeps beyond its CPUs
 (``RAY_num_workers_soft_limit``): each warm driver leaves one (its topology
@@ -487,25 +492,31 @@ class WarmDriver:
         return self.proc.poll() is None
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Ends it: EOF (its pool stopped, Ray left), killed after ``timeout_s``."""
+        """Ends it: EOF (its pool stopped, Ray left), killed after
+        ``timeout_s`` (not ready: after at most ``NOT_READY_EXIT_S``)."""
         try:
             self.proc.stdin.close()
-            self.proc.wait(timeout=timeout_s if self.ready else 0.1)
+            self.proc.wait(timeout=timeout_s if self.ready else min(timeout_s, NOT_READY_EXIT_S))
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
             self._stop_pool()
 
     def _stop_pool(self) -> None:
-        """A killed driver's standing pool (its workers are detached)."""
+        """A killed driver's standing pool (its workers are detached); from
+        a process joined to the cluster (the bisect's), else only named."""
         if self.pool == "-":
             return
+        import ray
+
         from cluster.pool import WorkerPool
         try:
-            pool = WorkerPool.attach(self.pool)
-        except ValueError:
-            return  # not started, or stopped already
-        try:
+            if not ray.is_initialized():
+                raise RuntimeError("this process has not joined the cluster")
+            try:
+                pool = WorkerPool.attach(self.pool)
+            except ValueError:
+                return  # not started, or stopped already
             pool.stop()
         except Exception as err:  # noqa: BLE001 - said, not fatal: the bisect goes on
             print(f"   (the standing pool {self.pool} of a killed warm driver was not stopped: "
