@@ -77,9 +77,9 @@ CLOSE_TIMEOUT_S = 5.0
 STARVED_STRETCH = 2.0
 """A call's host deadline moves later by as long as its ranks on this host
 waited for a CPU during the call, by at most this many ``call_timeout_s``:
-on a starved host (a busy CI runner, a pool warming workers beside the
-group) a slow rank is not called hung, and a stuck one (asleep, or waiting
-on a GPU) is still judged at ``call_timeout_s``."""
+on a starved host (a busy CI runner) a slow rank is not called hung. A rank
+stuck asleep accrues no such wait, nor, on a host with CPUs to spare, one
+spinning on a GPU: both are still judged at ``call_timeout_s``."""
 CPU_PER_RANK_BUNDLE = 0.01
 """A CPU bundle's size for CPU-only ranks: placement groups need a non-zero
 bundle; the rank actors themselves declare num_cpus=0."""
