@@ -73,7 +73,7 @@ MIN_CALLS = 32
 HBM_PEAK = 4.8e12
 
 
-def _time_graph(step, calls: int, replays: int) -> float:
+def time_calls(step, calls: int, replays: int) -> float:
     """Median microseconds per call of ``step(i)``, i = 0..calls-1 captured
     in one graph (the harness's :func:`~cluster.measure.graph.time_graph`)."""
     for i in range(calls):  # every module's first call eagerly (compile, occupancy query)
@@ -84,7 +84,7 @@ def _time_graph(step, calls: int, replays: int) -> float:
 def read_bandwidth(gib: float = 2.0, replays: int = 10) -> float:
     """Bytes per second of a ``torch.sum`` over a ``gib`` GiB BF16 buffer."""
     buf = torch.ones(int(gib * 2**30) // 2, dtype=torch.bfloat16, device="cuda")
-    us = _time_graph(lambda i: buf.sum(dtype=torch.float32), 1, replays)
+    us = time_calls(lambda i: buf.sum(dtype=torch.float32), 1, replays)
     del buf
     return gib * 2**30 / (us * 1e-6)
 
@@ -92,7 +92,7 @@ def read_bandwidth(gib: float = 2.0, replays: int = 10) -> float:
 def graph_node_us(replays: int) -> float:
     """Microseconds per node of a graph of 32 one-element ``add_`` kernels."""
     tiny = torch.zeros(1, device="cuda")
-    return _time_graph(lambda i: tiny.add_(1), 32, replays)
+    return time_calls(lambda i: tiny.add_(1), 32, replays)
 
 
 def kernel_count(fn) -> tuple[int, int]:
@@ -246,15 +246,15 @@ def main(argv=None) -> int:
                     continue
                 min_bytes = fused_min_bytes(m, k, 128, heads, 128, padded)
                 floor = weight_bytes / bw * 1e6
-                t_proj = _time_graph(proj, calls, args.replays)
+                t_proj = time_calls(proj, calls, args.replays)
                 t_two = t_stock = nan
                 kernels = other = 0
                 if not args.no_stock:
-                    t_two = _time_graph(two_step, calls, args.replays)
-                    t_stock = _time_graph(stock, calls, args.replays)
+                    t_two = time_calls(two_step, calls, args.replays)
+                    t_stock = time_calls(stock, calls, args.replays)
                     kernels, other = kernel_count(lambda: stock(0))
                 for name, variant in candidates:
-                    t_fused = (_time_graph(lambda i, v=variant: fused(i, v), calls, args.replays)
+                    t_fused = (time_calls(lambda i, v=variant: fused(i, v), calls, args.replays)
                                if fits else nan)
                     w_read = fused_weight_bytes_read(k, 128, heads, 128,
                                                      skip_zero=variant.skip_zero)
@@ -274,7 +274,7 @@ def main(argv=None) -> int:
                         if k % t.k_multiple or t.smem_bytes(m) > 232_448:
                             continue
                         for early in (False, True):
-                            us = _time_graph(lambda i, t=t, e=early: proj(i, t, e), calls,
+                            us = time_calls(lambda i, t=t, e=early: proj(i, t, e), calls,
                                              args.replays)
                             got.append((us, f"w{w}s{sp}" + ("+launch" if early else "")))
                     got.sort(key=lambda r: r[0])

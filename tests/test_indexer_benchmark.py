@@ -40,7 +40,7 @@ def cpu_gpu(monkeypatch):
     def time_graph(step, calls_, replays, warmup=3):
         step(0)
         return 2.0
-    monkeypatch.setattr(bench, "_time_graph", time_graph)
+    monkeypatch.setattr(bench, "time_calls", time_graph)
     return calls
 
 
