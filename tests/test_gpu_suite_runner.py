@@ -48,13 +48,32 @@ def test_a_run_a_budget_and_resume(tmp_path, monkeypatch, capsys):
     assert "suite green" in capsys.readouterr().out
 
 
-def test_a_part_past_its_limit_is_an_error(tmp_path, monkeypatch, capsys):
+def _stall(tmp_path, monkeypatch, when: str) -> None:
+    """Make every part's Python stall 3 s past any 1 s limit, ``"start"``
+    (before pytest runs: no JUnit XML) or ``"exit"`` (after pytest wrote its
+    whole XML, as a hung teardown would), through a ``sitecustomize`` first
+    on the parts' PYTHONPATH. No race with the limit either way."""
+    site = tmp_path / "stall"
+    site.mkdir()
+    body = ("import time\ntime.sleep(3)\n" if when == "start" else
+            "import atexit, time\natexit.register(time.sleep, 3)\n")
+    (site / "sitecustomize.py").write_text(body)
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{ROOT}")
+
+
+@pytest.mark.parametrize("when", ["start", "exit"])
+def test_a_part_past_its_limit_is_an_error(when, tmp_path, monkeypatch, capsys):
+    """Killed at its own limit: one error, whether or not its pytest had
+    written a complete JUnit XML (a green XML does not make a killed part
+    green)."""
     monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("OUT", raising=False)
     monkeypatch.setattr(suite, "gpus", lambda: [])
+    _stall(tmp_path, monkeypatch, when)
     assert suite.main([PART, "--part-timeout", "1"]) == 1
     out = capsys.readouterr().out
     assert "killed at its 1 s limit" in out and "suite RED" in out
+    assert ("after its tests ended" in out) == (when == "exit")
 
 
 def test_a_part_cut_by_the_budget_is_left_for_resume(tmp_path, monkeypatch, capsys):
@@ -64,7 +83,9 @@ def test_a_part_cut_by_the_budget_is_left_for_resume(tmp_path, monkeypatch, caps
     monkeypatch.delenv("OUT", raising=False)
     monkeypatch.setattr(suite, "gpus", lambda: [])
     monkeypatch.setattr(suite, "MIN_PART_S", 0.5)
-    assert suite.main([PART, "--budget", "1"]) == 1
+    with monkeypatch.context() as stalled:  # cut even though its XML was complete
+        _stall(tmp_path, stalled, "exit")
+        assert suite.main([PART, "--budget", "1"]) == 1
     out = capsys.readouterr().out
     assert "cut at the budget's last" in out and "INCOMPLETE" in out and "not started" in out
     assert suite.main([PART, "--resume"]) == 0

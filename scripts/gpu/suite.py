@@ -16,7 +16,10 @@ one compile cache (``LAMPORT_COMPILE_CACHE``, set by suite.sh). Prints one
 line per part as it ends and a total; writes ``summary.json`` and the row
 for docs/results/gpu_suite.md (``row.md``) beside the parts, and copies the
 whole folder as ``gpu-suite.tgz`` (plus ``summary.txt``) into ``$OUT`` when
-that is set. Exit 0 when every part ran and nothing failed or errored.
+that is set. Exit 0 when every part ran and nothing failed or errored. A part
+killed at its limit, or whose pytest ended with an exit status other than
+0, 1 or 5, is an error even where its JUnit XML is complete (a teardown that
+hung after the last test).
 """
 
 from __future__ import annotations
@@ -110,10 +113,17 @@ def slowest(xml: Path, k: int = 3) -> list[tuple[str, float]]:
     return sorted(cases, key=lambda c: -c[1])[:k]
 
 
+#: pytest's exit codes of a run that ended by itself: all passed, some failed,
+#: none collected. Any other (a kill, an internal error) makes the part an error
+#: even when its JUnit XML was written.
+PYTEST_DONE = (0, 1, 5)
+
+
 def run_part(path: str, state: Path, mark: str, slow: bool, limit_s: float, *,
              cut_by_budget: bool = False) -> dict:
     """One file's pytest under ``timeout -s KILL``; its counts (a part that
-    left no JUnit XML is one error). A part killed at a limit that was the
+    left no JUnit XML, or was killed or ended abnormally after writing it, is
+    one error more). A part killed at a limit that was the
     budget's remainder (``cut_by_budget``), not its own timeout, is not
     done (``cut``): no state is kept for it, so ``--resume`` runs it again."""
     name = part_name(path)
@@ -129,16 +139,25 @@ def run_part(path: str, state: Path, mark: str, slow: bool, limit_s: float, *,
         f.flush()
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     wall = round(time.monotonic() - started, 1)
+    killed = rc in (124, 137, -9)
+    if killed and cut_by_budget:
+        tmp.unlink(missing_ok=True)
+        return {"part": path, "exit": rc, "wall_s": wall, "cut": True, "passed": 0,
+                "failed": 0, "skipped": 0, "errors": 0, "slowest": [],
+                "why": f"cut at the budget's last {int(limit_s)} s: rerun with --resume"}
     if tmp.exists():
         tmp.rename(xml)
         counts = junit_counts(xml)
         top = slowest(xml)
+        # A pytest that wrote its whole XML and then hung (a teardown, an
+        # atexit, a child it waits on) until the kill is no green part.
+        why = (f"killed at its {int(limit_s)} s limit after its tests ended" if killed else
+               f"exit {rc} after its tests ended" if rc not in PYTEST_DONE else "")
+        if why:
+            counts["errors"] += 1
+            counts["why"] = why
+            (state / f"{name}.incomplete").write_text(why + "\n")
     else:
-        killed = rc in (124, 137, -9)
-        if killed and cut_by_budget:
-            return {"part": path, "exit": rc, "wall_s": wall, "cut": True, "passed": 0,
-                    "failed": 0, "skipped": 0, "errors": 0, "slowest": [],
-                    "why": f"cut at the budget's last {int(limit_s)} s: rerun with --resume"}
         why = f"killed at its {int(limit_s)} s limit" if killed else f"exit {rc}, no JUnit XML"
         counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 1, "tests": 0, "time_s": wall,
                   "why": why}
