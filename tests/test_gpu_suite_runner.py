@@ -49,30 +49,34 @@ def test_a_run_a_budget_and_resume(tmp_path, monkeypatch, capsys):
 
 
 def _stall(tmp_path, monkeypatch, when: str) -> None:
-    """Make every part's Python stall 3 s past any 1 s limit, ``"start"``
-    (before pytest runs: no JUnit XML) or ``"exit"`` (after pytest wrote its
-    whole XML, as a hung teardown would), through a ``sitecustomize`` first
-    on the parts' PYTHONPATH. No race with the limit either way."""
+    """Make every part's Python end badly, through a ``sitecustomize`` first
+    on the parts' PYTHONPATH: ``"start"`` stalls 3 s before pytest runs (past
+    any 1 s limit, no JUnit XML), ``"exit"`` SIGKILLs itself after pytest
+    wrote its whole XML (what a kill at the limit of a hung teardown looks
+    like to the runner: exit 137). Neither races a limit against how long
+    pytest takes on a loaded box."""
     site = tmp_path / "stall"
     site.mkdir()
     body = ("import time\ntime.sleep(3)\n" if when == "start" else
-            "import atexit, time\natexit.register(time.sleep, 3)\n")
+            "import atexit, os, signal\natexit.register(os.kill, os.getpid(), signal.SIGKILL)\n")
     (site / "sitecustomize.py").write_text(body)
     monkeypatch.setenv("PYTHONPATH", f"{site}:{ROOT}")
 
 
-@pytest.mark.parametrize("when", ["start", "exit"])
-def test_a_part_past_its_limit_is_an_error(when, tmp_path, monkeypatch, capsys):
-    """Killed at its own limit: one error, whether or not its pytest had
-    written a complete JUnit XML (a green XML does not make a killed part
+@pytest.mark.parametrize("when, limit_s, why", [
+    ("start", 1, "killed at its 1 s limit"),
+    ("exit", 600, "before its 600 s limit after its tests ended")])
+def test_a_killed_part_is_an_error(when, limit_s, why, tmp_path, monkeypatch, capsys):
+    """Killed, at its own limit or not: one error, whether or not its pytest
+    had written a complete JUnit XML (a green XML does not make a killed part
     green)."""
     monkeypatch.setenv("SUITE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("OUT", raising=False)
     monkeypatch.setattr(suite, "gpus", lambda: [])
     _stall(tmp_path, monkeypatch, when)
-    assert suite.main([PART, "--part-timeout", "1"]) == 1
+    assert suite.main([PART, "--part-timeout", str(limit_s)]) == 1
     out = capsys.readouterr().out
-    assert "killed at its 1 s limit" in out and "suite RED" in out
+    assert why in out and "suite RED" in out
     assert ("after its tests ended" in out) == (when == "exit")
 
 
@@ -83,7 +87,7 @@ def test_a_part_cut_by_the_budget_is_left_for_resume(tmp_path, monkeypatch, caps
     monkeypatch.delenv("OUT", raising=False)
     monkeypatch.setattr(suite, "gpus", lambda: [])
     monkeypatch.setattr(suite, "MIN_PART_S", 0.5)
-    with monkeypatch.context() as stalled:  # cut even though its XML was complete
+    with monkeypatch.context() as stalled:  # cut whether its XML was complete or not
         _stall(tmp_path, stalled, "exit")
         assert suite.main([PART, "--budget", "1"]) == 1
     out = capsys.readouterr().out

@@ -145,20 +145,24 @@ def run_part(path: str, state: Path, mark: str, slow: bool, limit_s: float, *,
         return {"part": path, "exit": rc, "wall_s": wall, "cut": True, "passed": 0,
                 "failed": 0, "skipped": 0, "errors": 0, "slowest": [],
                 "why": f"cut at the budget's last {int(limit_s)} s: rerun with --resume"}
+    # timeout's kill and any other SIGKILL (the OOM killer) both read 137:
+    # only the wall time tells whether the limit was reached.
+    killed_how = (f"killed at its {int(limit_s)} s limit" if wall >= 0.95 * limit_s else
+                  f"killed (exit {rc}) at {wall:.1f} s, before its {int(limit_s)} s limit")
     if tmp.exists():
         tmp.rename(xml)
         counts = junit_counts(xml)
         top = slowest(xml)
         # A pytest that wrote its whole XML and then hung (a teardown, an
         # atexit, a child it waits on) until the kill is no green part.
-        why = (f"killed at its {int(limit_s)} s limit after its tests ended" if killed else
+        why = (f"{killed_how} after its tests ended" if killed else
                f"exit {rc} after its tests ended" if rc not in PYTEST_DONE else "")
         if why:
             counts["errors"] += 1
             counts["why"] = why
             (state / f"{name}.incomplete").write_text(why + "\n")
     else:
-        why = f"killed at its {int(limit_s)} s limit" if killed else f"exit {rc}, no JUnit XML"
+        why = killed_how if killed else f"exit {rc}, no JUnit XML"
         counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 1, "tests": 0, "time_s": wall,
                   "why": why}
         top = []
