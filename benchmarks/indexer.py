@@ -2,7 +2,7 @@
 
     python -m benchmarks.indexer [--k 7168] [--heads 64,32] [--tokens 1,2,4,8,16,32,64]
         [--replays 30] [--rotate-mb 120] [--sweep] [--sweep-tokens 1,16] [--no-stock]
-        [--ncu-calls N] [--ncu-proj 16x1,4x8] [--markdown PATH]
+        [--ncu-calls N] [--ncu-proj 16x1,4x8] [--variants NAME,...] [--markdown PATH]
 
 Per (K, heads, tokens), each side is one CUDA graph of max(R, 32)
 back-to-back calls, call i using indexer module i % R (its own weights) and
@@ -42,7 +42,8 @@ issue 19's target measure: weight bytes at that measured bandwidth),
 ``x_roof`` = fused / roof_us, ``TB/s`` = MB / fused (achieved), ``wMB`` =
 weight bytes the kernel reads (zero rows included unless skipped).
 
-``--no-stock`` leaves out the stock chain and the two-step path (their torch
+``--variants`` times the named fused candidates beside the table's, without
+the projection sweep. ``--no-stock`` leaves out the stock chain and the two-step path (their torch
 op graphs are most of the run time); ``--ncu-calls N`` times nothing: it runs
 each fused candidate (and the ``--ncu-proj`` tactics) N times eagerly per
 case and prints the launch order, a target for ``scripts/gpu/indexer_ncu.sh``.
@@ -131,8 +132,20 @@ def _args(argv):
                    help="no timing: run each fused candidate N times eagerly (for ncu)")
     p.add_argument("--ncu-proj", default="16x1,4x8",
                    help="projection tactics WARPSxSPLIT also run under --ncu-calls")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated fused candidate names to time beside the table's "
+                        "(instead of all of them with --sweep; no projection sweep)")
     p.add_argument("--markdown", default=None, help="also write the tables here")
     args = p.parse_args(argv)
+    if args.variants is not None:
+        from kernels.indexer.layout import FUSED_CANDIDATES
+
+        known = {v.name: v for v in FUSED_CANDIDATES}
+        names = [n for n in args.variants.split(",") if n]
+        bad = [n for n in names if n not in known]
+        if bad or not names:
+            p.error(f"--variants: unknown {bad or args.variants!r}; known: {sorted(known)}")
+        args.variants = [known[n] for n in names]
     for name in ("k", "heads", "tokens", "sweep_tokens"):
         bad = [v for v in getattr(args, name) if v < 1]
         if bad or not getattr(args, name):
@@ -202,7 +215,9 @@ def main(argv=None) -> int:
                 # candidates with --sweep.
                 table = projs[0].fused_variant_for(m)
                 candidates = [(table.name + "*", table)]
-                if args.sweep or args.ncu_calls:
+                if args.variants is not None:
+                    candidates += [(v.name, v) for v in args.variants if v != table]
+                elif args.sweep or args.ncu_calls:
                     candidates += [(v.name, v) for v in FUSED_CANDIDATES if v != table]
                 g = torch.Generator().manual_seed(m)
                 xs = torch.randn(sets, m, k, generator=g).to(torch.bfloat16).cuda()
@@ -291,7 +306,8 @@ def main(argv=None) -> int:
             f"(median); fused = the fused variant timed (* = the tactic table's; "
             f"skip-zero: no loads of the layout's zero rows; early: slot codes and norm "
             f"parameters loaded before the PDL wait; split-k/split-k2: a cluster's CTAs split K, "
-            f"one/two row groups a warp); MB = fused_min_bytes, roof_us = MB / {HBM_PEAK / 1e12:.1f} TB/s, "
+            f"one/two row groups a warp; spread: 2-3 rows a CTA over 128 CTAs, the key's "
+            f"LayerNorm through a global mailbox); MB = fused_min_bytes, roof_us = MB / {HBM_PEAK / 1e12:.1f} TB/s, "
             f"TB/s = MB / fused_us; kernels = kernels+memsets of one stock call")
     print(meta)
     if args.markdown:

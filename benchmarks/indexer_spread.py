@@ -45,13 +45,12 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Int64, Uint32
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from benchmarks.indexer import graph_node_us, time_calls
 from cluster.measure.graph import rotation_sets
 from kernels.indexer import primitives as ip
+from kernels.indexer.layout import MAILBOX_DEADLINE_NS, MAILBOX_NAN, MAILBOX_SENTINEL
 from kernels.lamport import primitives as lp
-from kernels.lamport.primitives import _f32, _inline_asm, _u32
 
 THREADS = 512
 #: Bytes one CTA reads per load of every thread (512 threads x 16 B).
@@ -129,29 +128,12 @@ def _shapes() -> tuple[Shape, ...]:
 SHAPES = _shapes()
 
 
-#: A flags slot before its sum arrives (an FP32 NaN no addition produces).
-SENTINEL = 0xFFFFFFFF
-#: What a sum whose bits equal the sentinel, or a lost peer, is stored as.
-CANONICAL_NAN = 0x7FC00000
-#: A flags poll gives up after this long (ns): a lost peer writes NaN, the
-#: check fails, nothing hangs.
-DEADLINE_NS = 50_000_000
-
-
-@dsl_user_op
-def f32_bits(value, *, loc=None, ip=None) -> Uint32:
-    """The bits of an FP32 as a word (``mov.b32``)."""
-    (w,) = _inline_asm([T.i32()], [_f32(value, loc, ip)], "mov.b32 $0, $1;", "=r,f",
-                       side_effects=False, clobber_memory=False, loc=loc, ip=ip)
-    return Uint32(w)
-
-
-@dsl_user_op
-def bits_f32(word, *, loc=None, ip=None) -> Float32:
-    """The FP32 whose bits ``word`` holds (``mov.b32``)."""
-    (v,) = _inline_asm([T.f32()], [_u32(word, loc, ip)], "mov.b32 $0, $1;", "=f,r",
-                       side_effects=False, clobber_memory=False, loc=loc, ip=ip)
-    return Float32(v)
+#: A flags slot before its sum arrives, what a sum with those bits or a lost
+#: peer is stored as, and when the poll gives up: the fused kernel's
+#: ``spread`` key mailbox's (:mod:`kernels.indexer.layout`).
+SENTINEL = MAILBOX_SENTINEL
+CANONICAL_NAN = MAILBOX_NAN
+DEADLINE_NS = MAILBOX_DEADLINE_NS
 
 
 class SpreadProbe:
@@ -243,7 +225,7 @@ class SpreadProbe:
             cute.arch.sync_threads()  # thread 0 has read the warp sums: reuse them
             if cta < shape.exchange:
                 if tid == 0:
-                    bits = f32_bits(cta_sum)
+                    bits = ip.f32_bits(cta_sum)
                     if bits == Uint32(SENTINEL):
                         bits = Uint32(CANONICAL_NAN)
                     lp.store_u32(partials + Int64(cta) * 4, bits)
@@ -256,7 +238,7 @@ class SpreadProbe:
                             word = lp.load_volatile_u32(slot)
                             if lp.globaltimer_ns() > deadline:
                                 word = Uint32(CANONICAL_NAN)  # a lost peer: NaN, never a hang
-                        ip.store_shared_f32(sums + tid * 4, bits_f32(word))
+                        ip.store_shared_f32(sums + tid * 4, ip.bits_f32(word))
                         lp.store_u32(slot, Uint32(SENTINEL))  # ready for the next call
                     cute.arch.sync_threads()
                     if tid == 0:

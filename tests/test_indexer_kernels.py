@@ -97,6 +97,25 @@ def test_checks_catch_mutations(rows):
     # the fused kernel without its st.async pushes or its FP8 conversion
     assert checks.check_fused([ln for ln in fused.lines if "st.async" not in ln], fused.variant)
     assert checks.check_fused([ln for ln in fused.lines if "e4m3x2" not in ln], fused.variant)
+    # the spread build: no cluster ops; the mailbox stores and the poll
+    # after the PDL wait, with a deadline
+    spread = _row(rows, "fusedspread")
+    sv = spread.variant
+    assert not spread.errors and not checks.check_fused(spread.lines, sv)
+    wait = next(i for i, ln in enumerate(spread.lines) if "griddepcontrol.wait" in ln)
+    poll = next(ln for ln in spread.lines if ln.startswith("ld.volatile.global.u32"))
+    assert any("poll" in e for e in checks.check_fused(
+        [ln for ln in spread.lines if not ln.startswith("ld.volatile.global.u32")], sv))
+    assert any("poll" in e for e in checks.check_fused(
+        [ln for ln in spread.lines if "%globaltimer" not in ln], sv))
+    store = next(ln for ln in spread.lines if ln.startswith("st.volatile.global.u32"))
+    early = spread.lines[:wait] + [store] + spread.lines[wait:]
+    assert any("before griddepcontrol.wait" in e for e in checks.check_fused(early, sv))
+    assert any("cluster" in e for e in checks.check_fused(
+        spread.lines + ["barrier.cluster.arrive.relaxed.aligned;"], sv))
+    assert any("poll" in e for e in checks.check_fused(
+        [poll] + [ln for ln in spread.lines if ln != poll], sv))
+    assert checks.check_fused([ln for ln in spread.lines if "e4m3x2" not in ln], sv)
 
 
 # --- host classes (CPU tensors: validation happens before any launch) --------
@@ -122,6 +141,24 @@ def test_fused_weight_and_slots(proj):
         want = proj.weight[row] if row >= 0 else torch.zeros_like(proj.weight[0])
         assert torch.equal(proj.fused_weight[slot], want)
     assert proj.fused_ctas % (proj.key // ROWS) == 0
+
+
+def test_spread_slots_and_mailbox(proj):
+    from kernels.indexer.compile import FusedConfig
+    from kernels.indexer.layout import MAILBOX_SENTINEL, FusedVariant, spread_layout
+
+    order, first = spread_layout(proj.key, proj.heads, proj.gate)
+    assert first == proj.spread_first_head and len(order) // ROWS == proj.spread_ctas
+    assert proj.spread_slots.tolist() == slot_codes(order, proj.key, proj.heads)
+    assert proj.key_mailbox.shape == (proj.fused_max_tokens * proj.key,)
+    assert bool((proj.key_mailbox.to(torch.int64) & 0xFFFFFFFF == MAILBOX_SENTINEL).all())
+    spread = FusedVariant(True, True, spread=True)
+    with pytest.raises(ValueError, match="needs key to divide its 512 threads, got key = 24"):
+        FusedConfig(key=24, heads=16, gate=0, k=1024, tokens=1, padded=64, variant=spread).validate()
+    with pytest.raises(ValueError, match="tokens must be >= 1, got 0"):
+        FusedConfig(key=128, heads=16, gate=0, k=1024, tokens=0, padded=64).validate()
+    with pytest.raises(ValueError, match="padded must be >= heads = 16, got 8"):
+        FusedConfig(key=128, heads=16, gate=0, k=1024, tokens=1, padded=8).validate()
 
 
 def test_rows_or_k_do_not_tile():

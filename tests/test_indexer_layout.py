@@ -202,6 +202,62 @@ def test_fused_layout_properties(key, heads, gate):
             assert (kind, index) == (SLOT_GATE, r - key - heads)
 
 
+def test_spread_layout_small_case_by_hand():
+    # key 8 (4 key CTAs of 2 rows), 2 heads (head row + 2 gate rows), then
+    # the 6 leftover gate rows in CTAs of 3
+    order, first = L.spread_layout(8, 2, 10)
+    assert first == 4
+    z = [-1] * 5
+    assert order == [0, 1, *z, -1, 2, 3, *z, -1, 4, 5, *z, -1, 6, 7, *z, -1,
+                     8, 10, 11, *z, 9, 12, 13, *z, 14, 15, 16, *z, 17, 18, 19, *z]
+
+
+def test_spread_layout_production_shapes():
+    order, first = L.spread_layout(KEY, 64, 128)
+    assert first == 64 and len(order) // ROWS == 128  # one CTA a SM of 132
+    order32, _ = L.spread_layout(KEY, 32, 128)
+    assert len(order32) // ROWS == 64 + 32 + 22  # 64 leftover gate rows in CTAs of 3
+    assert len(L.spread_layout(KEY, 64, 0)[0]) // ROWS == 128  # no gate: 1-row head CTAs
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.integers(1, 16).map(lambda c: c * ROWS), heads=st.integers(1, 40),
+       gate=st.integers(0, 300))
+def test_spread_layout_properties(key, heads, gate):
+    order, first = L.spread_layout(key, heads, gate)
+    rows = key + heads + gate
+    assert sorted(r for r in order if r >= 0) == list(range(rows))
+    assert first == key // L.SPREAD_KEY_ROWS
+    ctas = [order[i:i + ROWS] for i in range(0, len(order), ROWS)]
+    assert all(sum(r >= 0 for r in c) <= max(L.SPREAD_KEY_ROWS, L.SPREAD_ROWS) for c in ctas)
+    assert [r for c in ctas[:first] for r in c if r >= 0] == list(range(key))
+    for h in range(heads):
+        assert ctas[first + h][0] == key + h
+    gates = [r for c in ctas[first:] for r in c[1 if ctas.index(c) < first + heads else 0:]
+             if r >= 0]
+    assert gates == list(range(key + heads, rows))  # gate rows in order
+    assert all(sum(r >= 0 for r in c) for c in ctas)  # no empty CTA
+    codes = L.slot_codes(order, key, heads)
+    assert [c >> 16 == SLOT_KEY for c in codes[:ROWS * first] if c >> 16] == [True] * key
+
+
+def test_spread_variant():
+    v = L.FusedVariant(True, True, spread=True)
+    assert v.name == "skip-zero+early+spread" and v in L.FUSED_CANDIDATES
+    assert v.tactic() == Tactic(FUSED_WARPS, 1)  # the default's sum tree: the same bits
+    assert v.layout(KEY, 64, 128) == L.spread_layout(KEY, 64, 128)
+    assert L.FusedVariant(True, True).layout(KEY, 64, 128) == L.fused_layout(KEY, 64, 128)
+    assert v.gather_bytes(16) == 16 * KEY * 4 and L.FusedVariant().gather_bytes(16) == 0
+    for bad in (dict(spread=True), dict(skip_zero=True, spread=True),
+                dict(skip_zero=True, early_consts=True, split_k=2, spread=True),
+                dict(skip_zero=True, early_consts=True, bulk=True, spread=True)):
+        with pytest.raises(ValueError, match="spread needs skip_zero and early_consts"):
+            L.FusedVariant(**bad)
+    with pytest.raises(ValueError, match="FusedVariant.spread must be a bool, got 1"):
+        L.FusedVariant(True, True, spread=1)
+    assert L.MAILBOX_SENTINEL == 0xFFFFFFFF and L.MAILBOX_NAN == 0x7FC00000
+
+
 @pytest.mark.parametrize("args,match", [((0, 64, 128), "key must be a positive"),
                                         ((12, 64, 128), "key must be a multiple of 8, got 12"),
                                         ((128, 0, 128), "heads must be a positive"),

@@ -24,7 +24,10 @@ Checks on the kernel's instruction lines:
   (``st.async...complete_tx::bytes.v4.f32``) between the cluster wait and the
   ``mbarrier.try_wait`` on them; exactly the bulk builds copy the weight tile
   with ``cp.async.bulk`` before the PDL wait, read it with ``ld.shared.v4``
-  after it and load no weights into registers.
+  after it and load no weights into registers;
+- spread builds instead: no cluster, mbarrier or DSMEM instruction at all;
+  after the PDL wait the key mailbox's ``st.volatile.global.u32`` stores,
+  then its ``ld.volatile.global.u32`` poll with a ``%globaltimer`` deadline.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True
                   ("fusedsplitk2", 16, True, (True, True, False, 2)),
                   ("fusedbulk", 1, False, (True, True, False, 1, True)),
                   ("fusedbulk2", 16, True, (True, True, False, 2, True)),
-                  ("fusedbulkrows", 1, False, (True, True, False, 0, True)))
+                  ("fusedbulkrows", 1, False, (True, True, False, 0, True)),
+                  ("fusedspread", 1, False, (True, True, False, 0, False, True)))
 
 
 def _first(lines, pattern):
@@ -96,8 +100,36 @@ def check_projection(lines: list[str], v) -> list[str]:
     return errs
 
 
+def _check_spread(lines: list[str], wait: int) -> list[str]:
+    errs = []
+    cluster = [ln for ln in lines if any(p in ln for p in ("barrier.cluster", "mapa", "st.async",
+                                                           "mbarrier", "shared::cluster"))]
+    if cluster:
+        errs.append(f"spread build with cluster / mbarrier / DSMEM instructions: {cluster[:2]}")
+    stores = _all(lines, "st.volatile.global.u32")
+    polls = _all(lines, "ld.volatile.global.u32")
+    timer = _first(lines, "%globaltimer")
+    if not stores or min(stores) < wait:
+        errs.append(f"spread build: key mailbox stores (st.volatile.global.u32) {stores[:2]} "
+                    f"missing or before griddepcontrol.wait ({wait})")
+    if not polls or not stores or min(polls) < min(stores) or timer < 0:
+        errs.append(f"spread build: no ld.volatile.global.u32 poll after the mailbox stores "
+                    f"{polls[:2]}, or no %globaltimer deadline ({timer})")
+    return errs
+
+
 def check_fused(lines: list[str], v) -> list[str]:
     errs, wait = _common(lines, early_launch="launch" in v.detail)
+    if "spread" in v.detail:
+        errs += _check_spread(lines, wait)
+        if _first(lines, "cvt.rn.satfinite.e4m3x2.f32") < 0:
+            errs.append("no FP8 e4m3 conversion")
+        if not [ln for ln in lines if ln.startswith("@") and "ld.global.nc" in ln]:
+            errs.append("spread build without predicated (@p) weight loads")
+        late = [ln for ln in lines if _unguarded(ln).startswith(("ld.global.u32", "ld.global.f32"))]
+        if late:
+            errs.append(f"spread build with slot/norm loads after the PDL wait: {late[:2]}")
+        return errs
     order = [_first(lines, p) for p in ("mbarrier.init.shared", "fence.mbarrier_init",
                                          "barrier.cluster.arrive.relaxed")]
     if min(order) < 0 or not order[0] < order[1] < order[2] < wait:

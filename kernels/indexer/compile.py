@@ -72,7 +72,14 @@ class FusedConfig:
         check_projection_shape(self.key, self.heads, self.gate, self.k)
         if not isinstance(self.variant, FusedVariant):
             raise ValueError(f"variant must be a FusedVariant, got {self.variant!r}")
+        if self.tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+        if self.padded < self.heads:
+            raise ValueError(f"padded must be >= heads = {self.heads}, got {self.padded}")
         self.variant.tactic(self.key).span(self.k)
+        if self.variant.spread and (32 * FUSED_WARPS) % self.key:
+            raise ValueError(f"the fused kernel {self.variant.name} needs key to divide its "
+                             f"{32 * FUSED_WARPS} threads, got key = {self.key}")
         smem = self.smem_bytes()
         if smem > MAX_SMEM_BYTES:
             raise ValueError(f"the fused kernel {self.variant.name} at K = {self.k}, {self.tokens} "
@@ -81,18 +88,14 @@ class FusedConfig:
     def smem_bytes(self) -> int:
         """Dynamic shared memory this config's kernel uses (an upper bound)."""
         return (fused_smem_bytes(self.tokens, FUSED_PARTIAL_SLOTS, self.key)
-                + self.variant.bulk_tile_bytes(self.k, self.key))
-        if self.tokens < 1:
-            raise ValueError(f"tokens must be >= 1, got {self.tokens}")
-        if self.padded < self.heads:
-            raise ValueError(f"padded must be >= heads = {self.heads}, got {self.padded}")
+                + self.variant.bulk_tile_bytes(self.k, self.key)
+                + self.variant.gather_bytes(self.tokens, self.key))
 
 
 def _fused_shape(config: FusedConfig):
     from .kernel import FusedShape
-    from .layout import fused_layout
 
-    order, first = fused_layout(config.key, config.heads, config.gate)
+    order, first = config.variant.layout(config.key, config.heads, config.gate)
     return FusedShape(padded=config.padded, ctas=len(order) // ROWS, first_head=first,
                       bf16=config.bf16, ue8m0=config.ue8m0, variant=config.variant)
 
@@ -125,7 +128,7 @@ def compile_fused(config: FusedConfig, *, dump_dir: str | None = None):
     kernel = ProjectionKernel(rows=config.rows, k=config.k, key=config.key, heads=config.heads,
                               tokens=config.tokens, warps=FUSED_WARPS, split=1,
                               fused=_fused_shape(config))
-    return cute.compile(kernel.fused_call, *([Int64(0)] * 10), Float32(1.0), Float32(1e-6),
+    return cute.compile(kernel.fused_call, *([Int64(0)] * 11), Float32(1.0), Float32(1e-6),
                         make_fake_stream(), options=_options(config.arch, dump_dir))
 
 

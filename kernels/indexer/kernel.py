@@ -57,8 +57,9 @@ from cutlass import Float32, Int32, Int64, Uint32
 from kernels.lamport import primitives as lp
 
 from . import primitives as ip
-from .layout import (DIM, FUSED_WARPS, ROWS, SLOT_GATE, SLOT_HEAD, SLOT_INDEX_BITS, SLOT_KEY, TILE,
-                     FusedVariant, bulk_row_stride)
+from .layout import (DIM, FUSED_WARPS, MAILBOX_DEADLINE_NS, MAILBOX_NAN, MAILBOX_SENTINEL, ROWS,
+                     SLOT_GATE, SLOT_HEAD, SLOT_INDEX_BITS, SLOT_KEY, SPREAD_KEY_ROWS, SPREAD_ROWS,
+                     TILE, FusedVariant, bulk_row_stride)
 
 #: FP32(1 / 448): ``act_quant``'s scale factor.
 INV_FP8_MAX = 1.0 / 448.0
@@ -70,8 +71,8 @@ AMAX_FLOOR = 1e-4
 class FusedShape:
     """Compile-time shape of the fused variant."""
     padded: int        # heads written (>= heads), zeros beyond ``heads``
-    ctas: int          # CTAs of the grid, a multiple of the key cluster
-    first_head: int    # CTA holding head 0 (= key // ROWS)
+    ctas: int          # CTAs of the grid, a multiple of the launch cluster
+    first_head: int    # CTA holding head 0 (= key // ROWS; spread: key // SPREAD_KEY_ROWS)
     bf16: bool         # head weights in BF16 (else FP32)
     ue8m0: bool        # power-of-two q scales (else amax / 448)
     variant: FusedVariant = FusedVariant()  # which loads go where (same bits)
@@ -97,11 +98,17 @@ class ProjectionKernel:
         #: the PDL wait (the fused kernel's is ``fused.variant.early_launch``).
         self.early_launch = early_launch
         if fused is not None:
-            self.cluster = key // ROWS
+            #: The key LayerNorm's partitions (of ROWS rows; the key cluster's CTAs).
+            self.partitions = key // ROWS
+            #: CTAs a launch cluster holds: the key cluster, or none (spread).
+            self.cluster = 1 if fused.variant.spread else self.partitions
             if split != 1 or warps != FUSED_WARPS or fused.ctas % self.cluster:
                 raise ValueError(f"the fused kernel needs split 1, {FUSED_WARPS} warps and whole "
                                  f"clusters of {self.cluster} CTAs, got split={split} "
                                  f"warps={warps} ctas={fused.ctas}")
+            if fused.variant.spread and self.threads % key:
+                raise ValueError(f"the spread fused kernel needs key to divide its "
+                                 f"{self.threads} threads, got key={key}")
             fused.variant.tactic(key)  # ValueError: split_k without a FUSED_WARPS-CTA cluster
 
     # ------------------------------------------------------------ launches
@@ -115,22 +122,24 @@ class ProjectionKernel:
     @cute.jit
     def fused_call(self, w: Int64, x: Int64, gate: Int64, q: Int64, q_out: Int64,
                    w_out: Int64, key: Int64, norm_w: Int64, norm_b: Int64, slots: Int64,
-                   scale: Float32, eps: Float32, stream: cuda.CUstream) -> None:
-        self.fused_kernel(w, x, gate, q, q_out, w_out, key, norm_w, norm_b, slots,
+                   mailbox: Int64, scale: Float32, eps: Float32, stream: cuda.CUstream) -> None:
+        self.fused_kernel(w, x, gate, q, q_out, w_out, key, norm_w, norm_b, slots, mailbox,
                           scale, eps).launch(
             grid=(self.fused.ctas, 1, 1), block=(self.threads, 1, 1),
             cluster=(self.cluster, 1, 1), stream=stream, use_pdl=True)
 
     # ------------------------------------------------------------ shared parts
     @cute.jit
-    def load_weights(self, w: Int64, group, part, lane, live=None, span=0):
-        """Lane (g, q)'s fragments of weight row g of row group ``group`` in
-        K part ``part`` (``span`` wide, default ``self.span``), before the
-        PDL wait; with ``live`` (Int32), zeros instead of the loads where it
-        is 0."""
+    def load_weights(self, w: Int64, group, part, lane, live=None, span=0, row=None):
+        """Lane (g, q)'s fragments of weight row g of row group ``group`` (or
+        of row ``row`` of ``w``) in K part ``part`` (``span`` wide, default
+        ``self.span``), before the PDL wait; with ``live`` (Int32), zeros
+        instead of the loads where it is 0."""
         span = span or self.span
         first = part * span + lane % 4 * 8
-        row = Int64(group * ROWS + lane // 4)
+        if cutlass.const_expr(row is None):
+            row = group * ROWS + lane // 4
+        row = Int64(row)
         b = []
         for p in cutlass.range_constexpr(span // 32):
             address = w + (row * self.k + first + p * 32) * 2
@@ -156,6 +165,30 @@ class ProjectionKernel:
                 if (head - self.heads) * ROWS + g >= self.gate - per * self.heads:
                     live = Int32(0)
         return live
+
+    @cute.jit
+    def spread_row(self, cta, g):
+        """Source row of slot g of CTA ``cta`` of the spread layout, -1 for a
+        zero slot: :func:`kernels.indexer.layout.spread_source_row`."""
+        key_ctas = self.fused.first_head
+        per = SPREAD_ROWS - 1
+        src = Int32(-1)
+        head = cta - key_ctas
+        if head < 0:
+            if g < SPREAD_KEY_ROWS:
+                src = cta * SPREAD_KEY_ROWS + g
+        elif head < self.heads:
+            if g == 0:
+                src = self.key + head
+            elif g <= per:
+                if per * head + g - 1 < self.gate:
+                    src = self.key + self.heads + per * head + g - 1
+        else:
+            r = per * self.heads + (head - self.heads) * SPREAD_ROWS + g
+            if g < SPREAD_ROWS:
+                if r < self.gate:
+                    src = self.key + self.heads + r
+        return src
 
     @cute.jit
     def tile_tokens(self, tile, g):
@@ -405,7 +438,7 @@ class ProjectionKernel:
     @cute.kernel
     def fused_kernel(self, w: Int64, x: Int64, gate: Int64, q: Int64, q_out: Int64,
                      w_out: Int64, key: Int64, norm_w: Int64, norm_b: Int64, slots: Int64,
-                     scale: Float32, eps: Float32):
+                     mailbox: Int64, scale: Float32, eps: Float32):
         f = self.fused
         tid, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -436,11 +469,20 @@ class ProjectionKernel:
             b = []
             if cutlass.const_expr(f.variant.bulk):
                 pass  # the CTA's rows come by bulk copies, below
+            elif cutlass.const_expr(f.variant.spread):
+                # w is the concatenated weight: slot g's source row, or none.
+                src = self.spread_row(cta, lane // 4)
+                src_live = Int32(0)
+                src_row = Int32(0)
+                if src >= 0:
+                    src_live = Int32(1)
+                    src_row = src
+                b = self.load_weights(w, cta, warp, lane, src_live, row=src_row)
             elif cutlass.const_expr(f.variant.skip_zero):
                 b = self.load_weights(w, cta, warp, lane, self.live_row(cta, lane // 4))
             else:
                 b = self.load_weights(w, cta, warp, lane)
-        is_key = cta < self.cluster
+        is_key = cta < f.first_head
         # A thread's epilogue elements e = tid + j * threads all sit in slot
         # e % ROWS = tid % ROWS (threads is a multiple of ROWS): with
         # early_consts its slot code and, in the key CTAs, the LayerNorm weight
@@ -450,6 +492,13 @@ class ProjectionKernel:
         nb0 = Float32(0.0)
         if cutlass.const_expr(f.variant.early_consts):
             code0 = Int32(ip.load_const_u32(slots + (cta * ROWS + tid % ROWS) * 4))
+        if cutlass.const_expr(f.variant.spread):
+            if cta == 0:
+                # The reducer normalizes elements tid + j * threads, all in
+                # key row tid % key (key divides threads).
+                nw0 = ip.load_const_f32(norm_w + (tid % self.key) * 4)
+                nb0 = ip.load_const_f32(norm_b + (tid % self.key) * 4)
+        elif cutlass.const_expr(f.variant.early_consts):
             if is_key:
                 index0 = code0 & ((1 << SLOT_INDEX_BITS) - 1)
                 nw0 = ip.load_const_f32(norm_w + index0 * 4)
@@ -504,9 +553,13 @@ class ProjectionKernel:
                                                        byte_alignment=16))
         stats = ip.shared_address(smem.allocate_array(Float32, self.tokens * 2,
                                                       byte_alignment=16))
-        peers = ip.shared_address(smem.allocate_array(Float32, self.cluster * self.tokens * 2,
+        peers = ip.shared_address(smem.allocate_array(Float32, self.partitions * self.tokens * 2,
                                                       byte_alignment=16))
         bar = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
+        kvals = bar
+        if cutlass.const_expr(f.variant.spread):
+            kvals = ip.shared_address(smem.allocate_array(Float32, self.tokens * self.key,
+                                                          byte_alignment=16))
         gather = bar
         if cutlass.const_expr(split_k):
             gather = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
@@ -519,7 +572,7 @@ class ProjectionKernel:
                 if is_key:
                     ip.mbarrier_init_expect(bar, self.cluster * self.tokens * 8)
             cute.arch.cluster_arrive_relaxed()
-        else:
+        elif cutlass.const_expr(not f.variant.spread):
             if is_key:
                 # Armed for every key CTA's (mean, M2) pushes before the PDL
                 # wait; the cluster barrier (completed in key_norm) publishes
@@ -591,10 +644,98 @@ class ProjectionKernel:
             elif kind == SLOT_GATE:
                 ip.store_bf16(gate + (Int64(t) * self.gate + index) * 2, total)
             elif kind == SLOT_KEY:
-                ip.store_shared_f32(values + e * 4, ip.round_bf16(total))
-        if is_key:
+                if cutlass.const_expr(f.variant.spread):
+                    # A BF16-rounded FP32 has a zero low half: never the sentinel.
+                    lp.store_u32(mailbox + (Int64(t) * self.key + index) * 4,
+                                 ip.f32_bits(ip.round_bf16(total)))
+                else:
+                    ip.store_shared_f32(values + e * 4, ip.round_bf16(total))
+        if cutlass.const_expr(f.variant.spread):
+            if cta == 0:
+                self.key_gather_norm(key, mailbox, kvals, peers, stats, eps, tid, nw0, nb0)
+        elif is_key:
             self.key_norm(key, values, peers, bar, stats, norm_w, norm_b, slots, eps, cta, tid,
                           code0, nw0, nb0)
+
+    @cute.jit
+    def partition_stats(self, value):
+        """(mean, M2) of one ROWS-row partition of token t's key, ``value(r)``
+        its row r (FP32): sequential sums from +0.0, ``mean = sum *
+        FP32(1 / ROWS)``, ``M2 = sum (v - mean)^2``."""
+        total = Float32(0.0)
+        for r in cutlass.range_constexpr(ROWS):
+            total = ip.add_rn_f32(total, value(r))
+        mean = ip.mul_rn_f32(total, Float32(1.0 / ROWS))
+        m2 = Float32(0.0)
+        for r in cutlass.range_constexpr(ROWS):
+            d = ip.sub_rn_f32(value(r), mean)
+            m2 = ip.add_rn_f32(m2, ip.mul_rn_f32(d, d))
+        return mean, m2
+
+    @cute.jit
+    def combine_stats(self, peers, stats, eps: Float32, tid):
+        """Per token, the partitions' (mean, M2) (shared ``peers``, partition
+        c of token t at ``(c * tokens + t) * 8``) combined in partition order
+        (Chan, equal counts) into shared ``stats`` (mean, rstd) at ``t * 8``."""
+        for t in cutlass.range(tid, self.tokens, self.threads, unroll=1):
+            means = [ip.load_shared_f32(peers + (c * self.tokens + t) * 8)
+                     for c in range(self.partitions)]
+            mean = means[0]
+            for c in cutlass.range_constexpr(1, self.partitions):
+                mean = ip.add_rn_f32(mean, means[c])
+            mean = ip.mul_rn_f32(mean, Float32(1.0 / self.partitions))
+            m2 = Float32(0.0)
+            for c in cutlass.range_constexpr(self.partitions):
+                d = ip.sub_rn_f32(means[c], mean)
+                m2 = ip.add_rn_f32(
+                    ip.add_rn_f32(m2, ip.load_shared_f32(peers + (c * self.tokens + t) * 8 + 4)),
+                    ip.mul_rn_f32(ip.mul_rn_f32(Float32(ROWS), d), d))
+            ip.store_shared_f32(stats + t * 8, mean)
+            ip.store_shared_f32(stats + t * 8 + 4, ip.rsqrt_f32(
+                ip.add_rn_f32(ip.div_rn_f32(m2, Float32(self.key)), eps)))
+
+    @cute.jit
+    def normed(self, value, stats, t, nw, nb):
+        """``((v - mean) * rstd) * w + b`` of one key value of token t (FP32)."""
+        centred = ip.sub_rn_f32(value, ip.load_shared_f32(stats + t * 8))
+        normed = ip.mul_rn_f32(ip.mul_rn_f32(centred, ip.load_shared_f32(stats + t * 8 + 4)), nw)
+        return ip.add_rn_f32(normed, nb)
+
+    @cute.jit
+    def key_gather_norm(self, key: Int64, mailbox: Int64, kvals, peers, stats, eps: Float32,
+                        tid, nw0, nb0):
+        """The spread variant's reducer (key CTA 0): every key value of every
+        token from its mailbox slot (``ld.volatile`` until it is not
+        :data:`MAILBOX_SENTINEL`; after :data:`MAILBOX_DEADLINE_NS` a NaN),
+        each slot reset to the sentinel once read (the next call's key CTAs
+        store only after their PDL wait, so after this grid ends), then the
+        key cluster's LayerNorm: each partition's (mean, M2), combined in
+        partition order, and the normed key. ``nw0``, ``nb0``: the affine of
+        key row ``tid % key``, loaded before the PDL wait."""
+        for e in cutlass.range(tid, self.tokens * self.key, self.threads, unroll=1):
+            slot = mailbox + Int64(e) * 4
+            deadline = lp.globaltimer_ns() + MAILBOX_DEADLINE_NS
+            word = lp.load_volatile_u32(slot)
+            while word == Uint32(MAILBOX_SENTINEL):
+                word = lp.load_volatile_u32(slot)
+                if lp.globaltimer_ns() > deadline:
+                    word = Uint32(MAILBOX_NAN)  # a lost key CTA: a NaN key, never a hang
+            ip.store_shared_f32(kvals + e * 4, ip.bits_f32(word))
+            lp.store_u32(slot, Uint32(MAILBOX_SENTINEL))
+        cute.arch.sync_threads()
+        for i in cutlass.range(tid, self.tokens * self.partitions, self.threads, unroll=1):
+            t = i // self.partitions
+            base = kvals + (t * self.key + i % self.partitions * ROWS) * 4
+            mean, m2 = self.partition_stats(lambda r: ip.load_shared_f32(base + r * 4))
+            ip.store_shared_f32(peers + (i % self.partitions * self.tokens + t) * 8, mean)
+            ip.store_shared_f32(peers + (i % self.partitions * self.tokens + t) * 8 + 4, m2)
+        cute.arch.sync_threads()
+        self.combine_stats(peers, stats, eps, tid)
+        cute.arch.sync_threads()
+        for e in cutlass.range(tid, self.tokens * self.key, self.threads, unroll=1):
+            t = e // self.key
+            ip.store_bf16(key + Int64(e) * 2,
+                          self.normed(ip.load_shared_f32(kvals + e * 4), stats, t, nw0, nb0))
 
     @cute.jit
     def key_norm(self, key: Int64, values, peers, bar, stats, norm_w: Int64, norm_b: Int64,
@@ -609,34 +750,13 @@ class ProjectionKernel:
         if cutlass.const_expr(not self.fused.variant.split_k):
             cute.arch.cluster_wait()
         for t in cutlass.range(tid, self.tokens, self.threads, unroll=1):
-            total = Float32(0.0)
-            for r in cutlass.range_constexpr(ROWS):
-                total = ip.add_rn_f32(total, ip.load_shared_f32(values + (t * ROWS + r) * 4))
-            mean = ip.mul_rn_f32(total, Float32(1.0 / ROWS))
-            m2 = Float32(0.0)
-            for r in cutlass.range_constexpr(ROWS):
-                d = ip.sub_rn_f32(ip.load_shared_f32(values + (t * ROWS + r) * 4), mean)
-                m2 = ip.add_rn_f32(m2, ip.mul_rn_f32(d, d))
+            mean, m2 = self.partition_stats(
+                lambda r: ip.load_shared_f32(values + (t * ROWS + r) * 4))
             dst = peers + (rank * self.tokens + t) * 8
             for peer in cutlass.range_constexpr(self.cluster):
                 ip.store_async_cluster_f32x2(dst, mean, m2, bar, peer)
         ip.mbarrier_wait_parity(bar, 0)
-        for t in cutlass.range(tid, self.tokens, self.threads, unroll=1):
-            means = [ip.load_shared_f32(peers + (c * self.tokens + t) * 8)
-                     for c in range(self.cluster)]
-            mean = means[0]
-            for c in cutlass.range_constexpr(1, self.cluster):
-                mean = ip.add_rn_f32(mean, means[c])
-            mean = ip.mul_rn_f32(mean, Float32(1.0 / self.cluster))
-            m2 = Float32(0.0)
-            for c in cutlass.range_constexpr(self.cluster):
-                d = ip.sub_rn_f32(means[c], mean)
-                m2 = ip.add_rn_f32(
-                    ip.add_rn_f32(m2, ip.load_shared_f32(peers + (c * self.tokens + t) * 8 + 4)),
-                    ip.mul_rn_f32(ip.mul_rn_f32(Float32(ROWS), d), d))
-            ip.store_shared_f32(stats + t * 8, mean)
-            ip.store_shared_f32(stats + t * 8 + 4, ip.rsqrt_f32(
-                ip.add_rn_f32(ip.div_rn_f32(m2, Float32(self.key)), eps)))
+        self.combine_stats(peers, stats, eps, tid)
         cute.arch.sync_threads()
         for e in cutlass.range(tid, self.tokens * ROWS, self.threads, unroll=1):
             t = e // ROWS
@@ -650,8 +770,5 @@ class ProjectionKernel:
             if cutlass.const_expr(not self.fused.variant.early_consts):
                 nw = ip.load_f32(norm_w + index * 4)
                 nb = ip.load_f32(norm_b + index * 4)
-            centred = ip.sub_rn_f32(ip.load_shared_f32(values + e * 4),
-                                    ip.load_shared_f32(stats + t * 8))
-            normed = ip.mul_rn_f32(
-                ip.mul_rn_f32(centred, ip.load_shared_f32(stats + t * 8 + 4)), nw)
-            ip.store_bf16(key + (Int64(t) * self.key + index) * 2, ip.add_rn_f32(normed, nb))
+            ip.store_bf16(key + (Int64(t) * self.key + index) * 2,
+                          self.normed(ip.load_shared_f32(values + e * 4), stats, t, nw, nb))

@@ -70,6 +70,25 @@ MAX_SMEM_BYTES = 232_448
 #: split-K tactic (8 warps, 4 CTAs) fits ``MAX_SMEM_BYTES`` (512 tokens take
 #: 147,584 B; 1024 would take 295,040 B). Beyond it the stock path runs.
 MAX_TOKENS = 512
+#: Rows a key CTA of the ``spread`` fused variant holds (of its eight
+#: slots): 64 key CTAs at key 128, so the key's 1.8 MB at K 7168 is read by
+#: half the GPU, each key CTA reading less than a head CTA (it still has the
+#: key's exchange to do after its GEMV).
+SPREAD_KEY_ROWS = 2
+#: Rows a head CTA of the ``spread`` variant holds at the most: its head row
+#: and up to ``SPREAD_ROWS - 1`` gate rows; gate rows left over after the
+#: last head fill CTAs of ``SPREAD_ROWS`` rows. At heads 64, gate 128: 64 key
+#: CTAs + 64 head CTAs = 128 CTAs, one a SM of the H200's 132.
+SPREAD_ROWS = 3
+#: A ``spread`` key-mailbox slot before its value arrives: an FP32 NaN no
+#: arithmetic produces (the GPU's NaNs are 0x7FC00000 or the input's).
+MAILBOX_SENTINEL = 0xFFFFFFFF
+#: What a key value whose bits equal the sentinel is sent as, and what the
+#: reducer takes for a value that never came (a NaN key: the check fails).
+MAILBOX_NAN = 0x7FC00000
+#: The spread reducer's poll gives up after this long (ns): a lost key CTA
+#: gives a NaN key, never a hang.
+MAILBOX_DEADLINE_NS = 50_000_000
 #: Bits of a slot code's row index (``code & 0xFFFF``); the kind sits above.
 SLOT_INDEX_BITS = 16
 
@@ -200,23 +219,55 @@ class FusedVariant:
     load units' outstanding requests do not (:func:`bulk_tile_bytes`). With
     ``split_k`` the tile is the cluster's live rows over the CTA's K part
     (one ``K / 16`` copy a row); without, the CTA's own eight rows over all of
-    K (one whole-row copy, ``2 K`` bytes, a row). Frozen and hashable: part of
-    the compile-cache key."""
+    K (one whole-row copy, ``2 K`` bytes, a row).
+
+    ``spread`` (with ``skip_zero`` and ``early_consts``, without ``split_k``
+    and ``bulk``): the grid of :func:`spread_layout`, no clusters, every CTA
+    reading fewer rows (at heads 64: 128 CTAs of 2 or 3 rows instead of 80 of
+    up to 8), straight from the concatenated weight. The key's LayerNorm,
+    which needs every key row, goes through a global mailbox instead of the
+    key cluster's DSMEM: each key CTA stores its BF16-rounded values into
+    their slots (FP32 words, :data:`MAILBOX_SENTINEL` until written), and key
+    CTA 0 polls every slot (``ld.volatile``; a NaN after
+    :data:`MAILBOX_DEADLINE_NS`, never a hang), resets it, and runs the
+    LayerNorm of the whole key with the same partitions and order as the
+    cluster (16 partitions of 8 rows, Chan in partition order). The GEMV of a
+    row is the default's (16 warps over K), so every output is the default
+    variant's bit for bit but the key, which is the reference LayerNorm's
+    within 1 BF16 ULP as everywhere. No CTA waits on another but key CTA 0,
+    and it only on CTAs that wait on nothing, so the grid needs no
+    co-residency. Frozen and hashable: part of the compile-cache key."""
 
     skip_zero: bool = False
     early_consts: bool = False
     early_launch: bool = False
     split_k: int = 0
     bulk: bool = False
+    spread: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("skip_zero", "early_consts", "early_launch", "bulk"):
+        for name in ("skip_zero", "early_consts", "early_launch", "bulk", "spread"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k not in (0, 1, 2):
             raise ValueError(f"FusedVariant.split_k must be 0, 1 or 2, got {self.split_k!r}")
         if self.bulk and not self.skip_zero:
             raise ValueError(f"FusedVariant.bulk needs skip_zero, got skip_zero={self.skip_zero}")
+        if self.spread and not (self.skip_zero and self.early_consts and not self.split_k
+                                and not self.bulk):
+            raise ValueError(f"FusedVariant.spread needs skip_zero and early_consts, without "
+                             f"split_k or bulk, got skip_zero={self.skip_zero}, early_consts="
+                             f"{self.early_consts}, split_k={self.split_k}, bulk={self.bulk}")
+
+    def gather_bytes(self, tokens: int, key: int = KEY) -> int:
+        """Shared memory of the spread reducer's gathered key, FP32 ``[tokens,
+        key]`` (0 unless ``spread``)."""
+        return tokens * key * 4 if self.spread else 0
+
+    def layout(self, key: int, heads: int, gate: int) -> tuple[list[int], int]:
+        """This variant's (source row of every slot, first head CTA):
+        :func:`spread_layout` with ``spread``, else :func:`fused_layout`."""
+        return spread_layout(key, heads, gate) if self.spread else fused_layout(key, heads, gate)
 
     def bulk_tile_bytes(self, k: int, key: int = KEY) -> int:
         """Shared memory of this variant's weight tile (0 unless ``bulk``)."""
@@ -226,7 +277,7 @@ class FusedVariant:
     def name(self) -> str:
         parts = ((["skip-zero"] if self.skip_zero else []) + (["early"] if self.early_consts else [])
                  + (["launch"] if self.early_launch else []) + ([f"split-k{self.split_k if self.split_k > 1 else ''}"] if self.split_k else [])
-                 + (["bulk"] if self.bulk else []))
+                 + (["bulk"] if self.bulk else []) + (["spread"] if self.spread else []))
         return "+".join(parts) or "load-all"
 
     def tactic(self, key: int = KEY) -> Tactic:
@@ -251,7 +302,8 @@ FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=2),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=1, bulk=True),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=2, bulk=True),
-                    FusedVariant(skip_zero=True, early_consts=True, bulk=True))
+                    FusedVariant(skip_zero=True, early_consts=True, bulk=True),
+                    FusedVariant(skip_zero=True, early_consts=True, spread=True))
 
 
 @dataclass(frozen=True)
@@ -572,6 +624,46 @@ def fused_row_live(cta, row, key: int, heads: int, gate: int):
     if head < heads:
         return row == 0 or per * head + row <= gate
     return (head - heads) * ROWS + row < gate - per * heads
+
+
+def spread_source_row(cta, row, key: int, heads: int, gate: int):
+    """Source row (of ``[key rows; head rows; gate rows]``) of slot ``row``
+    (0..ROWS-1) of CTA ``cta`` of the spread layout, -1 for a zero slot: key
+    CTA c holds key rows ``SPREAD_KEY_ROWS * c ..``; head CTA h holds head
+    row h, then gate rows ``(SPREAD_ROWS - 1) * h ..`` below ``gate``; the
+    gate rows left over fill CTAs of ``SPREAD_ROWS`` rows in order. Integer
+    arithmetic only, so the kernel evaluates the same expression on run-time
+    ``cta``/``row`` (:meth:`kernels.indexer.kernel.ProjectionKernel.
+    spread_row`); this is the definition the CPU tests hold to the layout."""
+    key_ctas = key // SPREAD_KEY_ROWS
+    per = SPREAD_ROWS - 1
+    if cta < key_ctas:
+        return cta * SPREAD_KEY_ROWS + row if row < SPREAD_KEY_ROWS else -1
+    head = cta - key_ctas
+    if head < heads:
+        if row == 0:
+            return key + head
+        g = per * head + row - 1
+        return key + heads + g if row <= per and g < gate else -1
+    g = per * heads + (head - heads) * SPREAD_ROWS + row
+    return key + heads + g if row < SPREAD_ROWS and g < gate else -1
+
+
+def spread_layout(key: int, heads: int, gate: int) -> tuple[list[int], int]:
+    """(source row of every slot, -1 for a zero slot; first head CTA) of the
+    ``spread`` fused variant (:func:`spread_source_row`): ``key /
+    SPREAD_KEY_ROWS`` key CTAs, ``heads`` head CTAs, then the leftover gate
+    CTAs; no cluster padding. Every source row appears exactly once.
+    ValueError if ``key`` is not a positive multiple of ``ROWS``."""
+    _positive("key", key)
+    _positive("heads", heads)
+    _positive("gate", gate, zero=True)
+    if key % ROWS:
+        raise ValueError(f"key must be a multiple of {ROWS}, got {key}")
+    left = max(0, gate - (SPREAD_ROWS - 1) * heads)
+    ctas = key // SPREAD_KEY_ROWS + heads + -(-left // SPREAD_ROWS)
+    order = [spread_source_row(c, r, key, heads, gate) for c in range(ctas) for r in range(ROWS)]
+    return order, key // SPREAD_KEY_ROWS
 
 
 def slot_code(row: int, key: int, heads: int) -> int:

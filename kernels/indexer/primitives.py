@@ -321,3 +321,18 @@ def max_f32(a, b, *, loc=None, ip=None) -> Float32:
     (v,) = _pure([T.f32()], [_f32(a, loc, ip), _f32(b, loc, ip)],
                  "max.f32 $0, $1, $2;", "=f,f,f", loc=loc, ip=ip)
     return Float32(v)
+
+
+# ---------------------------------------------------------------- FP32 bits
+@dsl_user_op
+def f32_bits(value, *, loc=None, ip=None) -> Uint32:
+    """The bits of an FP32 as a word (``mov.b32``)."""
+    (w,) = _pure([T.i32()], [_f32(value, loc, ip)], "mov.b32 $0, $1;", "=r,f", loc=loc, ip=ip)
+    return Uint32(w)
+
+
+@dsl_user_op
+def bits_f32(word, *, loc=None, ip=None) -> Float32:
+    """The FP32 whose bits ``word`` holds (``mov.b32``)."""
+    (v,) = _pure([T.f32()], [_u32(word, loc, ip)], "mov.b32 $0, $1;", "=f,r", loc=loc, ip=ip)
+    return Float32(v)

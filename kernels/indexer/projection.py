@@ -24,9 +24,9 @@ import torch
 from kernels.validation import require_tensor
 
 from .compile import FusedConfig, ProjectionConfig, cached
-from .layout import (DIM, FUSED_PARTIAL_SLOTS, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, FusedVariant, Tactic,
-                     TacticTable, check_projection_shape, fused_layout, fused_smem_bytes, slot_codes,
-                     tactic_table)
+from .layout import (DIM, FUSED_PARTIAL_SLOTS, FUSED_WARPS, MAILBOX_SENTINEL, MAX_SMEM_BYTES, ROWS,
+                     FusedVariant, Tactic, TacticTable, check_projection_shape, fused_layout,
+                     fused_smem_bytes, slot_codes, spread_layout, tactic_table)
 
 #: Largest mbarrier transaction count (PTX: 2^20 - 1 bytes).
 _MAX_TX_BYTES = (1 << 20) - 1
@@ -103,6 +103,13 @@ class IndexerProjection:
     The weights are copied (concatenated, and reordered for ``fused``) here:
     rebuild the projection after changing them. ``arch`` picks the tactic
     table (default: the weights' device).
+
+    The ``spread`` fused variant reads the concatenated weight in its own
+    layout (:func:`~kernels.indexer.layout.spread_layout`) and exchanges the
+    key through ``key_mailbox`` (int32 ``[fused_max_tokens * key]``, every
+    word the sentinel between calls): calls of one projection must not run
+    concurrently (one stream, or graphs replayed in order), as for any
+    kernel writing the same outputs.
     """
 
     def __init__(self, indexer, *, arch: str | None = None) -> None:
@@ -129,6 +136,13 @@ class IndexerProjection:
                                   device=self.device)
         self.fused_ctas = len(order) // ROWS
         self.fused_max_tokens = fused_max_tokens(self.key)
+        spread, self.spread_first_head = spread_layout(self.key, self.heads, self.gate)
+        self.spread_slots = torch.tensor(slot_codes(spread, self.key, self.heads),
+                                         dtype=torch.int32, device=self.device)
+        self.spread_ctas = len(spread) // ROWS
+        self.key_mailbox = torch.full((self.fused_max_tokens * self.key,),
+                                      MAILBOX_SENTINEL - (1 << 32), dtype=torch.int32,
+                                      device=self.device)
         #: FusedConfig -> max active key clusters (occupancy query, first call).
         self.cluster_occupancy: dict = {}
 
@@ -260,10 +274,13 @@ class IndexerProjection:
         if refused:
             raise RuntimeError(refused)
         first = config not in self.cluster_occupancy
-        kernel(self.fused_weight.data_ptr(), x.data_ptr(), gate.data_ptr(), q.data_ptr(),
+        weight, slots = ((self.weight, self.spread_slots) if variant.spread
+                         else (self.fused_weight, self.slots))
+        kernel(weight.data_ptr(), x.data_ptr(), gate.data_ptr(), q.data_ptr(),
                q_out.data_ptr(), w_out.data_ptr(), key.data_ptr(),
                _param(norm.weight).data_ptr(), _param(norm.bias).data_ptr(),
-               self.slots.data_ptr(), float(scale), eps, _stream_handle())
+               slots.data_ptr(), self.key_mailbox.data_ptr(), float(scale), eps,
+               _stream_handle())
         if first:
             self._check_schedulable(config, kernel)
         return q_out, w_out, key, gate
@@ -275,8 +292,9 @@ class IndexerProjection:
         again explicitly and asks the occupancy API how many such clusters
         fit at once (recorded in ``cluster_occupancy``). Zero means the launch
         cannot be scheduled: later calls raise RuntimeError (the first launch
-        has already failed with a CUDA error then)."""
-        cluster = self.key // ROWS
+        has already failed with a CUDA error then). The spread variant has
+        no clusters: the query counts CTAs of it that fit at once."""
+        cluster = 1 if config.variant.spread else self.key // ROWS
         smem = config.smem_bytes()
         try:
             n = max_active_clusters(kernel, cluster=cluster, threads=32 * FUSED_WARPS,

@@ -23,6 +23,8 @@ TOKENS=${TOKENS:-1,16}
 K=${K:-7168}
 HEADS=${HEADS:-64}
 PY=${PYTHON:-python3}
+# VARIANTS=a,b: only these fused candidates beside the table's (benchmarks.indexer --variants).
+VARIANTS=${VARIANTS:+--variants $VARIANTS}
 mkdir -p "$OUT" "$WORK"
 ncu --clock-control none --cache-control all \
     --kernel-name regex:kernelsindexerkernel \
@@ -31,7 +33,7 @@ ncu --clock-control none --cache-control all \
     --metrics dram__bytes_read.sum,dram__bytes_read.sum.per_second \
     -f -o "$WORK/report" \
     "$PY" -m benchmarks.indexer --ncu-calls 1 --k "$K" --heads "$HEADS" --tokens "$TOKENS" \
-    --ncu-proj 16x1,4x8 > "$WORK/launches.txt" 2> "$WORK/ncu_stderr.txt" || {
+    --ncu-proj 16x1,4x8 $VARIANTS > "$WORK/launches.txt" 2> "$WORK/ncu_stderr.txt" || {
         echo "ncu failed; its stderr:"; tail -n 30 "$WORK/ncu_stderr.txt"; tail -n 30 "$WORK/launches.txt"; exit 1; }
 ncu -i "$WORK/report.ncu-rep" --csv --page details > "$WORK/details.csv"
 ncu -i "$WORK/report.ncu-rep" --csv --page raw > "$WORK/raw.csv"
