@@ -500,6 +500,9 @@ GB300 = TacticTable(
 #: default (skip-zero+early) was fastest or within noise. K 7168, heads 64,
 #: 1 token moved from split-k to split-k2: faster in four of five runs, median
 #: 3.15 against 3.33 us (docs/results/indexer_fixed_cost_h200_2026-12-03.md).
+#: The spread variant (2026-12-04, K 7168/4096, heads 64/32, tokens 1-16;
+#: docs/results/indexer_spread_kernel_h200_2026-12-04.md) was the slowest of
+#: the three timed in every cell, so no rule picks it.
 _SPLIT_K = FusedVariant(skip_zero=True, early_consts=True, split_k=1)
 _SPLIT_K2 = FusedVariant(skip_zero=True, early_consts=True, split_k=2)
 H200 = TacticTable(
