@@ -42,7 +42,11 @@ fields move loads, never arithmetic, so they write the same bits:
 half of the 80 CTAs' slots), ``early_consts`` loads each thread's slot code
 and the key CTAs' LayerNorm weight and bias with the weights, before the PDL
 wait, instead of in the epilogue; ``early_launch`` lets the next kernel launch
-(``launch_dependents``) at the start instead of after the PDL wait.
+(``launch_dependents``) at the start instead of after the PDL wait;
+``spread`` runs the grid of :func:`kernels.indexer.layout.spread_layout` (2-3
+rows a CTA, no clusters, weights read from the concatenated rows) and moves
+the key through a global mailbox to key CTA 0, which runs the cluster's
+LayerNorm (:meth:`ProjectionKernel.key_gather_norm`): the same bits.
 """
 
 from __future__ import annotations
