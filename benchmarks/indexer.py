@@ -43,7 +43,10 @@ issue 19's target measure: weight bytes at that measured bandwidth),
 weight bytes the kernel reads (zero rows included unless skipped).
 
 ``--variants`` times the named fused candidates beside the table's, without
-the projection sweep. ``--no-stock`` leaves out the stock chain and the two-step path (their torch
+the projection sweep; it also takes the names of
+:data:`kernels.indexer.layout.TIMING_PROBES` (the spread grids without their
+key exchange: a wrong key by design, timed to tell the exchange's cost from
+the grid's; never run by anything else). ``--no-stock`` leaves out the stock chain and the two-step path (their torch
 op graphs are most of the run time); ``--ncu-calls N`` times nothing: it runs
 each fused candidate (and the ``--ncu-proj`` tactics) N times eagerly per
 case and prints the launch order, a target for ``scripts/gpu/indexer_ncu.sh``.
@@ -133,14 +136,15 @@ def _args(argv):
     p.add_argument("--ncu-proj", default="16x1,4x8",
                    help="projection tactics WARPSxSPLIT also run under --ncu-calls")
     p.add_argument("--variants", default=None,
-                   help="comma-separated fused candidate names to time beside the table's "
-                        "(instead of all of them with --sweep; no projection sweep)")
+                   help="comma-separated fused candidate (or timing probe) names to time "
+                        "beside the table's (instead of all of them with --sweep; no "
+                        "projection sweep)")
     p.add_argument("--markdown", default=None, help="also write the tables here")
     args = p.parse_args(argv)
     if args.variants is not None:
-        from kernels.indexer.layout import FUSED_CANDIDATES
+        from kernels.indexer.layout import FUSED_CANDIDATES, TIMING_PROBES
 
-        known = {v.name: v for v in FUSED_CANDIDATES}
+        known = {v.name: v for v in FUSED_CANDIDATES + TIMING_PROBES}
         names = [n for n in args.variants.split(",") if n]
         bad = [n for n in names if n not in known]
         if bad or not names:

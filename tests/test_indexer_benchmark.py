@@ -95,6 +95,19 @@ def test_ncu_calls_times_nothing(cpu_gpu, capsys):
     assert [c[2] for c in cpu_gpu if c[0] == "proj"] == [L.Tactic(16, 1)] * 2 + [L.Tactic(4, 8)] * 2
 
 
+def test_variants_take_candidates_and_timing_probes(cpu_gpu, capsys):
+    probe = L.TIMING_PROBES[0]
+    rc = bench.main(["--k", "1024", "--heads", "32", "--tokens", "1", "--ncu-calls", "1",
+                     "--ncu-proj", "16x1", "--variants", f"skip-zero+early+split-k2,{probe.name}"])
+    assert rc == 0
+    table = L.H200.fused_variant_for(1024, 32, 1)
+    assert [c[2] for c in cpu_gpu if c[0] == "fused"] == [
+        table, L.FusedVariant(True, True, split_k=2), probe]
+    with pytest.raises(SystemExit):
+        bench.main(["--variants", "skip-zero+early+nope"])
+    assert "--variants: unknown ['skip-zero+early+nope']" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,match", [(["--tokens", "0"], "--tokens must be positive"),
                                         (["--ncu-proj", "3"], "--ncu-proj must be WARPSxSPLIT"),
                                         (["--replays", "0"], "--replays must be >= 1")])

@@ -116,6 +116,27 @@ def test_checks_catch_mutations(rows):
     assert any("poll" in e for e in checks.check_fused(
         [poll] + [ln for ln in spread.lines if ln != poll], sv))
     assert checks.check_fused([ln for ln in spread.lines if "e4m3x2" not in ln], sv)
+    # its whole-row bulk build: the copies before the PDL wait, no register
+    # weight loads, a CTA-local mbarrier but no cluster op; and the
+    # no-exchange timing probe: no mailbox access at all
+    sbulk = _row(rows, "fusedspreadbulk")
+    bv = sbulk.variant
+    assert not sbulk.errors and not checks.check_fused(sbulk.lines, bv)
+    copy = next(ln for ln in sbulk.lines if ln.startswith("cp.async.bulk."))
+    bwait = next(i for i, ln in enumerate(sbulk.lines) if "griddepcontrol.wait" in ln)
+    late = [ln for ln in sbulk.lines if ln != copy]
+    late.insert(bwait + 1, copy)
+    assert any("bulk build" in e for e in checks.check_fused(late, bv))
+    assert any("register weight loads" in e for e in checks.check_fused(
+        sbulk.lines + ["ld.global.nc.L1::no_allocate.v4.u32 {a}, [b];"], bv))
+    assert any("cluster" in e for e in checks.check_fused(
+        sbulk.lines + ["mapa.shared::cluster.u32 r, a, b;"], bv))
+    assert any("mbarrier" in e for e in checks.check_fused(
+        spread.lines + ["mbarrier.init.shared.b64 [a], 32;"], sv))
+    nox = _row(rows, "fusedspreadnox")
+    assert not nox.errors and not checks.check_fused(nox.lines, nox.variant)
+    assert not any("volatile" in ln for ln in nox.lines)
+    assert any("no-exchange" in e for e in checks.check_fused(nox.lines + [poll], nox.variant))
 
 
 # --- host classes (CPU tensors: validation happens before any launch) --------

@@ -250,11 +250,28 @@ def test_spread_variant():
     assert v.gather_bytes(16) == 16 * KEY * 4 and L.FusedVariant().gather_bytes(16) == 0
     for bad in (dict(spread=True), dict(skip_zero=True, spread=True),
                 dict(skip_zero=True, early_consts=True, split_k=2, spread=True),
-                dict(skip_zero=True, early_consts=True, bulk=True, spread=True)):
+                dict(skip_zero=True, early_consts=True, split_k=1, bulk=True, spread=True)):
         with pytest.raises(ValueError, match="spread needs skip_zero and early_consts"):
             L.FusedVariant(**bad)
     with pytest.raises(ValueError, match="FusedVariant.spread must be a bool, got 1"):
         L.FusedVariant(True, True, spread=1)
+    bulk = L.FusedVariant(True, True, bulk=True, spread=True)
+    assert bulk.name == "skip-zero+early+bulk+spread" and bulk in L.FUSED_CANDIDATES
+    assert bulk.tactic() == Tactic(FUSED_WARPS, 1) and bulk.layout(KEY, 64, 128) == v.layout(KEY, 64, 128)
+    assert bulk.bulk_tile_bytes(7168) == 8 * (7168 * 2 + 64)  # the whole-row tile of 8 slots
+
+
+def test_no_exchange_timing_probes_are_never_candidates_or_picks():
+    assert [p.name for p in L.TIMING_PROBES] == ["skip-zero+early+spread+no-exchange",
+                                                 "skip-zero+early+bulk+spread+no-exchange"]
+    assert not set(L.TIMING_PROBES) & set(L.FUSED_CANDIDATES)
+    assert all(p.spread and not p.exchange for p in L.TIMING_PROBES)
+    with pytest.raises(ValueError, match="exchange=False .* needs spread, got spread=False"):
+        L.FusedVariant(True, True, exchange=False)
+    with pytest.raises(ValueError, match="FusedVariant.exchange must be a bool, got 0"):
+        L.FusedVariant(True, True, spread=True, exchange=0)
+    with pytest.raises(ValueError, match="is a timing probe .* never a table pick"):
+        L.VariantRule(L.TIMING_PROBES[0], 1, 1)
     assert L.MAILBOX_SENTINEL == 0xFFFFFFFF and L.MAILBOX_NAN == 0x7FC00000
 
 

@@ -25,9 +25,11 @@ Checks on the kernel's instruction lines:
   ``mbarrier.try_wait`` on them; exactly the bulk builds copy the weight tile
   with ``cp.async.bulk`` before the PDL wait, read it with ``ld.shared.v4``
   after it and load no weights into registers;
-- spread builds instead: no cluster, mbarrier or DSMEM instruction at all;
-  after the PDL wait the key mailbox's ``st.volatile.global.u32`` stores,
-  then its ``ld.volatile.global.u32`` poll with a ``%globaltimer`` deadline.
+- spread builds instead: no cluster barrier or DSMEM instruction at all
+  (``mbarrier`` and the ``cp.async.bulk`` copies only in the bulk build, as
+  above); after the PDL wait the key mailbox's ``st.volatile.global.u32``
+  stores, then its ``ld.volatile.global.u32`` poll with a ``%globaltimer``
+  deadline; in the no-exchange timing probe no mailbox access at all.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True
                   ("fusedbulk", 1, False, (True, True, False, 1, True)),
                   ("fusedbulk2", 16, True, (True, True, False, 2, True)),
                   ("fusedbulkrows", 1, False, (True, True, False, 0, True)),
-                  ("fusedspread", 1, False, (True, True, False, 0, False, True)))
+                  ("fusedspread", 1, False, (True, True, False, 0, False, True)),
+                  ("fusedspreadbulk", 1, False, (True, True, False, 0, True, True)),
+                  ("fusedspreadnox", 1, False, (True, True, False, 0, False, True, False)))
 
 
 def _first(lines, pattern):
@@ -100,15 +104,40 @@ def check_projection(lines: list[str], v) -> list[str]:
     return errs
 
 
-def _check_spread(lines: list[str], wait: int) -> list[str]:
+def _check_bulk(lines: list[str], wait: int) -> list[str]:
+    """The weight tile by the copy engine, before the PDL wait; read from
+    shared memory (``ld.shared.v4``) after it; no weight loads into registers."""
     errs = []
-    cluster = [ln for ln in lines if any(p in ln for p in ("barrier.cluster", "mapa", "st.async",
-                                                           "mbarrier", "shared::cluster"))]
+    copies = _all(lines, "cp.async.bulk.shared::cluster.global")
+    tile_reads = _all(lines, "ld.shared.v4.u32")
+    if not copies or max(copies) > wait:
+        errs.append(f"bulk build: cp.async.bulk weight copies {copies[:2]} missing or after "
+                    f"griddepcontrol.wait ({wait})")
+    if not tile_reads or min(tile_reads) < wait:
+        errs.append("bulk build: no ld.shared.v4 weight-tile reads after griddepcontrol.wait")
+    if _all(lines, "ld.global.nc.L1::no_allocate"):
+        errs.append("bulk build with register weight loads (ld.global.nc.L1::no_allocate)")
+    return errs
+
+
+def _check_spread(lines: list[str], wait: int, *, bulk: bool, exchange: bool) -> list[str]:
+    errs = []
+    # A bulk copy's destination is spelled shared::cluster even with no cluster.
+    cluster = [ln for ln in lines if any(p in ln for p in ("barrier.cluster", "mapa", "st.async"))
+               or ("shared::cluster" in ln and not ln.startswith("cp.async.bulk."))
+               or ("mbarrier" in ln and not bulk)]
     if cluster:
-        errs.append(f"spread build with cluster / mbarrier / DSMEM instructions: {cluster[:2]}")
+        errs.append(f"spread build with cluster / DSMEM instructions (or an mbarrier outside a "
+                    f"bulk build): {cluster[:2]}")
+    errs += _check_bulk(lines, wait) if bulk else []
     stores = _all(lines, "st.volatile.global.u32")
     polls = _all(lines, "ld.volatile.global.u32")
     timer = _first(lines, "%globaltimer")
+    if not exchange:
+        if stores or polls:
+            errs.append(f"no-exchange spread build with mailbox stores / polls: "
+                        f"{(stores + polls)[:2]}")
+        return errs
     if not stores or min(stores) < wait:
         errs.append(f"spread build: key mailbox stores (st.volatile.global.u32) {stores[:2]} "
                     f"missing or before griddepcontrol.wait ({wait})")
@@ -121,10 +150,11 @@ def _check_spread(lines: list[str], wait: int) -> list[str]:
 def check_fused(lines: list[str], v) -> list[str]:
     errs, wait = _common(lines, early_launch="launch" in v.detail)
     if "spread" in v.detail:
-        errs += _check_spread(lines, wait)
+        bulk = "bulk" in v.detail
+        errs += _check_spread(lines, wait, bulk=bulk, exchange="no-exchange" not in v.detail)
         if _first(lines, "cvt.rn.satfinite.e4m3x2.f32") < 0:
             errs.append("no FP8 e4m3 conversion")
-        if not [ln for ln in lines if ln.startswith("@") and "ld.global.nc" in ln]:
+        if not bulk and not [ln for ln in lines if ln.startswith("@") and "ld.global.nc" in ln]:
             errs.append("spread build without predicated (@p) weight loads")
         late = [ln for ln in lines if _unguarded(ln).startswith(("ld.global.u32", "ld.global.f32"))]
         if late:
@@ -151,16 +181,7 @@ def check_fused(lines: list[str], v) -> list[str]:
     bulk = "bulk" in v.detail
     copies = _all(lines, "cp.async.bulk.shared::cluster.global")
     if bulk:
-        # The weight tile by the copy engine, before the PDL wait; read from
-        # shared memory (ld.shared.v4) after it; no weight loads into registers.
-        tile_reads = _all(lines, "ld.shared.v4.u32")
-        if not copies or max(copies) > wait:
-            errs.append(f"bulk build: cp.async.bulk weight copies {copies[:2]} missing or after "
-                        f"griddepcontrol.wait ({wait})")
-        if not tile_reads or min(tile_reads) < wait:
-            errs.append("bulk build: no ld.shared.v4 weight-tile reads after griddepcontrol.wait")
-        if _all(lines, "ld.global.nc.L1::no_allocate"):
-            errs.append("bulk build with register weight loads (ld.global.nc.L1::no_allocate)")
+        errs += _check_bulk(lines, wait)
     elif copies:
         errs.append("cp.async.bulk weight copies in a build that is not bulk")
     if skip and not bulk and not guarded:

@@ -44,9 +44,12 @@ and the key CTAs' LayerNorm weight and bias with the weights, before the PDL
 wait, instead of in the epilogue; ``early_launch`` lets the next kernel launch
 (``launch_dependents``) at the start instead of after the PDL wait;
 ``spread`` runs the grid of :func:`kernels.indexer.layout.spread_layout` (2-3
-rows a CTA, no clusters, weights read from the concatenated rows) and moves
-the key through a global mailbox to key CTA 0, which runs the cluster's
-LayerNorm (:meth:`ProjectionKernel.key_gather_norm`): the same bits.
+rows a CTA, no clusters, weights read from the concatenated rows; with
+``bulk`` by one whole-row copy a live slot) and moves the key through a global
+mailbox to key CTA 0, which runs the cluster's LayerNorm
+(:meth:`ProjectionKernel.key_gather_norm`): the same bits. ``exchange=False``
+(a timing probe) skips the mailbox and the reducer and writes the un-normed
+key.
 """
 
 from __future__ import annotations
@@ -522,13 +525,21 @@ class ProjectionKernel:
                     # Lane r < ROWS copies this CTA's row r, all of K, if it
                     # is live; every lane arrives expecting its bytes.
                     live = Int32(0)
-                    if lane < ROWS:
+                    copied = Int32(cta * ROWS + lane)
+                    if cutlass.const_expr(f.variant.spread):
+                        # Slot r's source row of the concatenated weight, if any.
+                        copied = Int32(0)
+                        if lane < ROWS:
+                            slot_src = self.spread_row(cta, lane)
+                            if slot_src >= 0:
+                                live = Int32(1)
+                                copied = slot_src
+                    elif lane < ROWS:
                         live = self.live_row(cta, lane)
                     ip.mbarrier_arrive_expect_tx(wbar, live * (self.k * 2))
                     if live != 0:
                         ip.bulk_load_weights(tile + lane * stride,
-                                             w + Int64(cta * ROWS + lane) * (self.k * 2),
-                                             self.k * 2, wbar)
+                                             w + Int64(copied) * (self.k * 2), self.k * 2, wbar)
             else:
                 if warp == 0:
                     # Lane l copies rows l, l + 32, ... of the cluster's live rows
@@ -648,15 +659,19 @@ class ProjectionKernel:
             elif kind == SLOT_GATE:
                 ip.store_bf16(gate + (Int64(t) * self.gate + index) * 2, total)
             elif kind == SLOT_KEY:
-                if cutlass.const_expr(f.variant.spread):
+                if cutlass.const_expr(not f.variant.exchange):
+                    # Timing probe: the un-normed key, nobody reduces it.
+                    ip.store_bf16(key + (Int64(t) * self.key + index) * 2, total)
+                elif cutlass.const_expr(f.variant.spread):
                     # A BF16-rounded FP32 has a zero low half: never the sentinel.
                     lp.store_u32(mailbox + (Int64(t) * self.key + index) * 4,
                                  ip.f32_bits(ip.round_bf16(total)))
                 else:
                     ip.store_shared_f32(values + e * 4, ip.round_bf16(total))
         if cutlass.const_expr(f.variant.spread):
-            if cta == 0:
-                self.key_gather_norm(key, mailbox, kvals, peers, stats, eps, tid, nw0, nb0)
+            if cutlass.const_expr(f.variant.exchange):
+                if cta == 0:
+                    self.key_gather_norm(key, mailbox, kvals, peers, stats, eps, tid, nw0, nb0)
         elif is_key:
             self.key_norm(key, values, peers, bar, stats, norm_w, norm_b, slots, eps, cta, tid,
                           code0, nw0, nb0)

@@ -18,7 +18,7 @@ split)`` of K. The reduction tree this implies is modelled in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # --- constants the seed references without defining ------------------------
 
@@ -221,8 +221,8 @@ class FusedVariant:
     (one ``K / 16`` copy a row); without, the CTA's own eight rows over all of
     K (one whole-row copy, ``2 K`` bytes, a row).
 
-    ``spread`` (with ``skip_zero`` and ``early_consts``, without ``split_k``
-    and ``bulk``): the grid of :func:`spread_layout`, no clusters, every CTA
+    ``spread`` (with ``skip_zero`` and ``early_consts``, without ``split_k``):
+    the grid of :func:`spread_layout`, no clusters, every CTA
     reading fewer rows (at heads 64: 128 CTAs of 2 or 3 rows instead of 80 of
     up to 8), straight from the concatenated weight. The key's LayerNorm,
     which needs every key row, goes through a global mailbox instead of the
@@ -236,7 +236,16 @@ class FusedVariant:
     variant's bit for bit but the key, which is the reference LayerNorm's
     within 1 BF16 ULP as everywhere. No CTA waits on another but key CTA 0,
     and it only on CTAs that wait on nothing, so the grid needs no
-    co-residency. Frozen and hashable: part of the compile-cache key."""
+    co-residency. With ``bulk`` each CTA's 2-3 rows come by whole-row copies
+    (its slots' source rows) instead of register loads, whose warp loads
+    carry only the live slots' lanes (2-3 of 8 rows, 128-192 of 512 bytes).
+
+    ``exchange`` (default True; False only with ``spread``) is a timing
+    probe, never a candidate or a table pick: the key CTAs store their
+    un-normed BF16 key straight to the key output and nobody reduces it, so
+    the key is wrong by design and the benchmark's ``--variants`` times the
+    spread grid without its mailbox and reducer (:data:`TIMING_PROBES`).
+    Frozen and hashable: part of the compile-cache key."""
 
     skip_zero: bool = False
     early_consts: bool = False
@@ -244,20 +253,23 @@ class FusedVariant:
     split_k: int = 0
     bulk: bool = False
     spread: bool = False
+    exchange: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("skip_zero", "early_consts", "early_launch", "bulk", "spread"):
+        for name in ("skip_zero", "early_consts", "early_launch", "bulk", "spread", "exchange"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k not in (0, 1, 2):
             raise ValueError(f"FusedVariant.split_k must be 0, 1 or 2, got {self.split_k!r}")
         if self.bulk and not self.skip_zero:
             raise ValueError(f"FusedVariant.bulk needs skip_zero, got skip_zero={self.skip_zero}")
-        if self.spread and not (self.skip_zero and self.early_consts and not self.split_k
-                                and not self.bulk):
+        if self.spread and not (self.skip_zero and self.early_consts and not self.split_k):
             raise ValueError(f"FusedVariant.spread needs skip_zero and early_consts, without "
-                             f"split_k or bulk, got skip_zero={self.skip_zero}, early_consts="
-                             f"{self.early_consts}, split_k={self.split_k}, bulk={self.bulk}")
+                             f"split_k, got skip_zero={self.skip_zero}, early_consts="
+                             f"{self.early_consts}, split_k={self.split_k}")
+        if not self.exchange and not self.spread:
+            raise ValueError("FusedVariant.exchange=False (a timing probe) needs spread, got "
+                             "spread=False")
 
     def gather_bytes(self, tokens: int, key: int = KEY) -> int:
         """Shared memory of the spread reducer's gathered key, FP32 ``[tokens,
@@ -277,7 +289,8 @@ class FusedVariant:
     def name(self) -> str:
         parts = ((["skip-zero"] if self.skip_zero else []) + (["early"] if self.early_consts else [])
                  + (["launch"] if self.early_launch else []) + ([f"split-k{self.split_k if self.split_k > 1 else ''}"] if self.split_k else [])
-                 + (["bulk"] if self.bulk else []) + (["spread"] if self.spread else []))
+                 + (["bulk"] if self.bulk else []) + (["spread"] if self.spread else [])
+                 + ([] if self.exchange else ["no-exchange"]))
         return "+".join(parts) or "load-all"
 
     def tactic(self, key: int = KEY) -> Tactic:
@@ -303,7 +316,14 @@ FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=1, bulk=True),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=2, bulk=True),
                     FusedVariant(skip_zero=True, early_consts=True, bulk=True),
-                    FusedVariant(skip_zero=True, early_consts=True, spread=True))
+                    FusedVariant(skip_zero=True, early_consts=True, spread=True),
+                    FusedVariant(skip_zero=True, early_consts=True, bulk=True, spread=True))
+
+#: Builds the benchmark's ``--variants`` may time but nothing else runs: the
+#: spread grids without their key exchange (``FusedVariant.exchange``), whose
+#: key is un-normed by design. They tell the exchange's cost from the grid's.
+TIMING_PROBES = tuple(replace(v, exchange=False)
+                      for v in FUSED_CANDIDATES if v.spread)
 
 
 @dataclass(frozen=True)
@@ -347,6 +367,9 @@ class VariantRule:
     def __post_init__(self) -> None:
         if not isinstance(self.variant, FusedVariant):
             raise ValueError(f"VariantRule.variant must be a FusedVariant, got {self.variant!r}")
+        if not self.variant.exchange:
+            raise ValueError(f"VariantRule.variant {self.variant.name} is a timing probe (its key "
+                             f"is un-normed), never a table pick")
         if not 1 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"VariantRule tokens must satisfy 1 <= min_tokens <= max_tokens, got "
                              f"{self.min_tokens}..{self.max_tokens}")

@@ -17,17 +17,22 @@ Bounds stated (and asserted):
   head weights bits and gate bits equal; normed key within 1 BF16 ULP (the
   kernel's rsqrt is approximate); for every fused variant of
   ``FUSED_CANDIDATES``;
+- the no-exchange timing probes (``TIMING_PROBES``): every output their
+  spread candidate's bit for bit but the key, which is the projection's
+  un-normed key bit for bit;
 - fused normed key vs the stock chain: within ``2 ULP + 2 rstd |w| d``,
   ``d`` the largest pre-norm key difference of the token.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import torch
 
-from kernels.indexer.layout import DIM, FUSED_CANDIDATES, Tactic, padded_heads
+from kernels.indexer.layout import DIM, FUSED_CANDIDATES, TIMING_PROBES, Tactic, padded_heads
 from kernels.reference.indexer import (assert_projection_within_bound, hadamard_transform,
                                        indexer_query, projection_error_bound, quantize_fp8)
 from kernels.reference.numerics import (assert_all_written, assert_bit_exact,
@@ -256,6 +261,31 @@ def test_graph_replay_matches_eager(variant):
         torch.cuda.synchronize()
         for a, b in zip(fused_out + proj_out, eager_f + eager_p):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize("probe", TIMING_PROBES, ids=lambda v: v.name)
+def test_no_exchange_probe_times_the_spread_grid_with_the_un_normed_key(probe):
+    """The timing probe writes what its spread candidate writes but the key,
+    which is the projection's un-normed key bit for bit (no mailbox, no
+    reducer), and leaves the mailbox at its sentinel."""
+    from kernels.indexer.layout import MAILBOX_SENTINEL
+
+    k, heads, tokens = 7168, 64, 16
+    ind, proj = setup(k, heads)
+    x, q = inputs(tokens, k, heads, seed=6)
+    scale = ind.softmax_scale * heads ** -0.5
+    padded = padded_heads(heads)
+    candidate = dataclasses.replace(probe, exchange=True)
+    got = proj.fused(x, q, ind.k_norm, scale, padded, variant=probe,
+                     out=poisoned_fused_out(tokens, proj, padded, torch.float32))
+    torch.cuda.synchronize()
+    assert bool((proj.key_mailbox == MAILBOX_SENTINEL - (1 << 32)).all())
+    want = proj.fused(x, q, ind.k_norm, scale, padded, variant=candidate)
+    raw_key = proj(x, tactic=probe.tactic(proj.key))[0]
+    torch.cuda.synchronize()
+    for name, a, b in zip(("q_fp8", "weights", "gate"), got[:2] + got[3:], want[:2] + want[3:]):
+        assert_bit_exact(a.view(torch.uint8), b.view(torch.uint8), f"{probe.name} {name}")
+    assert_bit_exact(got[2], raw_key, f"{probe.name} key vs the projection's un-normed key")
 
 
 def test_stage_paths():
