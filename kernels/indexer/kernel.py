@@ -525,7 +525,6 @@ class ProjectionKernel:
                     # Lane r < ROWS copies this CTA's row r, all of K, if it
                     # is live; every lane arrives expecting its bytes.
                     live = Int32(0)
-                    copied = Int32(cta * ROWS + lane)
                     if cutlass.const_expr(f.variant.spread):
                         # Slot r's source row of the concatenated weight, if any.
                         copied = Int32(0)
@@ -534,8 +533,10 @@ class ProjectionKernel:
                             if slot_src >= 0:
                                 live = Int32(1)
                                 copied = slot_src
-                    elif lane < ROWS:
-                        live = self.live_row(cta, lane)
+                    else:
+                        if lane < ROWS:
+                            live = self.live_row(cta, lane)
+                        copied = cta * ROWS + lane
                     ip.mbarrier_arrive_expect_tx(wbar, live * (self.k * 2))
                     if live != 0:
                         ip.bulk_load_weights(tile + lane * stride,
