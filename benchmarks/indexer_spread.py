@@ -11,7 +11,13 @@ trades against each other, side by side in one run:
   cluster must: ``+exchange`` each stores its sum and ``atom.acq_rel.gpu``
   a counter, the last to arrive adds (no CTA waits on another);
   ``+flags`` each stores its sum into its own sentinel slot and CTA 0 polls
-  the slots (Lamport style: no atomic, no fence; the grid must be resident).
+  the slots (Lamport style: no atomic, no fence; the grid must be resident);
+  ``+early`` is ``+flags`` with the exchange moved ahead of the rest of
+  the stream: each exchanging CTA sums its first ``early_units`` (the key
+  row a key-first grid would give every CTA), publishes that sum, and only
+  then sums the rest of its share, and CTA 0 gathers between the two, so
+  the exchange can hide behind the rest of the stream instead of following
+  it.
 
     python -m benchmarks.indexer_spread [--replays 20] [--rotate-mb 120] [--pad-kb 120]
         [--shapes today,even-132/1,...]
@@ -49,7 +55,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from benchmarks.indexer import graph_node_us, time_calls
 from cluster.measure.graph import rotation_sets
 from kernels.indexer import primitives as ip
-from kernels.indexer.layout import MAILBOX_DEADLINE_NS, MAILBOX_NAN, MAILBOX_SENTINEL
+from kernels.indexer.layout import MAILBOX_NAN, MAILBOX_SENTINEL
 from kernels.lamport import primitives as lp
 
 THREADS = 512
@@ -77,6 +83,9 @@ class Shape:
     #: threads poll the slots, Lamport style: no atomic, no fence; needs the
     #: whole grid resident, one wave).
     mode: str = "atomic"
+    #: With "flags": 0, the exchange after the whole share; n > 0, after the
+    #: first n units of every exchanging CTA's share (the rest summed after).
+    early_units: int = 0
 
     @property
     def ctas(self) -> int:
@@ -102,6 +111,13 @@ class Shape:
         if not 0 <= self.exchange <= min(self.ctas, THREADS):
             raise ValueError(f"{self.name}: exchange must be in 0..{min(self.ctas, THREADS)}, "
                              f"got {self.exchange}")
+        least = min(u for _, u in self.segments)
+        if self.early_units and not (self.mode == "flags" and self.exchange
+                                     and 0 < self.early_units < least):
+            raise ValueError(f"{self.name}: early_units needs mode 'flags', an exchange and "
+                             f"0 < early_units < {least} (the fewest units a CTA), got "
+                             f"early_units={self.early_units}, mode={self.mode!r}, "
+                             f"exchange={self.exchange}")
 
 
 def _shapes() -> tuple[Shape, ...]:
@@ -118,6 +134,10 @@ def _shapes() -> tuple[Shape, ...]:
             Shape("even-132/1", even132, 1),
             Shape("even-132/1+exchange", even132, 1, exchange=48),
             Shape("even-132/1+flags", even132, 1, exchange=48, mode="flags"),
+            # Key-first: every one of 128 CTAs holds one key row (2 units)
+            # and exchanges it, at the end of its share or ahead of the rest.
+            Shape("even-132/1+flags128", even132, 1, exchange=128, mode="flags"),
+            Shape("even-132/1+early128", even132, 1, exchange=128, mode="flags", early_units=2),
             Shape("tiny-64/16", ((64, 1),), 16),
             Shape("tiny-64/16+exchange", ((64, 1),), 16, exchange=64),
             Shape("tiny-64/1", ((64, 1),), 1),
@@ -128,12 +148,12 @@ def _shapes() -> tuple[Shape, ...]:
 SHAPES = _shapes()
 
 
-#: A flags slot before its sum arrives, what a sum with those bits or a lost
-#: peer is stored as, and when the poll gives up: the fused kernel's
-#: ``spread`` key mailbox's (:mod:`kernels.indexer.layout`).
+#: A flags slot before its sum arrives, and what a sum with those bits is
+#: stored as: the fused kernel's ``spread`` key mailbox's
+#: (:mod:`kernels.indexer.layout`; its poll, with the deadline,
+#: :func:`kernels.indexer.primitives.poll_mailbox_word`).
 SENTINEL = MAILBOX_SENTINEL
 CANONICAL_NAN = MAILBOX_NAN
-DEADLINE_NS = MAILBOX_DEADLINE_NS
 
 
 class SpreadProbe:
@@ -183,7 +203,7 @@ class SpreadProbe:
         """``out[0]``: the exchange group's sums (shared ``sums[0..exchange)``)
         added in CTA order from +0.0."""
         total = Float32(0.0)
-        for c in cutlass.range_constexpr(self.shape.exchange):
+        for c in cutlass.range(self.shape.exchange, unroll_full=True):
             total = ip.add_rn_f32(total, ip.load_shared_f32(sums + c * 4))
         ip.store_f32(out, total)
 
@@ -208,19 +228,8 @@ class SpreadProbe:
             smem.allocate_array(Float32, self.pad_bytes // 4, byte_alignment=16)
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
-        total = Float32(0.0)
-        for i in cutlass.range_constexpr(len(words)):
-            lo, hi = ip.bf16x2_to_f32(words[i])
-            total = ip.add_rn_f32(total, ip.add_rn_f32(lo, hi))
-        for s in cutlass.range_constexpr(5):
-            total = ip.add_rn_f32(total, cute.arch.shuffle_sync_bfly(total, offset=1 << s))
-        if lane == 0:
-            ip.store_shared_f32(sums + warp * 4, total)
-        cute.arch.sync_threads()
-        cta_sum = Float32(0.0)
-        if tid == 0:
-            for v in cutlass.range_constexpr(THREADS // 32):
-                cta_sum = ip.add_rn_f32(cta_sum, ip.load_shared_f32(sums + v * 4))
+        early = 4 * shape.early_units  # words summed ahead of the exchange (0: all)
+        cta_sum = self.cta_total(words[:early] if early else words, sums, tid, warp, lane)
         if cutlass.const_expr(shape.mode == "flags"):
             cute.arch.sync_threads()  # thread 0 has read the warp sums: reuse them
             if cta < shape.exchange:
@@ -232,17 +241,20 @@ class SpreadProbe:
                 if cta == 0:
                     if tid < shape.exchange:
                         slot = partials + Int64(tid) * 4
-                        deadline = lp.globaltimer_ns() + DEADLINE_NS
-                        word = lp.load_volatile_u32(slot)
-                        while word == Uint32(SENTINEL):
-                            word = lp.load_volatile_u32(slot)
-                            if lp.globaltimer_ns() > deadline:
-                                word = Uint32(CANONICAL_NAN)  # a lost peer: NaN, never a hang
+                        word = ip.poll_mailbox_word(slot)  # a lost peer: NaN, never a hang
                         ip.store_shared_f32(sums + tid * 4, ip.bits_f32(word))
                         lp.store_u32(slot, Uint32(SENTINEL))  # ready for the next call
                     cute.arch.sync_threads()
                     if tid == 0:
                         self.store_total(sums, out)
+            if cutlass.const_expr(early):
+                cute.arch.sync_threads()  # thread 0 has read the gathered sums: reuse them
+                rest = self.cta_total(words[early:], sums, tid, warp, lane)
+                if cta < shape.exchange:
+                    if tid == 0:
+                        ip.store_f32(out + (Int64(cta) + 1) * 4, rest)
+                else:
+                    cta_sum = ip.add_rn_f32(cta_sum, rest)
         else:
             if cta < shape.exchange:
                 if tid == 0:
@@ -263,6 +275,27 @@ class SpreadProbe:
             if tid == 0:
                 ip.store_f32(out + (Int64(cta) + 1) * 4, cta_sum)
 
+    @cute.jit
+    def cta_total(self, words, sums, tid, warp, lane):
+        """The CTA's sum of ``words`` (BF16 pairs, FP32 adds: each thread's,
+        then butterflies in the warp, then the warps in order from +0.0
+        through shared ``sums``), in thread 0; ends with the threads synced
+        on ``sums`` written."""
+        total = Float32(0.0)
+        for i in cutlass.range_constexpr(len(words)):
+            lo, hi = ip.bf16x2_to_f32(words[i])
+            total = ip.add_rn_f32(total, ip.add_rn_f32(lo, hi))
+        for s in cutlass.range_constexpr(5):
+            total = ip.add_rn_f32(total, cute.arch.shuffle_sync_bfly(total, offset=1 << s))
+        if lane == 0:
+            ip.store_shared_f32(sums + warp * 4, total)
+        cute.arch.sync_threads()
+        cta_sum = Float32(0.0)
+        if tid == 0:
+            for v in cutlass.range_constexpr(THREADS // 32):
+                cta_sum = ip.add_rn_f32(cta_sum, ip.load_shared_f32(sums + v * 4))
+        return cta_sum
+
     def compile(self, arch: str = ""):
         """The compiled probe (``arch`` e.g. ``"sm_90a"`` compiles without a
         GPU; empty: the current device's)."""
@@ -275,17 +308,25 @@ class SpreadProbe:
 
 
 def expected(shape: Shape, w: torch.Tensor) -> torch.Tensor:
-    """FP64 ``[1 + ctas]`` sums the probe writes (its FP32 order aside)."""
+    """FP64 ``[1 + ctas]`` sums the probe writes (its FP32 order aside):
+    slot 0 the exchange group's sums (with ``early_units``, of their first
+    units only), slot 1 + c CTA c's own (the rest of it, or zero, for an
+    exchanging CTA)."""
     flat = w.view(-1).to(torch.float64)
-    sums, at = [], 0
+    heads, rests, at = [], [], 0
+    head = shape.early_units * UNIT // 2
     for n, u in shape.segments:
         for _ in range(n):
-            sums.append(flat[at:at + u * UNIT // 2].sum())
+            cut = at + (head or u * UNIT // 2)
+            heads.append(flat[at:cut].sum())
+            rests.append(flat[cut:at + u * UNIT // 2].sum())
             at += u * UNIT // 2
-    sums = torch.stack(sums)
+    whole = torch.stack(heads) + torch.stack(rests)
     out = torch.zeros(1 + shape.ctas, dtype=torch.float64, device=w.device)
-    out[0] = sums[:shape.exchange].sum()
-    out[1 + shape.exchange:] = sums[shape.exchange:]
+    out[0] = torch.stack(heads)[:shape.exchange].sum()
+    out[1 + shape.exchange:] = whole[shape.exchange:]
+    if shape.early_units:
+        out[1:1 + shape.exchange] = torch.stack(rests)[:shape.exchange]
     return out
 
 

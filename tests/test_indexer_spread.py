@@ -37,7 +37,21 @@ def test_the_oracle_adds_each_ctas_share_and_the_exchange_group():
     assert torch.equal(spread.expected(shape, w), want)
 
 
+def test_the_oracle_of_an_early_exchange_splits_each_exchanging_share():
+    shape = spread.Shape("t", ((2, 3), (1, 2)), 1, exchange=2, mode="flags", early_units=1)
+    w = torch.arange(shape.units * spread.UNIT // 2, dtype=torch.float64).to(torch.bfloat16)
+    flat = w.to(torch.float64)
+    half = spread.UNIT // 2
+    want = torch.tensor([flat[:half].sum() + flat[3 * half:4 * half].sum(),
+                         flat[half:3 * half].sum(), flat[4 * half:6 * half].sum(),
+                         flat[6 * half:].sum()], dtype=torch.float64)
+    assert torch.equal(spread.expected(shape, w), want)
+
+
 @pytest.mark.parametrize("shape, message", [
+    (spread.Shape("e", ((4, 2),), 1, exchange=2, early_units=1), "early_units needs mode"),
+    (spread.Shape("f", ((4, 2),), 1, exchange=2, mode="flags", early_units=2), "0 < early_units < 2"),
+    (spread.Shape("g", ((4, 2),), 1, mode="flags", early_units=1), "an exchange"),
     (spread.Shape("a", ((3, 1),), 2), "not whole clusters"),
     (spread.Shape("b", ((4, 17),), 1), "units a CTA"),
     (spread.Shape("c", ((4, 1),), 1, exchange=5), "exchange must be in 0..4, got 5"),
@@ -79,7 +93,8 @@ def _ptx(shape, tmp_path):
     return ptx.read_text()
 
 
-@pytest.mark.parametrize("name", ["even-132/1", "even-132/1+exchange", "even-132/1+flags"])
+@pytest.mark.parametrize("name", ["even-132/1", "even-132/1+exchange", "even-132/1+flags",
+                                  "even-132/1+early128"])
 def test_the_ptx_streams_before_the_pdl_wait_and_exchanges_as_named(name, tmp_path):
     shape = SHAPES[name]
     ptx = _ptx(shape, tmp_path)

@@ -64,9 +64,9 @@ from cutlass import Float32, Int32, Int64, Uint32
 from kernels.lamport import primitives as lp
 
 from . import primitives as ip
-from .layout import (DIM, FUSED_WARPS, MAILBOX_DEADLINE_NS, MAILBOX_NAN, MAILBOX_SENTINEL, ROWS,
-                     SLOT_GATE, SLOT_HEAD, SLOT_INDEX_BITS, SLOT_KEY, SPREAD_KEY_ROWS, SPREAD_ROWS,
-                     TILE, FusedVariant, bulk_row_stride)
+from .layout import (DIM, FUSED_WARPS, MAILBOX_SENTINEL, ROWS, SLOT_GATE, SLOT_HEAD,
+                     SLOT_INDEX_BITS, SLOT_KEY, SPREAD_KEY_ROWS, SPREAD_ROWS, TILE, FusedVariant,
+                     bulk_row_stride)
 
 #: FP32(1 / 448): ``act_quant``'s scale factor.
 INV_FP8_MAX = 1.0 / 448.0
@@ -297,10 +297,8 @@ class ProjectionKernel:
                         b = ip.load_shared_u32x4(
                             tile_in[0] + ((dest + i) * ROWS + g) * stride
                             + (half * span + lane % 4 * 8 + p * 32) * 2)
-                    accs[i][0] = ip.mma_bf16_m16n8k16((a_lo[0], a_hi[0], a_lo[1], a_hi[1]),
-                                                      (b[0], b[1]), accs[i][0])
-                    accs[i][1] = ip.mma_bf16_m16n8k16((a_lo[2], a_hi[2], a_lo[3], a_hi[3]),
-                                                      (b[2], b[3]), accs[i][1])
+                    accs[i][0], accs[i][1] = self.mma_pair(a_lo, a_hi, b, accs[i][0],
+                                                           accs[i][1])
             base = partial + (((part * self.tiles + tile) * 32 + lane) * 4) * 4
             for i in cutlass.range_constexpr(groups):
                 ip.store_async_cluster_f32x4(
@@ -734,12 +732,7 @@ class ProjectionKernel:
         key row ``tid % key``, loaded before the PDL wait."""
         for e in cutlass.range(tid, self.tokens * self.key, self.threads, unroll=1):
             slot = mailbox + Int64(e) * 4
-            deadline = lp.globaltimer_ns() + MAILBOX_DEADLINE_NS
-            word = lp.load_volatile_u32(slot)
-            while word == Uint32(MAILBOX_SENTINEL):
-                word = lp.load_volatile_u32(slot)
-                if lp.globaltimer_ns() > deadline:
-                    word = Uint32(MAILBOX_NAN)  # a lost key CTA: a NaN key, never a hang
+            word = ip.poll_mailbox_word(slot)  # a lost key CTA: a NaN key, never a hang
             ip.store_shared_f32(kvals + e * 4, ip.bits_f32(word))
             lp.store_u32(slot, Uint32(MAILBOX_SENTINEL))
         cute.arch.sync_threads()

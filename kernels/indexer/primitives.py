@@ -23,13 +23,16 @@ Memory ordering:
 
 from __future__ import annotations
 
+import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from kernels.lamport.primitives import (  # noqa: F401  (shared ops, re-exported)
-    _f32, _i64, _inline_asm, _u32, add_rn_f32, load_f32, load_shared_f32, load_u32x2,
-    mul_rn_f32, store_shared_f32)
+    _f32, _i64, _inline_asm, _u32, add_rn_f32, globaltimer_ns, load_f32, load_shared_f32,
+    load_u32x2, load_volatile_u32, mul_rn_f32, store_shared_f32)
+
+from .layout import MAILBOX_DEADLINE_NS, MAILBOX_NAN, MAILBOX_SENTINEL
 
 
 def _pure(results, operands, asm, constraints, *, loc=None, ip=None):
@@ -336,3 +339,19 @@ def bits_f32(word, *, loc=None, ip=None) -> Float32:
     """The FP32 whose bits ``word`` holds (``mov.b32``)."""
     (v,) = _pure([T.f32()], [_u32(word, loc, ip)], "mov.b32 $0, $1;", "=f,r", loc=loc, ip=ip)
     return Float32(v)
+
+
+# ---------------------------------------------------------------- mailbox
+@cute.jit
+def poll_mailbox_word(slot: Int64) -> Uint32:
+    """The word of a mailbox slot once it is not :data:`MAILBOX_SENTINEL`
+    (``ld.volatile`` in a loop), or :data:`MAILBOX_NAN` once
+    :data:`MAILBOX_DEADLINE_NS` have passed (a lost writer: a NaN, never a
+    hang). The caller resets the slot."""
+    deadline = globaltimer_ns() + MAILBOX_DEADLINE_NS
+    word = load_volatile_u32(slot)
+    while word == Uint32(MAILBOX_SENTINEL):
+        word = load_volatile_u32(slot)
+        if globaltimer_ns() > deadline:
+            word = Uint32(MAILBOX_NAN)
+    return word
