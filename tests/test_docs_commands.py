@@ -216,6 +216,8 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     # docs/architecture.md: redrawing the picture; --check draws it and compares, writing
     # nothing (tests/test_architecture_picture.py also redraws it and compares).
     ".venv/bin/python scripts/draw_architecture.py": Run(append="--check"),
+    # README: which compile-check variants the working tree's changes touch (exit 0 either way).
+    ".venv/bin/python scripts/ptx_diff.py HEAD --ops indexer": Run(),
     # docs/alerts.md: a webhook that refuses (nothing on port 9): retried, logged, still exit 0.
     ".venv/bin/python -m jobs nightly --suite smoke --notify http://127.0.0.1:9/hook "
     "--summary-md summary.md": Run(append=SMALL, creates=("summary.md",), ray=True),
