@@ -140,7 +140,7 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     "bash .dev/fi1/recv.sh": Skip(STAGING),
     "bash .dev/fi2/recv.sh": Skip(STAGING),
     "source /tmp/site/env.sh && source /tmp/flashinfer-site/env.sh": Skip(STAGING),
-    "OUT=/tmp/out timeout -s KILL 540 bash scripts/gpu/indexer_gpu_run.sh": Skip(GPU),
+    "OUT=/tmp/out timeout -s KILL 580 bash scripts/gpu/indexer_gpu_run.sh": Skip(GPU),
     "OUT=/tmp/out bash scripts/gpu/allreduce_ncu.sh": Skip(GPU),
     "bash .dev/extra/install.sh": Skip(STAGING),
     "source scripts/gpu/env.sh": Skip(STAGING),

@@ -17,10 +17,10 @@ DETAILS = '''"ID","Process ID","Kernel Name","Section Name","Metric Name","Metri
 "0","1","kernel_cutlass_fused_kernel","Launch Statistics","Shared Memory Configuration Size","KB","8"
 "1","1","kernel_cutlass_kernel","GPU Speed Of Light Throughput","Duration","us","2.50"
 '''
-RAW = '''"ID","Kernel Name","launch__grid_size","dram__bytes_read.sum","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
-"","","","Mbyte","ratio","ratio"
-"0","kernel_cutlass_fused_kernel","80","9.20","0.5","12.25"
-"1","kernel_cutlass_kernel","40","4.60","3.0","1.0"
+RAW = '''"ID","Kernel Name","launch__grid_size","dram__bytes_read.sum","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio","l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum","l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"
+"","","","Mbyte","ratio","ratio","sector","sector"
+"0","kernel_cutlass_fused_kernel","80","9.20","0.5","12.25","143360","12"
+"1","kernel_cutlass_kernel","40","4.60","3.0","1.0","71680","6"
 '''
 
 
@@ -45,6 +45,9 @@ def test_summary_text(tmp_path):
     assert "dram__bytes_read.sum: 9.20 Mbyte" in blocks[0]
     assert "kernel: kernel_cutlass_fused_kernel" in blocks[0]
     assert "launch__grid_size: 80" in blocks[0] and "launch__grid_size: 40" in blocks[1]
+    # the loads' L1 sectors are kept, the stores' are not selected
+    assert "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum: 143360 sector" in blocks[0]
+    assert "op_st" not in text
     assert "stalls (warps per issue): long_scoreboard 12.25, barrier 0.50" in blocks[0]
     assert "stalls (warps per issue): barrier 3.00, long_scoreboard 1.00" in blocks[1]
     assert "note:" not in text

@@ -3,7 +3,10 @@
 # candidate and the other one, see benchmarks.indexer FUSED_CANDIDATES) and
 # the projection kernel at a no-split and a split-K tactic, at TOKENS (default
 # 1 and 16), K 7168, heads 64. Sections: SpeedOfLight + MemoryWorkloadAnalysis
-# (achieved DRAM bandwidth), LaunchStats + Occupancy (CTAs, clusters, waves
+# (achieved DRAM bandwidth) + MemoryWorkloadAnalysis_Tables (L1 requests,
+# sectors and shared wavefronts of the loads: a split-K CTA's warps load the
+# same x, a spread CTA's warp loads carry 2-3 live rows of 8), LaunchStats +
+# Occupancy (CTAs, clusters, waves
 # against the SMs), WarpStateStats + SchedulerStats (stall reasons; the
 # split-K tail shows as barrier stalls of the split builds). Caches are
 # flushed before every profiled pass (--cache-control all: cold weights, as in
@@ -28,7 +31,8 @@ VARIANTS=${VARIANTS:+--variants $VARIANTS}
 mkdir -p "$OUT" "$WORK"
 ncu --clock-control none --cache-control all \
     --kernel-name regex:kernelsindexerkernel \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+    --section LaunchStats \
     --section Occupancy --section WarpStateStats --section SchedulerStats \
     --metrics dram__bytes_read.sum,dram__bytes_read.sum.per_second \
     -f -o "$WORK/report" \

@@ -33,7 +33,12 @@ RAW = ("gpu__time_duration.sum", "gpc__cycles_elapsed.max",
 RAW_PREFIXES = ("dram__bytes", "dram__throughput", "launch__grid_size", "launch__cluster_dim",
                 "launch__block_size", "launch__thread_block_size", "launch__registers_per_thread",
                 "launch__waves_per_multiprocessor", "launch__occupancy_limit",
-                "launch__shared_mem_per_block", "nvlrx__", "nvltx__")
+                "launch__shared_mem_per_block", "nvlrx__", "nvltx__",
+                # the loads through L1 (MemoryWorkloadAnalysis_Tables): requests,
+                # sectors, and the shared-memory wavefronts of ld.shared
+                "l1tex__t_requests_pipe_lsu_mem_global_op_ld",
+                "l1tex__t_sectors_pipe_lsu_mem_global_op_ld",
+                "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld")
 STALL = re.compile(r"issue_stalled_(\w+?)(?:_per_\w+)?\.ratio$")
 TOP_STALLS = 8
 
