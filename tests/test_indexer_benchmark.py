@@ -103,6 +103,14 @@ def test_variants_take_candidates_and_timing_probes(cpu_gpu, capsys):
     table = L.H200.fused_variant_for(1024, 32, 1)
     assert [c[2] for c in cpu_gpu if c[0] == "fused"] == [
         table, L.FusedVariant(True, True, split_k=2), probe]
+    # past one token tile the key-first candidate is left out, the others run
+    cpu_gpu.clear()
+    first = next(v for v in L.FUSED_CANDIDATES if v.key_first)
+    assert bench.main(["--k", "1024", "--heads", "32", "--tokens", "16,17", "--ncu-calls", "1",
+                       "--ncu-proj", "16x1", "--variants", f"{first.name},{probe.name}"]) == 0
+    assert [(c[2], c[1]) for c in cpu_gpu if c[0] == "fused"] == [
+        (L.H200.fused_variant_for(1024, 32, 16), 16), (first, 16), (probe, 16),
+        (L.H200.fused_variant_for(1024, 32, 17), 17), (probe, 17)]
     with pytest.raises(SystemExit):
         bench.main(["--variants", "skip-zero+early+nope"])
     assert "--variants: unknown ['skip-zero+early+nope']" in capsys.readouterr().err

@@ -137,6 +137,20 @@ def test_checks_catch_mutations(rows):
     assert not nox.errors and not checks.check_fused(nox.lines, nox.variant)
     assert not any("volatile" in ln for ln in nox.lines)
     assert any("no-exchange" in e for e in checks.check_fused(nox.lines + [poll], nox.variant))
+    # the key-first build: the exchange between the key row's wait and the
+    # other rows', each GEMV pass after its wait
+    kf = _row(rows, "fusedkeyfirst")
+    kv = kf.variant
+    assert not kf.errors and not checks.check_fused(kf.lines, kv)
+    waits = [i for i, ln in enumerate(kf.lines) if ln.startswith("mbarrier.try_wait")]
+    late_store = [ln for ln in kf.lines if not ln.startswith("st.volatile.global.u32")]
+    late_store.insert(waits[-1] + 1, "st.volatile.global.u32 [a], b;")
+    assert any("not between" in e for e in checks.check_fused(late_store, kv))
+    one_wait = [ln for i, ln in enumerate(kf.lines) if i != waits[-1]]
+    assert any("two mbarrier waits" in e for e in checks.check_fused(one_wait, kv))
+    no_first_pass = [ln for i, ln in enumerate(kf.lines)
+                     if not (ln.startswith("mma.sync") and waits[0] < i < waits[-1])]
+    assert any("mma not after" in e for e in checks.check_fused(no_first_pass, kv))
 
 
 # --- host classes (CPU tensors: validation happens before any launch) --------
@@ -166,7 +180,8 @@ def test_fused_weight_and_slots(proj):
 
 def test_spread_slots_and_mailbox(proj):
     from kernels.indexer.compile import FusedConfig
-    from kernels.indexer.layout import MAILBOX_SENTINEL, FusedVariant, spread_layout
+    from kernels.indexer.layout import (MAILBOX_SENTINEL, FusedVariant, key_first_layout,
+                                        spread_layout)
 
     order, first = spread_layout(proj.key, proj.heads, proj.gate)
     assert first == proj.spread_first_head and len(order) // ROWS == proj.spread_ctas
@@ -178,6 +193,15 @@ def test_spread_slots_and_mailbox(proj):
         FusedConfig(key=24, heads=16, gate=0, k=1024, tokens=1, padded=64, variant=spread).validate()
     with pytest.raises(ValueError, match="tokens must be >= 1, got 0"):
         FusedConfig(key=128, heads=16, gate=0, k=1024, tokens=0, padded=64).validate()
+    first = FusedVariant(True, True, bulk=True, spread=True, key_first=True)
+    with pytest.raises(ValueError, match="runs one token tile: tokens must be <= 16, got 17"):
+        FusedConfig(key=128, heads=16, gate=0, k=1024, tokens=17, padded=64,
+                    variant=first).validate()
+    with pytest.raises(ValueError, match="needs heads <= key = 128, got heads=136"):
+        FusedConfig(key=128, heads=136, gate=0, k=1024, tokens=1, padded=136,
+                    variant=first).validate()
+    order, _ = key_first_layout(proj.key, proj.heads, proj.gate)
+    assert proj.key_first_slots.tolist() == slot_codes(order, proj.key, proj.heads)
     with pytest.raises(ValueError, match="padded must be >= heads = 16, got 8"):
         FusedConfig(key=128, heads=16, gate=0, k=1024, tokens=1, padded=8).validate()
 

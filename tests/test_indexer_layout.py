@@ -241,6 +241,52 @@ def test_spread_layout_properties(key, heads, gate):
     assert [c >> 16 == SLOT_KEY for c in codes[:ROWS * first] if c >> 16] == [True] * key
 
 
+def test_key_first_layout_small_case_by_hand():
+    # key 8: CTA c holds key row c; heads 2 and gate 10 go round: other row j
+    # (head rows 8, 9, then gate 10..19) into slot 1 + j // 8 of CTA j % 8
+    order, first = L.key_first_layout(8, 2, 10)
+    assert first == 0 and len(order) // ROWS == 8
+    z = [-1] * 5
+    assert order[:ROWS] == [0, 8, 16, *z] and order[ROWS:2 * ROWS] == [1, 9, 17, *z]
+    assert order[4 * ROWS:5 * ROWS] == [4, 12, -1, *z] and order[7 * ROWS:] == [7, 15, -1, *z]
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.integers(1, 16).map(lambda c: c * ROWS), heads=st.integers(1, 128),
+       gate=st.integers(0, 300))
+def test_key_first_layout_properties(key, heads, gate):
+    if heads > key or heads + gate > key * (ROWS - 1):
+        with pytest.raises(ValueError, match="the key-first layout"):
+            L.key_first_layout(key, heads, gate)
+        return
+    order, first = L.key_first_layout(key, heads, gate)
+    assert first == 0 and sorted(r for r in order if r >= 0) == list(range(key + heads + gate))
+    ctas = [order[i:i + ROWS] for i in range(0, len(order), ROWS)]
+    assert [c[0] for c in ctas] == list(range(key))  # slot 0: the CTA's key row
+    assert all(ctas[h][1] == key + h for h in range(heads))  # head h in CTA h (the q epilogue's)
+    live = [sum(r >= 0 for r in c) for c in ctas]
+    assert live[-1] == min(live)  # the reducer, the last CTA, holds the fewest rows
+    assert all(r < 0 for c in ctas for i, r in enumerate(c) if i and c[i - 1] < 0)  # packed
+    assert order == [L.key_first_source_row(c, r, key, heads, gate)
+                     for c in range(key) for r in range(ROWS)]
+
+
+def test_key_first_variant():
+    v = L.FusedVariant(True, True, bulk=True, spread=True, key_first=True)
+    assert v.name == "skip-zero+early+bulk+spread+key-first" and v in L.FUSED_CANDIDATES
+    assert v not in L.TIMING_PROBES and v.tactic() == Tactic(FUSED_WARPS, 1)
+    assert v.layout(KEY, 64, 128) == L.key_first_layout(KEY, 64, 128)
+    assert v.bulk_tile_bytes(7168) == 8 * (7168 * 2 + 64) + 16  # the key row's own mbarrier
+    assert v.token_limit == L.TILE and L.FusedVariant(True, True, spread=True).token_limit is None
+    L.VariantRule(v, 1, L.TILE)
+    with pytest.raises(ValueError, match="runs at most 16 tokens, got max_tokens=17"):
+        L.VariantRule(v, 1, 17)
+    for bad in (dict(spread=True, key_first=True), dict(bulk=True, key_first=True),
+                dict(bulk=True, spread=True, key_first=True, exchange=False)):
+        with pytest.raises(ValueError, match="key_first needs spread and bulk, with the exchange"):
+            L.FusedVariant(True, True, **bad)
+
+
 def test_spread_variant():
     v = L.FusedVariant(True, True, spread=True)
     assert v.name == "skip-zero+early+spread" and v in L.FUSED_CANDIDATES

@@ -29,7 +29,10 @@ Checks on the kernel's instruction lines:
   (``mbarrier`` and the ``cp.async.bulk`` copies only in the bulk build, as
   above); after the PDL wait the key mailbox's ``st.volatile.global.u32``
   stores, then its ``ld.volatile.global.u32`` poll with a ``%globaltimer``
-  deadline; in the no-exchange timing probe no mailbox access at all.
+  deadline; in the no-exchange timing probe no mailbox access at all; in
+  the key-first build the mailbox stores and the poll between the wait on
+  the key row's copy and the wait on the other rows' (the exchange ahead of
+  the second GEMV pass).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True
                   ("fusedbulkrows", 1, False, (True, True, False, 0, True)),
                   ("fusedspread", 1, False, (True, True, False, 0, False, True)),
                   ("fusedspreadbulk", 1, False, (True, True, False, 0, True, True)),
-                  ("fusedspreadnox", 1, False, (True, True, False, 0, False, True, False)))
+                  ("fusedspreadnox", 1, False, (True, True, False, 0, False, True, False)),
+                  ("fusedkeyfirst", 1, False, (True, True, False, 0, True, True, True, True)))
 
 
 def _first(lines, pattern):
@@ -120,6 +124,27 @@ def _check_bulk(lines: list[str], wait: int) -> list[str]:
     return errs
 
 
+def _check_key_first(lines: list[str], wait: int) -> list[str]:
+    """The exchange between the two GEMV passes: after the PDL wait, the wait
+    on the key row's copy, the mailbox stores and the poll, then the wait on
+    the other rows' copies, each pass's mma after its wait."""
+    waits = [i for i in _all(lines, "mbarrier.try_wait") if i > wait]
+    stores = _all(lines, "st.volatile.global.u32")
+    polls = _all(lines, "ld.volatile.global.u32")
+    mmas = _all(lines, "mma.sync")
+    if len(waits) < 2 or not stores or not polls:
+        return [f"key-first build: two mbarrier waits after griddepcontrol.wait ({waits[:3]}), "
+                f"the mailbox stores and the poll needed"]
+    first, second = waits[0], waits[-1]
+    if not first < min(stores) <= max(polls) < second:
+        return [f"key-first build: the mailbox stores ({min(stores)}) and the poll "
+                f"({max(polls)}) not between the key row's wait ({first}) and the other rows' "
+                f"({second})"]
+    if not any(first < i < min(stores) for i in mmas) or not any(i > second for i in mmas):
+        return ["key-first build: a GEMV pass's mma not after its mbarrier wait"]
+    return []
+
+
 def _check_spread(lines: list[str], wait: int, *, bulk: bool, exchange: bool) -> list[str]:
     errs = []
     # A bulk copy's destination is spelled shared::cluster even with no cluster.
@@ -152,6 +177,8 @@ def check_fused(lines: list[str], v) -> list[str]:
     if "spread" in v.detail:
         bulk = "bulk" in v.detail
         errs += _check_spread(lines, wait, bulk=bulk, exchange="no-exchange" not in v.detail)
+        if "key-first" in v.detail:
+            errs += _check_key_first(lines, wait)
         if _first(lines, "cvt.rn.satfinite.e4m3x2.f32") < 0:
             errs.append("no FP8 e4m3 conversion")
         if not bulk and not [ln for ln in lines if ln.startswith("@") and "ld.global.nc" in ln]:

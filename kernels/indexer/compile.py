@@ -16,7 +16,7 @@ from kernels.compile_cache import persistent
 from kernels.lamport.compile import _options
 
 from .layout import (FUSED_PARTIAL_SLOTS, FUSED_WARPS, MAX_SMEM_BYTES, ROWS, FusedVariant, Tactic,
-                     check_projection_shape, fused_smem_bytes)
+                     check_key_first_shape, check_projection_shape, fused_smem_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +80,12 @@ class FusedConfig:
         if self.variant.spread and (32 * FUSED_WARPS) % self.key:
             raise ValueError(f"the fused kernel {self.variant.name} needs key to divide its "
                              f"{32 * FUSED_WARPS} threads, got key = {self.key}")
+        limit = self.variant.token_limit
+        if limit is not None and self.tokens > limit:
+            raise ValueError(f"the fused kernel {self.variant.name} runs one token tile: tokens "
+                             f"must be <= {limit}, got {self.tokens}")
+        if self.variant.key_first:
+            check_key_first_shape(self.key, self.heads, self.gate)
         smem = self.smem_bytes()
         if smem > MAX_SMEM_BYTES:
             raise ValueError(f"the fused kernel {self.variant.name} at K = {self.k}, {self.tokens} "

@@ -47,9 +47,13 @@ wait, instead of in the epilogue; ``early_launch`` lets the next kernel launch
 rows a CTA, no clusters, weights read from the concatenated rows; with
 ``bulk`` by one whole-row copy a live slot) and moves the key through a global
 mailbox to key CTA 0, which runs the cluster's LayerNorm
-(:meth:`ProjectionKernel.key_gather_norm`): the same bits. ``exchange=False``
-(a timing probe) skips the mailbox and the reducer and writes the un-normed
-key.
+(:meth:`ProjectionKernel.key_gather_norm`): the same bits. ``key_first``
+(with ``spread`` and ``bulk``) runs :func:`kernels.indexer.layout.
+key_first_layout` instead, one CTA a key row, and the GEMV twice
+(:meth:`ProjectionKernel.key_first_gemv`): once the key row's copy landed,
+the key slot into the mailbox (the last CTA gathers and norms it there), then
+once the other rows' did. ``exchange=False`` (a timing probe) skips the
+mailbox and the reducer and writes the un-normed key.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ class FusedShape:
     """Compile-time shape of the fused variant."""
     padded: int        # heads written (>= heads), zeros beyond ``heads``
     ctas: int          # CTAs of the grid, a multiple of the launch cluster
-    first_head: int    # CTA holding head 0 (= key // ROWS; spread: key // SPREAD_KEY_ROWS)
+    first_head: int    # CTA holding head 0 (key // ROWS; spread: key // SPREAD_KEY_ROWS; key-first: 0)
     bf16: bool         # head weights in BF16 (else FP32)
     ue8m0: bool        # power-of-two q scales (else amax / 448)
     variant: FusedVariant = FusedVariant()  # which loads go where (same bits)
@@ -116,6 +120,12 @@ class ProjectionKernel:
             if fused.variant.spread and self.threads % key:
                 raise ValueError(f"the spread fused kernel needs key to divide its "
                                  f"{self.threads} threads, got key={key}")
+            if fused.variant.key_first and self.tiles != 1:
+                raise ValueError(f"the key-first fused kernel needs one token tile (tokens <= "
+                                 f"{TILE}), got tokens={tokens}")
+            #: The spread reducer's CTA: key CTA 0, or the key-first grid's
+            #: last CTA (the fewest rows of its layout).
+            self.reducer = key - 1 if fused.variant.key_first else 0
             fused.variant.tactic(key)  # ValueError: split_k without a FUSED_WARPS-CTA cluster
 
     # ------------------------------------------------------------ launches
@@ -198,6 +208,19 @@ class ProjectionKernel:
         return src
 
     @cute.jit
+    def key_first_row(self, cta, g):
+        """Source row of slot g of CTA ``cta`` of the key-first layout, -1 for
+        a zero slot: :func:`kernels.indexer.layout.key_first_source_row`."""
+        src = Int32(-1)
+        if g == 0:
+            src = cta
+        else:
+            other = (g - 1) * self.key + cta
+            if other < self.heads + self.gate:
+                src = self.key + other
+        return src
+
+    @cute.jit
     def tile_tokens(self, tile, g):
         """The tokens (rows g and g + 8 of 16-token tile ``tile``) whose input
         a lane of group g loads: padding tokens repeat the last token (never
@@ -222,33 +245,53 @@ class ProjectionKernel:
         loads go out first)."""
         g = lane // 4
         first = part * self.span + lane % 4 * 8
-        both = self.tokens > 8
-        stride = bulk_row_stride(self.k, self.key, split_k=False)
         for tile in cutlass.range(self.tiles, unroll=1):
             lo, hi = self.tile_tokens(tile, g)
-            acc0 = [Float32(0.0)] * 4
-            acc1 = [Float32(0.0)] * 4
             # Register weights: each x load next to its mma. Tile weights:
             # the tile's x loads first, then the wait, then the mma chain.
-            xs = []
-            for p in cutlass.range_constexpr(self.pairs):
-                offset = first + p * 32
-                a_lo = lp.load_u32x4(x + (Int64(lo) * self.k + offset) * 2)
-                a_hi = a_lo
-                if cutlass.const_expr(both):
-                    a_hi = lp.load_u32x4(x + (Int64(hi) * self.k + offset) * 2)
-                if cutlass.const_expr(tile_in is None):
-                    acc0, acc1 = self.mma_pair(a_lo, a_hi, b[p * 4:p * 4 + 4], acc0, acc1)
-                else:
-                    xs.append((a_lo, a_hi))
-            if cutlass.const_expr(tile_in is not None):
-                ip.mbarrier_wait_parity(tile_in[1], 0)
+            if cutlass.const_expr(tile_in is None):
+                acc0 = [Float32(0.0)] * 4
+                acc1 = [Float32(0.0)] * 4
                 for p in cutlass.range_constexpr(self.pairs):
-                    bp = ip.load_shared_u32x4(tile_in[0] + g * stride + (first + p * 32) * 2)
-                    acc0, acc1 = self.mma_pair(xs[p][0], xs[p][1], bp, acc0, acc1)
-            base = partial + (((warp * self.tiles + tile) * 32 + lane) * 4) * 4
-            for i in cutlass.range_constexpr(4):
-                ip.store_shared_f32(base + i * 4, ip.add_rn_f32(acc0[i], acc1[i]))
+                    a_lo, a_hi = self.pair_inputs(x, lo, hi, first + p * 32)
+                    acc0, acc1 = self.mma_pair(a_lo, a_hi, b[p * 4:p * 4 + 4], acc0, acc1)
+            else:
+                xs = [self.pair_inputs(x, lo, hi, first + p * 32) for p in range(self.pairs)]
+                acc0, acc1 = self.tile_mma(xs, tile_in, g, first)
+            self.store_partial(partial, warp, tile, lane, acc0, acc1)
+
+    @cute.jit
+    def pair_inputs(self, x: Int64, lo, hi, offset):
+        """(a_lo, a_hi): the ``x`` fragments of tokens ``lo`` and ``hi`` at K
+        ``offset`` (the same words twice with at most 8 tokens)."""
+        a_lo = lp.load_u32x4(x + (Int64(lo) * self.k + offset) * 2)
+        a_hi = a_lo
+        if cutlass.const_expr(self.tokens > 8):
+            a_hi = lp.load_u32x4(x + (Int64(hi) * self.k + offset) * 2)
+        return a_lo, a_hi
+
+    @cute.jit
+    def tile_mma(self, xs, tile_in, g, first):
+        """(acc0, acc1) of one token tile over the whole-row bulk tile
+        ``tile_in = (tile, mbarrier)`` (row g at ``g * stride``), once the
+        mbarrier says it arrived; ``xs`` the tile's ``x`` fragments, loaded
+        before the wait."""
+        stride = bulk_row_stride(self.k, self.key, split_k=False)
+        acc0 = [Float32(0.0)] * 4
+        acc1 = [Float32(0.0)] * 4
+        ip.mbarrier_wait_parity(tile_in[1], 0)
+        for p in cutlass.range_constexpr(self.pairs):
+            bp = ip.load_shared_u32x4(tile_in[0] + g * stride + (first + p * 32) * 2)
+            acc0, acc1 = self.mma_pair(xs[p][0], xs[p][1], bp, acc0, acc1)
+        return acc0, acc1
+
+    @cute.jit
+    def store_partial(self, partial: Int32, warp, tile, lane, acc0, acc1):
+        """A warp's partial C tile ``acc0 + acc1`` into slot ``warp`` of
+        shared ``partial`` ``[warps, tiles, 32 lanes, 4]`` FP32."""
+        base = partial + (((warp * self.tiles + tile) * 32 + lane) * 4) * 4
+        for i in cutlass.range_constexpr(4):
+            ip.store_shared_f32(base + i * 4, ip.add_rn_f32(acc0[i], acc1[i]))
 
     @cute.jit
     def mma_pair(self, a_lo, a_hi, b, acc0, acc1):
@@ -274,18 +317,10 @@ class ProjectionKernel:
         half = part % groups
         g = lane // 4
         first = part * span + lane % 4 * 8
-        both = self.tokens > 8
         for tile in cutlass.range(self.tiles, unroll=1):
             lo, hi = self.tile_tokens(tile, g)
             accs = [[[Float32(0.0)] * 4, [Float32(0.0)] * 4] for _ in range(groups)]
-            xs = []
-            for p in cutlass.range_constexpr(span // 32):
-                offset = first + p * 32
-                a_lo = lp.load_u32x4(x + (Int64(lo) * self.k + offset) * 2)
-                a_hi = a_lo
-                if cutlass.const_expr(both):
-                    a_hi = lp.load_u32x4(x + (Int64(hi) * self.k + offset) * 2)
-                xs.append((a_lo, a_hi))
+            xs = [self.pair_inputs(x, lo, hi, first + p * 32) for p in range(span // 32)]
             if cutlass.const_expr(tile_in is not None):
                 ip.mbarrier_wait_parity(tile_in[1], 0)
             for p in cutlass.range_constexpr(span // 32):
@@ -498,7 +533,7 @@ class ProjectionKernel:
         if cutlass.const_expr(f.variant.early_consts):
             code0 = Int32(ip.load_const_u32(slots + (cta * ROWS + tid % ROWS) * 4))
         if cutlass.const_expr(f.variant.spread):
-            if cta == 0:
+            if cta == self.reducer:
                 # The reducer normalizes elements tid + j * threads, all in
                 # key row tid % key (key divides threads).
                 nw0 = ip.load_const_f32(norm_w + (tid % self.key) * 4)
@@ -510,11 +545,18 @@ class ProjectionKernel:
                 nb0 = ip.load_const_f32(norm_b + index0 * 4)
         smem = cutlass.memory.SmemAllocator()
         tile_in = None
+        key_in = None
         if cutlass.const_expr(f.variant.bulk):
             stride = bulk_row_stride(self.k, self.key, split_k=bool(split_k))
             tile = ip.shared_address(smem.allocate_array(
                 Float32, f.variant.bulk_tile_bytes(self.k, self.key) // 4, byte_alignment=128))
             wbar = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
+            kbar = wbar
+            if cutlass.const_expr(f.variant.key_first):
+                # The key row's own copy: the first GEMV pass waits on it alone.
+                kbar = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
+                if tid == 0:
+                    ip.mbarrier_init(kbar, 1)
             if tid == 0:
                 ip.mbarrier_init(wbar, 32)
             cute.arch.sync_threads()
@@ -527,7 +569,10 @@ class ProjectionKernel:
                         # Slot r's source row of the concatenated weight, if any.
                         copied = Int32(0)
                         if lane < ROWS:
-                            slot_src = self.spread_row(cta, lane)
+                            if cutlass.const_expr(f.variant.key_first):
+                                slot_src = self.key_first_row(cta, lane)
+                            else:
+                                slot_src = self.spread_row(cta, lane)
                             if slot_src >= 0:
                                 live = Int32(1)
                                 copied = slot_src
@@ -535,10 +580,25 @@ class ProjectionKernel:
                         if lane < ROWS:
                             live = self.live_row(cta, lane)
                         copied = cta * ROWS + lane
-                    ip.mbarrier_arrive_expect_tx(wbar, live * (self.k * 2))
-                    if live != 0:
-                        ip.bulk_load_weights(tile + lane * stride,
-                                             w + Int64(copied) * (self.k * 2), self.k * 2, wbar)
+                    if cutlass.const_expr(f.variant.key_first):
+                        # Lane 0's key row (always live) on kbar, the rest on wbar.
+                        row_bytes = live * (self.k * 2)
+                        if lane == 0:
+                            ip.mbarrier_arrive_expect_tx(kbar, self.k * 2)
+                            ip.bulk_load_weights(tile, w + Int64(copied) * (self.k * 2),
+                                                 self.k * 2, kbar)
+                            row_bytes = Int32(0)
+                        ip.mbarrier_arrive_expect_tx(wbar, row_bytes)
+                        if row_bytes != 0:
+                            ip.bulk_load_weights(tile + lane * stride,
+                                                 w + Int64(copied) * (self.k * 2), self.k * 2,
+                                                 wbar)
+                    else:
+                        ip.mbarrier_arrive_expect_tx(wbar, live * (self.k * 2))
+                        if live != 0:
+                            ip.bulk_load_weights(tile + lane * stride,
+                                                 w + Int64(copied) * (self.k * 2), self.k * 2,
+                                                 wbar)
             else:
                 if warp == 0:
                     # Lane l copies rows l, l + 32, ... of the cluster's live rows
@@ -560,6 +620,7 @@ class ProjectionKernel:
                                      + rank * (row_bytes // 2)) * 2,
                                 row_bytes, wbar)
             tile_in = (tile, wbar)
+            key_in = (tile, kbar)
         partial = ip.shared_address(smem.allocate_array(
             Float32, tiles_in * self.tiles * 32 * 4, byte_alignment=16))
         scales = ip.shared_address(smem.allocate_array(Float32, self.tokens, byte_alignment=16))
@@ -626,6 +687,9 @@ class ProjectionKernel:
             got.append(ip.load_u32x2(q + ((Int64(t) * self.heads + head) * DIM + lane * 4) * 2))
         if cutlass.const_expr(split_k):
             self.gemv_split(x, bs, partial, part, dest, lane, gather, tile_in)
+        elif cutlass.const_expr(f.variant.key_first):
+            self.key_first_gemv(x, key_in, tile_in, partial, warp, lane, tid, cta, key, mailbox,
+                                kvals, peers, stats, eps, nw0, nb0)
         else:
             self.gemv(x, b, partial, warp, warp, lane, tile_in)
         if is_head:
@@ -661,6 +725,8 @@ class ProjectionKernel:
                 if cutlass.const_expr(not f.variant.exchange):
                     # Timing probe: the un-normed key, nobody reduces it.
                     ip.store_bf16(key + (Int64(t) * self.key + index) * 2, total)
+                elif cutlass.const_expr(f.variant.key_first):
+                    pass  # sent after the first GEMV pass (key_first_gemv)
                 elif cutlass.const_expr(f.variant.spread):
                     # A BF16-rounded FP32 has a zero low half: never the sentinel.
                     lp.store_u32(mailbox + (Int64(t) * self.key + index) * 4,
@@ -668,12 +734,41 @@ class ProjectionKernel:
                 else:
                     ip.store_shared_f32(values + e * 4, ip.round_bf16(total))
         if cutlass.const_expr(f.variant.spread):
-            if cutlass.const_expr(f.variant.exchange):
-                if cta == 0:
+            if cutlass.const_expr(f.variant.exchange and not f.variant.key_first):
+                if cta == self.reducer:
                     self.key_gather_norm(key, mailbox, kvals, peers, stats, eps, tid, nw0, nb0)
         elif is_key:
             self.key_norm(key, values, peers, bar, stats, norm_w, norm_b, slots, eps, cta, tid,
                           code0, nw0, nb0)
+
+    @cute.jit
+    def key_first_gemv(self, x: Int64, key_in, rest_in, partial: Int32, warp, lane, tid, cta,
+                       key: Int64, mailbox: Int64, kvals, peers, stats, eps: Float32, nw0, nb0):
+        """The key-first GEMV (one token tile): the pass over the whole-row
+        tile once ``key_in``'s mbarrier says the key row (slot 0) landed,
+        the key slot's sums into the mailbox (slot ``t * key + cta``, as the
+        spread key CTAs store), then in the reducer the gather and the
+        LayerNorm (:meth:`key_gather_norm`), then the same pass over the
+        same ``x`` fragments once ``rest_in``'s says the other rows did; its
+        partial tiles are left in ``partial`` for the epilogue. Every
+        column's sums are the default's (the arithmetic of :meth:`gemv`)."""
+        g = lane // 4
+        first = warp * self.span + lane % 4 * 8
+        lo, hi = self.tile_tokens(0, g)
+        xs = [self.pair_inputs(x, lo, hi, first + p * 32) for p in range(self.pairs)]
+        acc0, acc1 = self.tile_mma(xs, key_in, g, first)
+        self.store_partial(partial, warp, 0, lane, acc0, acc1)
+        cute.arch.sync_threads()
+        for t in cutlass.range(tid, self.tokens, self.threads, unroll=1):
+            total = self.warp_total(partial, t * ROWS)
+            # A BF16-rounded FP32 has a zero low half: never the sentinel.
+            lp.store_u32(mailbox + (Int64(t) * self.key + cta) * 4,
+                         ip.f32_bits(ip.round_bf16(total)))
+        if cta == self.reducer:
+            self.key_gather_norm(key, mailbox, kvals, peers, stats, eps, tid, nw0, nb0)
+        cute.arch.sync_threads()  # every key sum read before the tiles are reused
+        acc0, acc1 = self.tile_mma(xs, rest_in, g, first)
+        self.store_partial(partial, warp, 0, lane, acc0, acc1)
 
     @cute.jit
     def partition_stats(self, value):

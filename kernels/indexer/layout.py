@@ -240,6 +240,18 @@ class FusedVariant:
     (its slots' source rows) instead of register loads, whose warp loads
     carry only the live slots' lanes (2-3 of 8 rows, 128-192 of 512 bytes).
 
+    ``key_first`` (with ``spread`` and ``bulk``): the grid of
+    :func:`key_first_layout`, one CTA a key row, each holding its key row
+    and one or two of the other rows, so that the key's exchange can hide
+    behind the rest of the stream instead of following it. Each CTA's key
+    row comes by its own copy on its own mbarrier. The CTA runs the GEMV
+    twice over the same ``x`` fragments: first once the key row has
+    landed, storing only the key slot's sum into the mailbox, then once
+    the other rows have. The reducer is the last CTA, which holds the
+    fewest rows. It gathers and norms the key between its two passes. The
+    sums are the spread variant's, so are the bits. Needs one token tile
+    (``tokens <= TILE``) and ``heads <= key``.
+
     ``exchange`` (default True; False only with ``spread``) is a timing
     probe, never a candidate or a table pick: the key CTAs store their
     un-normed BF16 key straight to the key output and nobody reduces it, so
@@ -254,9 +266,11 @@ class FusedVariant:
     bulk: bool = False
     spread: bool = False
     exchange: bool = True
+    key_first: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("skip_zero", "early_consts", "early_launch", "bulk", "spread", "exchange"):
+        for name in ("skip_zero", "early_consts", "early_launch", "bulk", "spread", "exchange",
+                     "key_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k not in (0, 1, 2):
@@ -270,6 +284,16 @@ class FusedVariant:
         if not self.exchange and not self.spread:
             raise ValueError("FusedVariant.exchange=False (a timing probe) needs spread, got "
                              "spread=False")
+        if self.key_first and not (self.spread and self.bulk and self.exchange):
+            raise ValueError(f"FusedVariant.key_first needs spread and bulk, with the exchange, "
+                             f"got spread={self.spread}, bulk={self.bulk}, "
+                             f"exchange={self.exchange}")
+
+    @property
+    def token_limit(self) -> int | None:
+        """The most tokens this variant runs (``key_first``: one token tile,
+        ``TILE``), or None: the projection's ``fused_max_tokens``."""
+        return TILE if self.key_first else None
 
     def gather_bytes(self, tokens: int, key: int = KEY) -> int:
         """Shared memory of the spread reducer's gathered key, FP32 ``[tokens,
@@ -278,18 +302,25 @@ class FusedVariant:
 
     def layout(self, key: int, heads: int, gate: int) -> tuple[list[int], int]:
         """This variant's (source row of every slot, first head CTA):
-        :func:`spread_layout` with ``spread``, else :func:`fused_layout`."""
+        :func:`key_first_layout` with ``key_first``, :func:`spread_layout`
+        with ``spread``, else :func:`fused_layout`."""
+        if self.key_first:
+            return key_first_layout(key, heads, gate)
         return spread_layout(key, heads, gate) if self.spread else fused_layout(key, heads, gate)
 
     def bulk_tile_bytes(self, k: int, key: int = KEY) -> int:
-        """Shared memory of this variant's weight tile (0 unless ``bulk``)."""
-        return bulk_tile_bytes(k, key, split_k=bool(self.split_k)) if self.bulk else 0
+        """Shared memory of this variant's weight tile (0 unless ``bulk``),
+        with ``key_first`` also its key row's mbarrier (16 bytes)."""
+        if not self.bulk:
+            return 0
+        return bulk_tile_bytes(k, key, split_k=bool(self.split_k)) + (16 if self.key_first else 0)
 
     @property
     def name(self) -> str:
         parts = ((["skip-zero"] if self.skip_zero else []) + (["early"] if self.early_consts else [])
                  + (["launch"] if self.early_launch else []) + ([f"split-k{self.split_k if self.split_k > 1 else ''}"] if self.split_k else [])
                  + (["bulk"] if self.bulk else []) + (["spread"] if self.spread else [])
+                 + (["key-first"] if self.key_first else [])
                  + ([] if self.exchange else ["no-exchange"]))
         return "+".join(parts) or "load-all"
 
@@ -317,13 +348,15 @@ FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=2, bulk=True),
                     FusedVariant(skip_zero=True, early_consts=True, bulk=True),
                     FusedVariant(skip_zero=True, early_consts=True, spread=True),
-                    FusedVariant(skip_zero=True, early_consts=True, bulk=True, spread=True))
+                    FusedVariant(skip_zero=True, early_consts=True, bulk=True, spread=True),
+                    FusedVariant(skip_zero=True, early_consts=True, bulk=True, spread=True,
+                                 key_first=True))
 
 #: Builds the benchmark's ``--variants`` may time but nothing else runs: the
 #: spread grids without their key exchange (``FusedVariant.exchange``), whose
 #: key is un-normed by design. They tell the exchange's cost from the grid's.
 TIMING_PROBES = tuple(replace(v, exchange=False)
-                      for v in FUSED_CANDIDATES if v.spread)
+                      for v in FUSED_CANDIDATES if v.spread and not v.key_first)
 
 
 @dataclass(frozen=True)
@@ -370,6 +403,10 @@ class VariantRule:
         if not self.variant.exchange:
             raise ValueError(f"VariantRule.variant {self.variant.name} is a timing probe (its key "
                              f"is un-normed), never a table pick")
+        limit = self.variant.token_limit
+        if limit is not None and self.max_tokens > limit:
+            raise ValueError(f"VariantRule.variant {self.variant.name} runs at most {limit} "
+                             f"tokens, got max_tokens={self.max_tokens}")
         if not 1 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"VariantRule tokens must satisfy 1 <= min_tokens <= max_tokens, got "
                              f"{self.min_tokens}..{self.max_tokens}")
@@ -690,6 +727,48 @@ def spread_layout(key: int, heads: int, gate: int) -> tuple[list[int], int]:
     ctas = key // SPREAD_KEY_ROWS + heads + -(-left // SPREAD_ROWS)
     order = [spread_source_row(c, r, key, heads, gate) for c in range(ctas) for r in range(ROWS)]
     return order, key // SPREAD_KEY_ROWS
+
+
+def key_first_source_row(cta, row, key: int, heads: int, gate: int):
+    """Source row (of ``[key rows; head rows; gate rows]``) of slot ``row``
+    of CTA ``cta`` of the key-first layout, -1 for a zero slot: slot 0 of
+    CTA c is key row c; the other rows (heads, then gate) go round the CTAs,
+    other row j into slot ``1 + j // key`` of CTA ``j % key``, so CTA h <
+    heads holds head h in slot 1 and the last CTAs hold the fewest rows.
+    Integer arithmetic only, so the kernel evaluates the same expression on
+    run-time ``cta``/``row`` (:meth:`kernels.indexer.kernel.ProjectionKernel.
+    key_first_row`)."""
+    if row == 0:
+        return cta
+    other = (row - 1) * key + cta
+    return key + other if other < heads + gate else -1
+
+
+def key_first_layout(key: int, heads: int, gate: int) -> tuple[list[int], int]:
+    """(source row of every slot, -1 for a zero slot; first head CTA, 0) of
+    the ``key_first`` fused variant (:func:`key_first_source_row`): ``key``
+    CTAs, no cluster. Every source row appears exactly once. ValueError if
+    ``key`` is not a positive multiple of ``ROWS``, if ``heads > key`` (head
+    h must sit in CTA h) or if the rows do not fit ``ROWS`` slots a CTA."""
+    check_key_first_shape(key, heads, gate)
+    order = [key_first_source_row(c, r, key, heads, gate) for c in range(key) for r in range(ROWS)]
+    return order, 0
+
+
+def check_key_first_shape(key: int, heads: int, gate: int) -> None:
+    """ValueError, naming the value, unless the key-first layout holds these
+    rows: ``key`` a positive multiple of ``ROWS``, ``heads <= key``, and the
+    head and gate rows within ``ROWS - 1`` slots of each of ``key`` CTAs."""
+    _positive("key", key)
+    _positive("heads", heads)
+    _positive("gate", gate, zero=True)
+    if key % ROWS:
+        raise ValueError(f"key must be a multiple of {ROWS}, got {key}")
+    if heads > key:
+        raise ValueError(f"the key-first layout needs heads <= key = {key}, got heads={heads}")
+    if heads + gate > key * (ROWS - 1):
+        raise ValueError(f"the key-first layout fits {key * (ROWS - 1)} head and gate rows in "
+                         f"{key} CTAs, got heads + gate = {heads + gate}")
 
 
 def slot_code(row: int, key: int, heads: int) -> int:

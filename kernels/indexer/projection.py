@@ -26,7 +26,8 @@ from kernels.validation import require_tensor
 from .compile import FusedConfig, ProjectionConfig, cached
 from .layout import (DIM, FUSED_PARTIAL_SLOTS, FUSED_WARPS, MAILBOX_SENTINEL, MAX_SMEM_BYTES, ROWS,
                      FusedVariant, Tactic, TacticTable, check_projection_shape, fused_layout,
-                     fused_smem_bytes, slot_codes, spread_layout, tactic_table)
+                     fused_smem_bytes, key_first_layout, slot_codes, spread_layout,
+                     tactic_table)
 
 #: Largest mbarrier transaction count (PTX: 2^20 - 1 bytes).
 _MAX_TX_BYTES = (1 << 20) - 1
@@ -104,8 +105,9 @@ class IndexerProjection:
     rebuild the projection after changing them. ``arch`` picks the tactic
     table (default: the weights' device).
 
-    The ``spread`` fused variant reads the concatenated weight in its own
-    layout (:func:`~kernels.indexer.layout.spread_layout`) and exchanges the
+    The ``spread`` fused variants read the concatenated weight in their own
+    layouts (:func:`~kernels.indexer.layout.spread_layout`,
+    :func:`~kernels.indexer.layout.key_first_layout`) and exchange the
     key through ``key_mailbox`` (int32 ``[fused_max_tokens * key]``, every
     word the sentinel between calls): calls of one projection must not run
     concurrently (one stream, or graphs replayed in order), as for any
@@ -140,6 +142,16 @@ class IndexerProjection:
         self.spread_slots = torch.tensor(slot_codes(spread, self.key, self.heads),
                                          dtype=torch.int32, device=self.device)
         self.spread_ctas = len(spread) // ROWS
+        #: The key-first layout's slot codes, None where its rows do not fit
+        #: (``FusedConfig.validate`` refuses the variant there).
+        self.key_first_slots = None
+        try:
+            first_order, _ = key_first_layout(self.key, self.heads, self.gate)
+        except ValueError:
+            pass
+        else:
+            self.key_first_slots = torch.tensor(slot_codes(first_order, self.key, self.heads),
+                                                dtype=torch.int32, device=self.device)
         self.key_mailbox = torch.full((self.fused_max_tokens * self.key,),
                                       MAILBOX_SENTINEL - (1 << 32), dtype=torch.int32,
                                       device=self.device)
@@ -274,8 +286,12 @@ class IndexerProjection:
         if refused:
             raise RuntimeError(refused)
         first = config not in self.cluster_occupancy
-        weight, slots = ((self.weight, self.spread_slots) if variant.spread
-                         else (self.fused_weight, self.slots))
+        if variant.key_first:
+            weight, slots = self.weight, self.key_first_slots
+        elif variant.spread:
+            weight, slots = self.weight, self.spread_slots
+        else:
+            weight, slots = self.fused_weight, self.slots
         kernel(weight.data_ptr(), x.data_ptr(), gate.data_ptr(), q.data_ptr(),
                q_out.data_ptr(), w_out.data_ptr(), key.data_ptr(),
                _param(norm.weight).data_ptr(), _param(norm.bias).data_ptr(),
