@@ -247,8 +247,7 @@ def main(argv=None) -> int:
                     return stock_indexer_query(qs[j], kk, w, mods[j].k_norm, scale, padded)
 
                 # The variants that run m tokens (the key-first one runs one tile).
-                candidates = [(n, v) for n, v in candidates
-                              if v.token_limit is None or m <= v.token_limit]
+                candidates = [(n, v) for n, v in candidates if v.runs(m)]
                 fits = m <= projs[0].fused_max_tokens
                 if args.ncu_calls:
                     for name, variant in candidates if fits else ():

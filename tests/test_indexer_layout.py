@@ -278,6 +278,7 @@ def test_key_first_variant():
     assert v.layout(KEY, 64, 128) == L.key_first_layout(KEY, 64, 128)
     assert v.bulk_tile_bytes(7168) == 8 * (7168 * 2 + 64) + 16  # the key row's own mbarrier
     assert v.token_limit == L.TILE and L.FusedVariant(True, True, spread=True).token_limit is None
+    assert v.runs(L.TILE) and not v.runs(L.TILE + 1) and L.FusedVariant().runs(176)
     L.VariantRule(v, 1, L.TILE)
     with pytest.raises(ValueError, match="runs at most 16 tokens, got max_tokens=17"):
         L.VariantRule(v, 1, 17)

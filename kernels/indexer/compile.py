@@ -80,10 +80,9 @@ class FusedConfig:
         if self.variant.spread and (32 * FUSED_WARPS) % self.key:
             raise ValueError(f"the fused kernel {self.variant.name} needs key to divide its "
                              f"{32 * FUSED_WARPS} threads, got key = {self.key}")
-        limit = self.variant.token_limit
-        if limit is not None and self.tokens > limit:
+        if not self.variant.runs(self.tokens):
             raise ValueError(f"the fused kernel {self.variant.name} runs one token tile: tokens "
-                             f"must be <= {limit}, got {self.tokens}")
+                             f"must be <= {self.variant.token_limit}, got {self.tokens}")
         if self.variant.key_first:
             check_key_first_shape(self.key, self.heads, self.gate)
         smem = self.smem_bytes()

@@ -295,6 +295,10 @@ class FusedVariant:
         ``TILE``), or None: the projection's ``fused_max_tokens``."""
         return TILE if self.key_first else None
 
+    def runs(self, tokens: int) -> bool:
+        """Whether this variant runs ``tokens`` tokens (:attr:`token_limit`)."""
+        return self.token_limit is None or tokens <= self.token_limit
+
     def gather_bytes(self, tokens: int, key: int = KEY) -> int:
         """Shared memory of the spread reducer's gathered key, FP32 ``[tokens,
         key]`` (0 unless ``spread``)."""
@@ -403,10 +407,9 @@ class VariantRule:
         if not self.variant.exchange:
             raise ValueError(f"VariantRule.variant {self.variant.name} is a timing probe (its key "
                              f"is un-normed), never a table pick")
-        limit = self.variant.token_limit
-        if limit is not None and self.max_tokens > limit:
-            raise ValueError(f"VariantRule.variant {self.variant.name} runs at most {limit} "
-                             f"tokens, got max_tokens={self.max_tokens}")
+        if not self.variant.runs(self.max_tokens):
+            raise ValueError(f"VariantRule.variant {self.variant.name} runs at most "
+                             f"{self.variant.token_limit} tokens, got max_tokens={self.max_tokens}")
         if not 1 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"VariantRule tokens must satisfy 1 <= min_tokens <= max_tokens, got "
                              f"{self.min_tokens}..{self.max_tokens}")
