@@ -70,7 +70,7 @@ from kernels.lamport import primitives as lp
 from . import primitives as ip
 from .layout import (DIM, FUSED_WARPS, MAILBOX_SENTINEL, ROWS, SLOT_GATE, SLOT_HEAD,
                      SLOT_INDEX_BITS, SLOT_KEY, SPREAD_KEY_ROWS, SPREAD_ROWS, TILE, FusedVariant,
-                     bulk_row_stride)
+                     bulk_row_stride, bulk_tile_bytes)
 
 #: FP32(1 / 448): ``act_quant``'s scale factor.
 INV_FP8_MAX = 1.0 / 448.0
@@ -549,7 +549,8 @@ class ProjectionKernel:
         if cutlass.const_expr(f.variant.bulk):
             stride = bulk_row_stride(self.k, self.key, split_k=bool(split_k))
             tile = ip.shared_address(smem.allocate_array(
-                Float32, f.variant.bulk_tile_bytes(self.k, self.key) // 4, byte_alignment=128))
+                Float32, bulk_tile_bytes(self.k, self.key, split_k=bool(split_k)) // 4,
+                byte_alignment=128))
             wbar = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
             kbar = wbar
             if cutlass.const_expr(f.variant.key_first):
