@@ -16,7 +16,10 @@ unchanged since an earlier run is not compiled again; its stored PTX is
 checked. ``--all`` compiles every variant and replaces its entry.
 
 Prints a fixed-width table with compile times (``cached`` where the cache
-served the variant); exit status 1 on any failure.
+served the variant) and, from the kept cubin (:mod:`kernels.cubin_info`),
+ptxas's registers a thread (``regs``) and stack frame bytes (``stack``:
+local memory a thread, for spilled registers or local arrays); exit status 1
+on any failure.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from jobs import compile_selection, exits
 from jobs.compile_selection import (DEFAULT_ARCHS, DEFAULT_HIDDEN, DEFAULT_TP, check_selection,
                                     registered_ops)
 from jobs.options import add_results_arguments, int_list, open_results, report, str_list
+from kernels.cubin_info import Resources, entry_resources
 from kernels.ptx_checks import Variant, check_variant, entry_body, publish_pair_difference
 
 
@@ -47,6 +51,9 @@ class Row:
     seconds: float = 0.0
     cached: bool = False
     ptx_kb: float = 0.0
+    #: ptxas's registers a thread and stack frame bytes (local memory), from the
+    #: kept cubin (None: no cubin, e.g. a compile-cache entry from before).
+    resources: Resources | None = None
     errors: list[str] = dataclasses.field(default_factory=list)
     lines: list[str] = dataclasses.field(default_factory=list)
     started_at: dt.datetime | None = None
@@ -85,6 +92,10 @@ def run_variant(v: Variant, arch: str, dump_root: str, index: int) -> Row:
     if name is None:
         row.errors.append(f"no .entry containing {v.entry!r}")
         return row
+    cubins = sorted(glob.glob(os.path.join(dump, "*.cubin")), key=os.path.getmtime)
+    if cubins:
+        with open(cubins[-1], "rb") as f:
+            row.resources = entry_resources(f.read(), name)
     row.errors += check_variant(row.lines, v)
     return row
 
@@ -106,7 +117,8 @@ def check_pairs(rows: list[Row]) -> None:
 
 
 HEADER = (f"{'op':<16} {'kernel':<9} {'transport':<9} {'budget_ns':>9} {'hidden':>7} "
-          f"{'tp':>3} {'arch':<8} {'compile_s':>9} {'ptx_kb':>7}  status")
+          f"{'tp':>3} {'arch':<8} {'compile_s':>9} {'ptx_kb':>7} {'regs':>4} {'stack':>5}  "
+          f"status")
 
 
 def format_row(r: Row) -> str:
@@ -118,7 +130,9 @@ def format_row(r: Row) -> str:
         status += f"  [{v.detail}]"
     return (f"{v.op:<16} {v.kernel:<9} {v.transport:<9} {v.budget_ns:>9} "
             f"{'rt' if v.hidden is None else v.hidden:>7} {'rt' if v.tp is None else v.tp:>3} "
-            f"{r.arch:<8} {r.seconds:>9.3f} {r.ptx_kb:>7.1f}  {status}")
+            f"{r.arch:<8} {r.seconds:>9.3f} {r.ptx_kb:>7.1f} "
+            f"{r.resources.registers if r.resources else '-':>4} "
+            f"{r.resources.stack_bytes if r.resources else '-':>5}  {status}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,7 +175,9 @@ def result_row(r: Row, environment: dict) -> dict:
         tp=v.tp, hidden=v.hidden, outcome="fail" if r.errors else "pass",
         reason="; ".join(r.errors) or None, repro_command=None if not r.errors else repro,
         extra={"arch": r.arch, "compile_s": round(r.seconds, 4), "ptx_kb": round(r.ptx_kb, 1),
-               "cached": r.cached},
+               "cached": r.cached,
+               "registers": r.resources.registers if r.resources else None,
+               "stack_bytes": r.resources.stack_bytes if r.resources else None},
         **environment)
 
 

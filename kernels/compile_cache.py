@@ -11,8 +11,9 @@ edit to any of these is a new key: a stale binary is never loaded.
 
 Entry: ``<root>/<key[:2]>/<key>/`` holding ``kernel.o`` and ``kernel.h``
 (the DSL's supported serialization, ``JitCompiledFunction.export_to_c``;
-loaded back with ``cutlass.cute.runtime.load_module``), ``kernel.ptx`` (for
-compile-check's PTX checks) and ``meta.json``. An entry is built in a
+loaded back with ``cutlass.cute.runtime.load_module``), ``kernel.ptx`` and
+``kernel.cubin`` (for compile-check's PTX checks and register counts) and
+``meta.json``. An entry is built in a
 private temporary folder under the root and renamed into place, so readers
 see a whole entry or none and concurrent writers are safe (the first rename
 wins; the others drop their copy).
@@ -48,7 +49,8 @@ from collections import Counter
 from pathlib import Path
 
 ENV = "LAMPORT_COMPILE_CACHE"
-OBJECT, HEADER, PTX, META = "kernel.o", "kernel.h", "kernel.ptx", "meta.json"
+OBJECT, HEADER, META = "kernel.o", "kernel.h", "meta.json"
+PTX, CUBIN = "kernel.ptx", "kernel.cubin"
 _IGNORED_DSL_ENV = ("CUTE_DSL_CACHE_DIR", "CUTE_DSL_DUMP_DIR", "CUTE_DSL_KEEP",
                     "CUTE_DSL_LOG", "CUTE_DSL_NO_CACHE", "CUTE_DSL_DISABLE_FILE_CACHING",
                     "CUTE_DSL_JIT_CACHE_MAX_ELEMS", "CUTE_DSL_PRINT", "CUTE_DSL_FILTER_STACKTRACE",
@@ -224,9 +226,10 @@ def _store(root: Path, key: str, compiled, ptx_dir: str, facts: dict, seconds: f
     tmp.mkdir(parents=True)
     try:
         compiled.export_to_c(str(tmp), "kernel", function_prefix=_prefix(key))
-        ptxs = sorted(Path(ptx_dir).glob("*.ptx"))
-        if ptxs:
-            shutil.copyfile(ptxs[0], tmp / PTX)
+        for pattern, name in (("*.ptx", PTX), ("*.cubin", CUBIN)):
+            kept = sorted(Path(ptx_dir).glob(pattern))
+            if kept:
+                shutil.copyfile(kept[0], tmp / name)
         (tmp / META).write_text(json.dumps({**facts, "key": key, "compile_s": round(seconds, 4),
                                             "created": time.time(), "pid": os.getpid()},
                                            indent=1))
@@ -247,8 +250,9 @@ def _store(root: Path, key: str, compiled, ptx_dir: str, facts: dict, seconds: f
 
 def persistent(fn):
     """Decorator for ``compile_x(config, *, dump_dir=None)``: serve the
-    compiled kernel from the cache (copying its PTX into ``dump_dir`` when
-    given), else compile (keeping the PTX), store and return it. A corrupt
+    compiled kernel from the cache (copying its PTX and cubin into
+    ``dump_dir`` when given), else compile (keeping both), store and return
+    it. A corrupt
     or unloadable entry is compiled again and replaced."""
     @functools.wraps(fn)
     def wrapper(config, *, dump_dir: str | None = None):
@@ -267,8 +271,9 @@ def persistent(fn):
             else:
                 if dump_dir:
                     os.makedirs(dump_dir, exist_ok=True)
-                    if (entry / PTX).exists():
-                        shutil.copyfile(entry / PTX, os.path.join(dump_dir, PTX))
+                    for name in (PTX, CUBIN):
+                        if (entry / name).exists():
+                            shutil.copyfile(entry / name, os.path.join(dump_dir, name))
                 with _lock:
                     stats["loaded"] += 1
                 return compiled

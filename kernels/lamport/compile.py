@@ -57,7 +57,7 @@ def _options(arch: str, dump_dir: str | None) -> str:
         opts.append(f"--gpu-arch {arch}")
     if dump_dir:
         os.makedirs(dump_dir, exist_ok=True)  # the DSL skips a missing dir silently
-        opts.append(f"--keep-ptx --dump-dir {dump_dir}")
+        opts.append(f"--keep-ptx --keep-cubin --dump-dir {dump_dir}")
     return " ".join(opts)
 
 
