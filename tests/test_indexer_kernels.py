@@ -46,6 +46,16 @@ def test_ptx_facts(rows):
     assert any("st.async" in ln for ln in fused) and any("mbarrier.try_wait" in ln for ln in fused)
 
 
+def test_no_spills(rows):
+    """Every indexer build fits its threads' registers (512-thread fused CTAs:
+    at most 128) with no local memory: a stack frame there is ptxas spilling
+    the accumulators or fragments, which costs more than any tactic saves."""
+    for (kernel, detail), r in rows.items():
+        assert r.resources is not None, (kernel, detail)
+        assert r.resources.registers <= 128 and r.resources.stack_bytes == 0, (
+            kernel, detail, r.resources)
+
+
 def test_checks_catch_mutations(rows):
     proj = _row(rows, "proj16x1")
     split = _row(rows, "proj8x4", split=4)
@@ -151,6 +161,25 @@ def test_checks_catch_mutations(rows):
     no_first_pass = [ln for i, ln in enumerate(kf.lines)
                      if not (ln.startswith("mma.sync") and waits[0] < i < waits[-1])]
     assert any("mma not after" in e for e in checks.check_fused(no_first_pass, kv))
+    # the stage-x builds: the x loads, the tile stores, the barrier, then the
+    # fragment reads and the mma; no tile stores in any other build
+    for name in ("fusedstagex", "fusedstagex1"):
+        sx = _row(rows, name)
+        xv = sx.variant
+        assert not sx.errors and not checks.check_fused(sx.lines, xv)
+        bar = next(i for i, ln in enumerate(sx.lines) if ln.startswith("bar.sync"))
+        x_load = next(ln for ln in sx.lines if ln.startswith("ld.global.v4"))
+        late_load = sx.lines[:bar + 1] + [x_load] + sx.lines[bar + 1:]
+        assert any("x loads" in e for e in checks.check_fused(late_load, xv))
+        no_bar = [ln for i, ln in enumerate(sx.lines) if i != bar]
+        assert any("barrier" in e for e in checks.check_fused(no_bar, xv))
+        mma = next(i for i, ln in enumerate(sx.lines) if i > bar and ln.startswith("mma.sync"))
+        no_reads = [ln for i, ln in enumerate(sx.lines)
+                    if not (bar < i < mma and ln.startswith("ld.shared.v4"))]
+        assert any("order broken" in e for e in checks.check_fused(no_reads, xv))
+    sk2 = _row(rows, "fusedsplitk2")
+    assert any("not stage-x" in e for e in checks.check_fused(
+        sk2.lines + ["st.shared.v4.u32 [a], {b, c, d, e};"], sk2.variant))
 
 
 # --- host classes (CPU tensors: validation happens before any launch) --------

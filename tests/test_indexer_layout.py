@@ -288,6 +288,22 @@ def test_key_first_variant():
             L.FusedVariant(True, True, **bad)
 
 
+def test_stage_x_variant():
+    for g in (1, 2):
+        v = L.FusedVariant(True, True, split_k=g, stage_x=True)
+        assert v.name == f"skip-zero+early+split-k{g if g > 1 else ''}+stage-x"
+        assert v in L.FUSED_CANDIDATES and v.runs(L.STAGE_X_MAX_TOKENS) and not v.runs(65)
+        # the split variant's sum tree, so its bits
+        assert v.tactic() == L.FusedVariant(True, True, split_k=g).tactic() == Tactic(g, 16)
+    # 16 token rows of the CTA's K part (7168 / 16 = 448 BF16, 896 B) padded to 64 mod 128
+    assert v.x_stage_bytes(16, 7168) == 16 * 960 and L.FusedVariant(True, True).x_stage_bytes(
+        16, 7168) == 0
+    with pytest.raises(ValueError, match="stage_x needs split_k, got split_k=0"):
+        L.FusedVariant(True, True, stage_x=True)
+    with pytest.raises(ValueError, match="stage_x must be a bool"):
+        L.FusedVariant(True, True, split_k=2, stage_x=1)
+
+
 def test_spread_variant():
     v = L.FusedVariant(True, True, spread=True)
     assert v.name == "skip-zero+early+spread" and v in L.FUSED_CANDIDATES

@@ -4,7 +4,8 @@ Variants (each compiled for every requested arch, K = 7168, key 128, heads
 64, gate 128): the projection kernel with the tactics of the tables (16 warps
 no split at 1 and 16 tokens, 8 warps x 4-CTA cluster at 64 tokens), the
 benchmark's early-launch build (2 warps x 16-CTA cluster at 1 token) and the
-fused kernel (FP32 head weights at 1 token, BF16 at 16 tokens).
+fused kernel's variants (``FUSED_VARIANTS``: FP32 head weights at 1 token,
+BF16 at 16 tokens).
 
 Checks on the kernel's instruction lines:
 - ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`` present;
@@ -32,7 +33,11 @@ Checks on the kernel's instruction lines:
   deadline; in the no-exchange timing probe no mailbox access at all; in
   the key-first build the mailbox stores and the poll between the wait on
   the key row's copy and the wait on the other rows' (the exchange ahead of
-  the second GEMV pass).
+  the second GEMV pass);
+- stage-x builds: after the PDL wait every ``x`` load (``ld.global.v4``)
+  before the ``x`` tile's ``st.shared.v4`` stores, then ``bar.sync``, then the
+  fragment reads (``ld.shared.v4``) and the mma; ``st.shared.v4`` in no
+  other build.
 """
 
 from __future__ import annotations
@@ -56,7 +61,10 @@ FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True
                   ("fusedspread", 1, False, (True, True, False, 0, False, True)),
                   ("fusedspreadbulk", 1, False, (True, True, False, 0, True, True)),
                   ("fusedspreadnox", 1, False, (True, True, False, 0, False, True, False)),
-                  ("fusedkeyfirst", 1, False, (True, True, False, 0, True, True, True, True)))
+                  ("fusedkeyfirst", 1, False, (True, True, False, 0, True, True, True, True)),
+                  ("fusedstagex", 16, True, (True, True, False, 2, False, False, True, False, True)),
+                  ("fusedstagex1", 1, False,
+                   (True, True, False, 1, False, False, True, False, True)))
 
 
 def _first(lines, pattern):
@@ -145,6 +153,28 @@ def _check_key_first(lines: list[str], wait: int) -> list[str]:
     return []
 
 
+def _check_stage_x(lines: list[str], wait: int) -> list[str]:
+    """The ``x`` tile: after the PDL wait, every ``x`` load (``ld.global.v4``)
+    before the first tile store (``st.shared.v4``), the stores before a CTA
+    barrier, and after it the fragment reads (``ld.shared.v4``), then the
+    mma; no ``x`` load after the barrier."""
+    inputs = [i for i in _all(lines, "ld.global.v4") if i > wait]
+    stores = [i for i in _all(lines, "st.shared.v4.u32") if i > wait]
+    if not inputs or not stores:
+        return [f"stage-x build: no x loads (ld.global.v4) {inputs[:2]} or tile stores "
+                f"(st.shared.v4) {stores[:2]} after griddepcontrol.wait ({wait})"]
+    barrier = next((i for i in _all(lines, "bar.sync") if i > max(stores)), -1)
+    reads = [i for i in _all(lines, "ld.shared.v4.u32") if i > barrier]
+    mmas = [i for i in _all(lines, "mma.sync") if i > wait]
+    if not max(inputs) < min(stores) or barrier < 0:
+        return [f"stage-x build: x loads {inputs[:2]}..{inputs[-1]} not all before the tile "
+                f"stores {stores[:2]}, or no CTA barrier (bar.sync) after them"]
+    if not reads or not mmas or not barrier < min(reads) < min(mmas):
+        return [f"stage-x build: the barrier ({barrier}) < fragment reads (ld.shared.v4) "
+                f"{reads[:1]} < mma {mmas[:1]} order broken"]
+    return []
+
+
 def _check_spread(lines: list[str], wait: int, *, bulk: bool, exchange: bool) -> list[str]:
     errs = []
     # A bulk copy's destination is spelled shared::cluster even with no cluster.
@@ -221,6 +251,10 @@ def check_fused(lines: list[str], v) -> list[str]:
         errs.append(f"early-consts build with slot/norm loads after the PDL wait: {late[:2]}")
     if not early and not late:
         errs.append("no slot code / norm loads (ld.global.u32/.f32) in a late-consts build")
+    if "stage-x" in v.detail:
+        errs += _check_stage_x(lines, wait)
+    elif _all(lines, "st.shared.v4"):
+        errs.append("st.shared.v4 x-tile stores in a build that is not stage-x")
     pushes = [i for i, ln in enumerate(lines)
               if ln.startswith("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32")]
     if "split-k" in v.detail:

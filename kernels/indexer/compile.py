@@ -94,7 +94,8 @@ class FusedConfig:
         """Dynamic shared memory this config's kernel uses (an upper bound)."""
         return (fused_smem_bytes(self.tokens, FUSED_PARTIAL_SLOTS, self.key)
                 + self.variant.bulk_tile_bytes(self.k, self.key)
-                + self.variant.gather_bytes(self.tokens, self.key))
+                + self.variant.gather_bytes(self.tokens, self.key)
+                + self.variant.x_stage_bytes(self.tokens, self.k, self.key))
 
 
 def _fused_shape(config: FusedConfig):

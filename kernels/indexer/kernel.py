@@ -261,14 +261,51 @@ class ProjectionKernel:
             self.store_partial(partial, warp, tile, lane, acc0, acc1)
 
     @cute.jit
-    def pair_inputs(self, x: Int64, lo, hi, offset):
+    def pair_inputs(self, x: Int64, lo, hi, offset, stage=None):
         """(a_lo, a_hi): the ``x`` fragments of tokens ``lo`` and ``hi`` at K
-        ``offset`` (the same words twice with at most 8 tokens)."""
-        a_lo = lp.load_u32x4(x + (Int64(lo) * self.k + offset) * 2)
+        ``offset`` (the same words twice with at most 8 tokens); with
+        ``stage``, from the ``stage_x`` tile (:meth:`stage_x`), ``offset``
+        then counted from the CTA's K part."""
+        if cutlass.const_expr(stage is None):
+            a_lo = lp.load_u32x4(x + (Int64(lo) * self.k + offset) * 2)
+        else:
+            a_lo = ip.load_shared_u32x4(stage + lo * bulk_row_stride(self.k, self.key) + offset * 2)
         a_hi = a_lo
         if cutlass.const_expr(self.tokens > 8):
-            a_hi = lp.load_u32x4(x + (Int64(hi) * self.k + offset) * 2)
+            if cutlass.const_expr(stage is None):
+                a_hi = lp.load_u32x4(x + (Int64(hi) * self.k + offset) * 2)
+            else:
+                a_hi = ip.load_shared_u32x4(stage + hi * bulk_row_stride(self.k, self.key)
+                                            + offset * 2)
         return a_lo, a_hi
+
+    @cute.jit
+    def stage_x(self, x: Int64, stage, rank):
+        """The ``stage_x`` copy: cluster CTA ``rank``'s K part of ``x``
+        (``tokens x K / cluster`` BF16) into the shared tile ``stage``, token
+        rows :func:`~kernels.indexer.layout.bulk_row_stride` apart, each
+        thread taking 16-byte chunks ``tid``, ``tid + threads``, ... (all its
+        loads issued before its stores), then a CTA barrier."""
+        tid, _, _ = cute.arch.thread_idx()
+        width = self.k // self.cluster  # BF16 of the CTA's K part
+        chunks = width * 2 // 16  # 16-byte chunks of a token row's part
+        total = self.tokens * chunks
+        stride = bulk_row_stride(self.k, self.key)
+        rounds = (total + self.threads - 1) // self.threads
+        words = []
+        for j in cutlass.range_constexpr(rounds):
+            # Past the end a thread copies the last chunk again (same bytes).
+            i = tid + j * self.threads
+            if i >= total:
+                i = total - 1
+            words.append(lp.load_u32x4(x + (Int64(i // chunks) * self.k + rank * width) * 2
+                                       + i % chunks * 16))
+        for j in cutlass.range_constexpr(rounds):
+            i = tid + j * self.threads
+            if i >= total:
+                i = total - 1
+            ip.store_shared_u32x4(stage + i // chunks * stride + i % chunks * 16, words[j])
+        cute.arch.sync_threads()
 
     @cute.jit
     def tile_mma(self, xs, tile_in, g, first):
@@ -302,7 +339,8 @@ class ProjectionKernel:
         return acc0, acc1
 
     @cute.jit
-    def gemv_split(self, x: Int64, bs, partial: Int32, part, dest, lane, push, tile_in=None):
+    def gemv_split(self, x: Int64, bs, partial: Int32, part, dest, lane, push, tile_in=None,
+                   stage=None):
         """The split-K fused GEMV: one warp, ``G = split_k`` row groups (owned
         by cluster CTAs ``dest``, ``dest + 1``, ...) over K part ``part``
         (``K / G / cluster`` wide); each group's partial tile goes to slot
@@ -310,17 +348,22 @@ class ProjectionKernel:
         owner's mbarrier ``push``. One load of ``x`` feeds every group. The
         weight fragments are ``bs`` (registers), or with ``tile_in = (tile,
         mbarrier)`` read from the bulk variant's shared tile once the
-        mbarrier says it arrived (the ``x`` loads go out first)."""
+        mbarrier says it arrived (the ``x`` loads go out first). With
+        ``stage`` (``stage_x``) the ``x`` fragments come from the shared tile
+        that :meth:`stage_x` fills first (every warp of the CTA calls this)."""
         groups = self.fused.variant.split_k
         span = self.k // (self.cluster * groups)
         stride = bulk_row_stride(self.k, self.key)
         half = part % groups
         g = lane // 4
         first = part * span + lane % 4 * 8
+        if cutlass.const_expr(stage is not None):
+            self.stage_x(x, stage, part // groups)
+            first = half * span + lane % 4 * 8
         for tile in cutlass.range(self.tiles, unroll=1):
             lo, hi = self.tile_tokens(tile, g)
             accs = [[[Float32(0.0)] * 4, [Float32(0.0)] * 4] for _ in range(groups)]
-            xs = [self.pair_inputs(x, lo, hi, first + p * 32) for p in range(span // 32)]
+            xs = [self.pair_inputs(x, lo, hi, first + p * 32, stage) for p in range(span // 32)]
             if cutlass.const_expr(tile_in is not None):
                 ip.mbarrier_wait_parity(tile_in[1], 0)
             for p in cutlass.range_constexpr(span // 32):
@@ -639,6 +682,11 @@ class ProjectionKernel:
         gather = bar
         if cutlass.const_expr(split_k):
             gather = ip.shared_address(smem.allocate_array(Int64, 1, byte_alignment=16))
+        stage = None
+        if cutlass.const_expr(f.variant.stage_x):
+            stage = ip.shared_address(smem.allocate_array(
+                Float32, f.variant.x_stage_bytes(self.tokens, self.k, self.key) // 4,
+                byte_alignment=128))
         if cutlass.const_expr(split_k):
             # Armed for the cluster's partial tiles (and, in the key CTAs, the
             # (mean, M2) pushes) before the PDL wait; the cluster barrier,
@@ -687,7 +735,7 @@ class ProjectionKernel:
                 t = self.tokens - 1
             got.append(ip.load_u32x2(q + ((Int64(t) * self.heads + head) * DIM + lane * 4) * 2))
         if cutlass.const_expr(split_k):
-            self.gemv_split(x, bs, partial, part, dest, lane, gather, tile_in)
+            self.gemv_split(x, bs, partial, part, dest, lane, gather, tile_in, stage)
         elif cutlass.const_expr(f.variant.key_first):
             self.key_first_gemv(x, key_in, tile_in, partial, warp, lane, tid, cta, key, mailbox,
                                 kvals, peers, stats, eps, nw0, nb0)

@@ -80,6 +80,9 @@ SPREAD_KEY_ROWS = 2
 #: last head fill CTAs of ``SPREAD_ROWS`` rows. At heads 64, gate 128: 64 key
 #: CTAs + 64 head CTAs = 128 CTAs, one a SM of the H200's 132.
 SPREAD_ROWS = 3
+#: The most tokens a ``stage_x`` variant's ``x`` tile holds: 4 token tiles,
+#: 60 KB of shared memory at K 7168 (``FusedVariant.x_stage_bytes``).
+STAGE_X_MAX_TOKENS = 4 * TILE
 #: A ``spread`` key-mailbox slot before its value arrives: an FP32 NaN no
 #: arithmetic produces (the GPU's NaNs are 0x7FC00000 or the input's).
 MAILBOX_SENTINEL = 0xFFFFFFFF
@@ -121,11 +124,11 @@ def fused_smem_bytes(tokens: int, warps: int, key: int) -> int:
 
 
 def bulk_row_stride(k: int, key: int = KEY, *, split_k: bool = True) -> int:
-    """Bytes between two weight rows of a ``bulk`` variant's shared tile: the
-    row (with ``split_k``, the CTA's K part, ``K / (key / ROWS)`` BF16; else
-    all ``K``) padded to 64 mod 128, so the eight lanes of a quarter-warp
-    reading rows g and g + 1 at 16-byte chunks q hit eight different 16-byte
-    bank groups."""
+    """Bytes between two rows of a shared tile: a ``bulk`` variant's weight
+    rows, a ``stage_x`` variant's token rows of ``x``. The row (with
+    ``split_k``, the CTA's K part, ``K / (key / ROWS)`` BF16; else all ``K``)
+    padded to 64 mod 128, so the eight lanes of a quarter-warp reading rows g
+    and g + 1 at 16-byte chunks q hit eight different 16-byte bank groups."""
     row = (k // (key // ROWS) if split_k else k) * 2
     return row + (64 - row) % 128
 
@@ -221,6 +224,16 @@ class FusedVariant:
     (one ``K / 16`` copy a row); without, the CTA's own eight rows over all of
     K (one whole-row copy, ``2 K`` bytes, a row).
 
+    ``stage_x`` (with ``split_k``): the CTA's K part of ``x`` (``tokens x K /
+    n`` BF16) comes into shared memory once, right after the PDL wait, by all
+    threads with coalesced 16-byte loads (rows :func:`bulk_row_stride` apart),
+    and the warps read their ``x`` fragments there (``ld.shared.v4``, no bank
+    conflict) instead of each warp loading them from global memory: in a
+    split-K CTA ``16 / G`` warps load the same ``x`` (at 16 tokens and K 7168,
+    112 KB of fragments a CTA for 14 KB of data). The same words reach the
+    same lanes, so the bits are the ``split_k`` variant's. At most
+    :data:`STAGE_X_MAX_TOKENS` tokens.
+
     ``spread`` (with ``skip_zero`` and ``early_consts``, without ``split_k``):
     the grid of :func:`spread_layout`, no clusters, every CTA
     reading fewer rows (at heads 64: 128 CTAs of 2 or 3 rows instead of 80 of
@@ -267,10 +280,11 @@ class FusedVariant:
     spread: bool = False
     exchange: bool = True
     key_first: bool = False
+    stage_x: bool = False
 
     def __post_init__(self) -> None:
         for name in ("skip_zero", "early_consts", "early_launch", "bulk", "spread", "exchange",
-                     "key_first"):
+                     "key_first", "stage_x"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k not in (0, 1, 2):
@@ -288,12 +302,17 @@ class FusedVariant:
             raise ValueError(f"FusedVariant.key_first needs spread and bulk, with the exchange, "
                              f"got spread={self.spread}, bulk={self.bulk}, "
                              f"exchange={self.exchange}")
+        if self.stage_x and not self.split_k:
+            raise ValueError(f"FusedVariant.stage_x needs split_k, got split_k={self.split_k}")
 
     @property
     def token_limit(self) -> int | None:
         """The most tokens this variant runs (``key_first``: one token tile,
-        ``TILE``), or None: the projection's ``fused_max_tokens``."""
-        return TILE if self.key_first else None
+        ``TILE``; ``stage_x``: :data:`STAGE_X_MAX_TOKENS`), or None: the
+        projection's ``fused_max_tokens``."""
+        if self.key_first:
+            return TILE
+        return STAGE_X_MAX_TOKENS if self.stage_x else None
 
     def runs(self, tokens: int) -> bool:
         """Whether this variant runs ``tokens`` tokens (:attr:`token_limit`)."""
@@ -319,12 +338,18 @@ class FusedVariant:
             return 0
         return bulk_tile_bytes(k, key, split_k=bool(self.split_k)) + (16 if self.key_first else 0)
 
+    def x_stage_bytes(self, tokens: int, k: int, key: int = KEY) -> int:
+        """Shared memory of the ``stage_x`` variant's ``x`` tile, ``tokens``
+        rows :func:`bulk_row_stride` apart (0 unless ``stage_x``)."""
+        return tokens * bulk_row_stride(k, key) if self.stage_x else 0
+
     @property
     def name(self) -> str:
         parts = ((["skip-zero"] if self.skip_zero else []) + (["early"] if self.early_consts else [])
                  + (["launch"] if self.early_launch else []) + ([f"split-k{self.split_k if self.split_k > 1 else ''}"] if self.split_k else [])
                  + (["bulk"] if self.bulk else []) + (["spread"] if self.spread else [])
                  + (["key-first"] if self.key_first else [])
+                 + (["stage-x"] if self.stage_x else [])
                  + ([] if self.exchange else ["no-exchange"]))
         return "+".join(parts) or "load-all"
 
@@ -354,7 +379,9 @@ FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
                     FusedVariant(skip_zero=True, early_consts=True, spread=True),
                     FusedVariant(skip_zero=True, early_consts=True, bulk=True, spread=True),
                     FusedVariant(skip_zero=True, early_consts=True, bulk=True, spread=True,
-                                 key_first=True))
+                                 key_first=True),
+                    FusedVariant(skip_zero=True, early_consts=True, split_k=1, stage_x=True),
+                    FusedVariant(skip_zero=True, early_consts=True, split_k=2, stage_x=True))
 
 #: Builds the benchmark's ``--variants`` may time but nothing else runs: the
 #: spread grids without their key exchange (``FusedVariant.exchange``), whose

@@ -299,6 +299,13 @@ def load_shared_u32x4(address, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def store_shared_u32x4(address, words, *, loc=None, ip=None) -> None:
+    """16 bytes to a 32-bit ``shared::cta`` address (``st.shared.v4.u32``)."""
+    _inline_asm([], [_u32(address, loc, ip)] + [_u32(w, loc, ip) for w in words],
+                "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", loc=loc, ip=ip)
+
+
+@dsl_user_op
 def mbarrier_wait_parity(barrier, parity, *, loc=None, ip=None) -> None:
     """Spin until phase ``parity`` of the mbarrier at shared ``barrier``
     completed (``mbarrier.try_wait.parity``, acquire at CTA scope)."""
