@@ -116,7 +116,7 @@ def check_pairs(rows: list[Row]) -> None:
                 pair["multicast"].errors.append(diff)
 
 
-HEADER = (f"{'op':<16} {'kernel':<9} {'transport':<9} {'budget_ns':>9} {'hidden':>7} "
+HEADER = (f"{'op':<16} {'kernel':<15} {'transport':<9} {'budget_ns':>9} {'hidden':>7} "
           f"{'tp':>3} {'arch':<8} {'compile_s':>9} {'ptx_kb':>7} {'regs':>4} {'stack':>5}  "
           f"status")
 
@@ -128,7 +128,7 @@ def format_row(r: Row) -> str:
         status += " (cached)"
     if v.detail:
         status += f"  [{v.detail}]"
-    return (f"{v.op:<16} {v.kernel:<9} {v.transport:<9} {v.budget_ns:>9} "
+    return (f"{v.op:<16} {v.kernel:<15} {v.transport:<9} {v.budget_ns:>9} "
             f"{'rt' if v.hidden is None else v.hidden:>7} {'rt' if v.tp is None else v.tp:>3} "
             f"{r.arch:<8} {r.seconds:>9.3f} {r.ptx_kb:>7.1f} "
             f"{r.resources.registers if r.resources else '-':>4} "
