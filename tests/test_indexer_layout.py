@@ -410,9 +410,15 @@ def test_variant_rules_pick_per_cell_and_the_projection_follows():
     t = L.H200
     # the default outside every rule, the rule's variant inside one
     assert t.fused_variant_for(7168, 32, 1) == t.fused_variant
-    assert t.fused_variant_for(7168, 64, 1).split_k == 2
-    assert t.fused_variant_for(4096, 64, 4).split_k == 1
-    assert t.fused_variant_for(7168, 64, 16).split_k == 2
+    picks = {(k, heads, tokens): (v.split_k, v.stage_x)
+             for (k, heads, tokens) in ((7168, 64, 1), (7168, 64, 16), (7168, 64, 17),
+                                        (7168, 32, 16), (4096, 64, 4), (4096, 32, 4),
+                                        (4096, 32, 8))
+             for v in [t.fused_variant_for(k, heads, tokens)]}
+    assert picks == {(7168, 64, 1): (1, True), (7168, 64, 16): (2, True),
+                     (7168, 64, 17): (2, False), (7168, 32, 16): (2, False),
+                     (4096, 64, 4): (1, True), (4096, 32, 4): (0, False),
+                     (4096, 32, 8): (1, True)}
     # the projection alone gives the fused kernel's bits wherever it fuses
     for k in (4096, 7168):
         for heads in (16, 32, 64):

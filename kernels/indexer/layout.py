@@ -593,16 +593,30 @@ GB300 = TacticTable(
 #: The spread variant (2026-12-04, K 7168/4096, heads 64/32, tokens 1-16;
 #: docs/results/indexer_spread_kernel_h200_2026-12-04.md) was the slowest of
 #: the three timed in every cell, so no rule picks it.
+#: The stage-x variants (2026-12-05, K 7168/4096, heads 64/32, tokens 1/4/8/16,
+#: on an H100, which shares this table; docs/results/indexer_stage_x_h100_2026-12-05.md)
+#: were faster than the earlier pick by 3-17 % in the cells the first five
+#: rules name (tokens 2 and 9-15 lie between measured ones); the earlier pick
+#: stays where it was faster or within 2 % (one token but at K 7168, heads 64;
+#: K 7168, heads 32, 16 tokens; K 4096, heads 32, 4 tokens) and where
+#: stage-x was not timed (17-64 tokens).
 _SPLIT_K = FusedVariant(skip_zero=True, early_consts=True, split_k=1)
 _SPLIT_K2 = FusedVariant(skip_zero=True, early_consts=True, split_k=2)
+_STAGE_X = FusedVariant(skip_zero=True, early_consts=True, split_k=1, stage_x=True)
+_STAGE_X2 = FusedVariant(skip_zero=True, early_consts=True, split_k=2, stage_x=True)
 H200 = TacticTable(
     name="h200",
     ranges=(TacticRange(64, Tactic(16, 1)), TacticRange(MAX_TOKENS, Tactic(8, 4))),
     fuse=FuseRule(max_tokens=2, wide_heads=32, wide_max_tokens=64),
     source="measured on H200 2026-11-29 (benchmarks.indexer --sweep); fused variants "
-           "2026-11-30 and 2026-12-03",
+           "2026-11-30 and 2026-12-03; stage-x on H100 2026-12-05",
     fused_variant=FusedVariant(skip_zero=True, early_consts=True),
     variant_rules=(
+        VariantRule(_STAGE_X, 1, 8, k=(7168,), heads=(64,)),
+        VariantRule(_STAGE_X2, 9, 16, k=(7168,), heads=(64,)),
+        VariantRule(_STAGE_X, 2, 8, k=(7168,), heads=(32,)),
+        VariantRule(_STAGE_X, 2, 16, k=(4096,), heads=(64,)),
+        VariantRule(_STAGE_X, 8, 16, k=(4096,), heads=(32,)),
         VariantRule(_SPLIT_K2, 1, 1, k=(7168,), heads=(64,)),
         VariantRule(_SPLIT_K2, 2, 64, k=(7168,), heads=(32, 64)),
         VariantRule(_SPLIT_K, 4, 8, k=(4096,), heads=(64,)),
