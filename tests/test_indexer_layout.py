@@ -304,6 +304,90 @@ def test_stage_x_variant():
         L.FusedVariant(True, True, split_k=2, stage_x=1)
 
 
+def test_wide_key_layout_production_shapes():
+    # heads 64: the key over two clusters beside 8 heads each, the 128 gate
+    # rows over the other 48 heads (3 or 2 each): no cluster above 72 rows,
+    # against 128 in the default layout's key and first head clusters
+    plan = L.wide_key_plan(KEY, 64, 128)
+    assert (plan.ctas, plan.ga, plan.gb, plan.gc) == (80, 0, 128, 0)
+    assert plan.cluster_rows() == [72, 72, 64, 64, 48]
+    # heads 32: one gate-only cluster more, every cluster 72 rows
+    plan32 = L.wide_key_plan(KEY, 32, 128)
+    assert plan32.ctas == 64 and plan32.cluster_rows() == [72, 72, 72, 72]
+    order, first = L.wide_key_layout(KEY, 64, 128)
+    assert first == 16 and len(order) == 80 * ROWS
+    ctas = [order[i:i + ROWS] for i in range(0, len(order), ROWS)]
+    # key partitions 0-7 in cluster 0's first half, 8-15 in cluster 1's
+    assert [c[0] // ROWS for c in ctas[:8] + ctas[16:24]] == list(range(16))
+    assert [c[0] - KEY for c in ctas[8:16] + ctas[24:80]] == list(range(64))  # heads in order
+    fused, _ = L.fused_layout(KEY, 64, 128)
+    fused_clusters = [sum(r >= 0 for r in fused[i:i + 128]) for i in range(0, len(fused), 128)]
+    assert max(fused_clusters) == 128 and max(plan.cluster_rows()) == 72
+
+
+@settings(max_examples=60, deadline=None)
+@given(key=st.integers(1, 8).map(lambda c: 2 * c * ROWS), heads=st.integers(2, 80),
+       gate=st.integers(0, 300))
+def test_wide_key_layout_properties(key, heads, gate):
+    n = key // ROWS
+    if heads < n:
+        with pytest.raises(ValueError, match=f"needs heads >= key / 8 = {n}, got heads={heads}"):
+            L.wide_key_layout(key, heads, gate)
+        return
+    try:
+        order, first = L.wide_key_layout(key, heads, gate)
+    except ValueError as err:  # too many gate rows for 7 a head CTA and one spare cluster
+        assert f"cannot hold gate={gate}" in str(err) and gate > 7 * (heads - n)
+        return
+    plan = L.wide_key_plan(key, heads, gate)
+    rows = key + heads + gate
+    assert sorted(r for r in order if r >= 0) == list(range(rows))
+    assert first == n and len(order) == plan.ctas * ROWS and plan.ctas % n == 0
+    ctas = [order[i:i + ROWS] for i in range(0, len(order), ROWS)]
+    for c, slots in enumerate(ctas):
+        j = plan.fill_index(c)
+        count, start = plan.gates(j) if j >= 0 else (0, 0)
+        if j < 0:  # a key CTA: partition (c // n) * n/2 + c % n, full
+            assert c < 2 * n and c % n < n // 2
+            assert slots == [((c // n) * (n // 2) + c % n) * ROWS + r for r in range(ROWS)]
+        elif j < heads:  # head j, then its gate rows, then zero slots
+            assert slots[0] == key + j and count <= ROWS - 1
+            assert slots[1:] == [key + heads + start + i for i in range(count)] + [-1] * (
+                ROWS - 1 - count)
+        else:
+            assert slots == [key + heads + start + i for i in range(count)] + [-1] * (
+                ROWS - count)
+    # the clusters' live rows, as the plan counts them (each CTA of a split-K
+    # cluster reads all of them over its K part)
+    live = [sum(r >= 0 for r in order[i:i + n * ROWS]) for i in range(0, len(order), n * ROWS)]
+    assert live == plan.cluster_rows()
+    codes = L.slot_codes(order, key, heads)
+    assert sorted(codes[i] & 0xFFFF for i, r in enumerate(order) if 0 <= r < key) == list(range(key))
+
+
+def test_wide_key_variant_and_mailbox():
+    for g in (1, 2):
+        v = L.FusedVariant(True, True, split_k=g, wide_key=True)
+        assert v.name == f"skip-zero+early+split-k{g if g > 1 else ''}+wide-key"
+        assert v.tactic() == Tactic(g, 16)  # the split variant's tree, so its bits
+        assert v.layout(KEY, 64, 128) == L.wide_key_layout(KEY, 64, 128)
+    assert {v.name for v in L.FUSED_CANDIDATES if v.wide_key} == {
+        "skip-zero+early+split-k2+wide-key", "skip-zero+early+split-k+stage-x+wide-key",
+        "skip-zero+early+split-k2+stage-x+wide-key"}
+    for bad in (dict(), dict(split_k=1, bulk=True)):
+        with pytest.raises(ValueError, match="wide_key needs split_k, without bulk"):
+            L.FusedVariant(True, True, wide_key=True, **bad)
+    with pytest.raises(ValueError, match="wide_key must be a bool, got 1"):
+        L.FusedVariant(True, True, split_k=1, wide_key=1)
+    with pytest.raises(ValueError, match="an even number >= 2, got key=24"):
+        L.wide_key_plan(24, 16, 0)
+    # the spread key (128 words a token) or the wide-key (mean, M2) slots:
+    # 16 readers x 8 senders x 2 words = 256 a token
+    assert L.key_mailbox_words(KEY, 10) == 10 * 256 and L.key_mailbox_words(8, 3) == 24
+    with pytest.raises(ValueError, match="tokens must be a positive int, got 0"):
+        L.key_mailbox_words(KEY, 0)
+
+
 def test_spread_variant():
     v = L.FusedVariant(True, True, spread=True)
     assert v.name == "skip-zero+early+spread" and v in L.FUSED_CANDIDATES
