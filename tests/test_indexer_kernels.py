@@ -180,23 +180,6 @@ def test_checks_catch_mutations(rows):
     sk2 = _row(rows, "fusedsplitk2")
     assert any("not stage-x" in e for e in checks.check_fused(
         sk2.lines + ["st.shared.v4.u32 [a], {b, c, d, e};"], sk2.variant))
-    # the wide-key builds: the (mean, M2) pushes, then the mailbox stores,
-    # then the poll with a deadline; no mailbox in the other cluster builds
-    for name in ("fusedwidekey", "fusedwidekeyx"):
-        wk = _row(rows, name)
-        wv = wk.variant
-        assert not wk.errors and not checks.check_fused(wk.lines, wv)
-        push = next(i for i, ln in enumerate(wk.lines)
-                    if ln.startswith("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2"))
-        store = next(ln for ln in wk.lines if ln.startswith("st.volatile.global.u32"))
-        early_store = wk.lines[:push] + [store] + wk.lines[push:]
-        assert any("not in that order" in e for e in checks.check_fused(early_store, wv))
-        assert any("poll" in e for e in checks.check_fused(
-            [ln for ln in wk.lines if not ln.startswith("ld.volatile.global.u32")], wv))
-        assert any("poll" in e for e in checks.check_fused(
-            [ln for ln in wk.lines if "%globaltimer" not in ln], wv))
-    assert any("not wide-key" in e for e in checks.check_fused(
-        sk2.lines + ["st.volatile.global.u32 [a], b;"], sk2.variant))
 
 
 # --- host classes (CPU tensors: validation happens before any launch) --------
@@ -227,12 +210,12 @@ def test_fused_weight_and_slots(proj):
 def test_spread_slots_and_mailbox(proj):
     from kernels.indexer.compile import FusedConfig
     from kernels.indexer.layout import (MAILBOX_SENTINEL, FusedVariant, key_first_layout,
-                                        key_mailbox_words, spread_layout)
+                                        spread_layout)
 
     order, first = spread_layout(proj.key, proj.heads, proj.gate)
     assert first == proj.spread_first_head and len(order) // ROWS == proj.spread_ctas
     assert proj.spread_slots.tolist() == slot_codes(order, proj.key, proj.heads)
-    assert proj.key_mailbox.shape == (key_mailbox_words(proj.key, proj.fused_max_tokens),)
+    assert proj.key_mailbox.shape == (proj.fused_max_tokens * proj.key,)
     assert bool((proj.key_mailbox.to(torch.int64) & 0xFFFFFFFF == MAILBOX_SENTINEL).all())
     spread = FusedVariant(True, True, spread=True)
     with pytest.raises(ValueError, match="needs key to divide its 512 threads, got key = 24"):
@@ -250,18 +233,6 @@ def test_spread_slots_and_mailbox(proj):
     assert proj.key_first_slots.tolist() == slot_codes(order, proj.key, proj.heads)
     with pytest.raises(ValueError, match="padded must be >= heads = 16, got 8"):
         FusedConfig(key=128, heads=16, gate=0, k=1024, tokens=1, padded=8).validate()
-
-
-def test_wide_key_weight_and_slots(proj):
-    from kernels.indexer.layout import wide_key_layout
-
-    weight, slots = proj.wide_key_weight()
-    assert proj.wide_key_weight()[0] is weight  # built once
-    order, _ = wide_key_layout(proj.key, proj.heads, proj.gate)
-    assert slots.tolist() == slot_codes(order, proj.key, proj.heads)
-    for slot, row in enumerate(order):
-        want = proj.weight[row] if row >= 0 else torch.zeros_like(proj.weight[0])
-        assert torch.equal(weight[slot], want)
 
 
 def test_rows_or_k_do_not_tile():

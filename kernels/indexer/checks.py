@@ -34,10 +34,6 @@ Checks on the kernel's instruction lines:
   the key-first build the mailbox stores and the poll between the wait on
   the key row's copy and the wait on the other rows' (the exchange ahead of
   the second GEMV pass);
-- wide-key builds: after the (mean, M2) pushes (``st.async...v2.f32``) the
-  mailbox's ``st.volatile.global.u32`` stores, then its
-  ``ld.volatile.global.u32`` poll with a ``%globaltimer`` deadline; no
-  mailbox access in the other cluster builds;
 - stage-x builds: after the PDL wait every ``x`` load (``ld.global.v4``)
   before the ``x`` tile's ``st.shared.v4`` stores, then ``bar.sync``, then the
   fragment reads (``ld.shared.v4``) and the mma; ``st.shared.v4`` in no
@@ -68,11 +64,7 @@ FUSED_VARIANTS = (("fusedf32", 1, False, (False, False)), ("fusedbf16", 16, True
                   ("fusedkeyfirst", 1, False, (True, True, False, 0, True, True, True, True)),
                   ("fusedstagex", 16, True, (True, True, False, 2, False, False, True, False, True)),
                   ("fusedstagex1", 1, False,
-                   (True, True, False, 1, False, False, True, False, True)),
-                  ("fusedwidekey", 1, False,
-                   (True, True, False, 2, False, False, True, False, False, True)),
-                  ("fusedwidekeyx", 16, True,
-                   (True, True, False, 1, False, False, True, False, True, True)))
+                   (True, True, False, 1, False, False, True, False, True)))
 
 
 def _first(lines, pattern):
@@ -183,29 +175,6 @@ def _check_stage_x(lines: list[str], wait: int) -> list[str]:
     return []
 
 
-def _check_wide_key(lines: list[str], wait: int, wide: bool) -> list[str]:
-    """Wide-key builds: the (mean, M2) mailbox stores after the PDL wait and
-    after the first (mean, M2) DSMEM push, then the volatile poll with a
-    ``%globaltimer`` deadline; other cluster builds touch no mailbox."""
-    stores = _all(lines, "st.volatile.global.u32")
-    polls = _all(lines, "ld.volatile.global.u32")
-    if not wide:
-        if stores or polls:
-            return [f"mailbox stores / polls in a build that is not wide-key: "
-                    f"{(stores + polls)[:2]}"]
-        return []
-    pushes = _all(lines, "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32")
-    timer = _first(lines, "%globaltimer")
-    if not pushes or not stores or not wait < min(pushes) < min(stores):
-        return [f"wide-key build: (mean, M2) pushes {pushes[:2]} and mailbox stores "
-                f"(st.volatile.global.u32) {stores[:2]} missing or not in that order after "
-                f"griddepcontrol.wait ({wait})"]
-    if not polls or min(polls) < min(stores) or timer < 0:
-        return [f"wide-key build: no ld.volatile.global.u32 poll after the mailbox stores "
-                f"{polls[:2]}, or no %globaltimer deadline ({timer})"]
-    return []
-
-
 def _check_spread(lines: list[str], wait: int, *, bulk: bool, exchange: bool) -> list[str]:
     errs = []
     # A bulk copy's destination is spelled shared::cluster even with no cluster.
@@ -286,7 +255,6 @@ def check_fused(lines: list[str], v) -> list[str]:
         errs += _check_stage_x(lines, wait)
     elif _all(lines, "st.shared.v4"):
         errs.append("st.shared.v4 x-tile stores in a build that is not stage-x")
-    errs += _check_wide_key(lines, wait, "wide-key" in v.detail)
     pushes = [i for i, ln in enumerate(lines)
               if ln.startswith("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32")]
     if "split-k" in v.detail:

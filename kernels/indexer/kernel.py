@@ -70,7 +70,7 @@ from kernels.lamport import primitives as lp
 from . import primitives as ip
 from .layout import (DIM, FUSED_WARPS, MAILBOX_SENTINEL, ROWS, SLOT_GATE, SLOT_HEAD,
                      SLOT_INDEX_BITS, SLOT_KEY, SPREAD_KEY_ROWS, SPREAD_ROWS, TILE, FusedVariant,
-                     bulk_row_stride, bulk_tile_bytes, wide_key_plan)
+                     bulk_row_stride, bulk_tile_bytes)
 
 #: FP32(1 / 448): ``act_quant``'s scale factor.
 INV_FP8_MAX = 1.0 / 448.0
@@ -126,9 +126,6 @@ class ProjectionKernel:
             #: The spread reducer's CTA: key CTA 0, or the key-first grid's
             #: last CTA (the fewest rows of its layout).
             self.reducer = key - 1 if fused.variant.key_first else 0
-            #: The wide-key layout's plan (None for the other layouts).
-            self.wide = (wide_key_plan(key, heads, self.gate) if fused.variant.wide_key
-                         else None)
             fused.variant.tactic(key)  # ValueError: split_k without a FUSED_WARPS-CTA cluster
 
     # ------------------------------------------------------------ launches
@@ -183,62 +180,6 @@ class ProjectionKernel:
                         live = Int32(0)
             else:
                 if (head - self.heads) * ROWS + g >= self.gate - per * self.heads:
-                    live = Int32(0)
-        return live
-
-    @cute.jit
-    def slot_live(self, cta, g):
-        """1 if slot g of CTA ``cta`` holds a weight row in this grid's
-        (default or wide-key) layout, else 0."""
-        if cutlass.const_expr(self.wide is not None):
-            return self.wide_live_row(cta, g)
-        return self.live_row(cta, g)
-
-    @cute.jit
-    def wide_fill(self, cta):
-        """:meth:`kernels.indexer.layout.WideKeyPlan.fill_index` of CTA
-        ``cta``: its fill index, -1 for a key CTA."""
-        n = self.wide.n
-        half = self.wide.half
-        j = cta - n
-        if cta < 2 * n:
-            j = Int32(-1)
-            if cta % n >= half:
-                j = cta // n * half + cta % n - half
-        return j
-
-    @cute.jit
-    def wide_even(self, i, count: int, total: int):
-        """``total`` spread over ``count`` items, item i's share (run-time i)."""
-        share = Int32(total // count)
-        if i < total % count:
-            share = share + 1
-        return share
-
-    @cute.jit
-    def wide_live_row(self, cta, g):
-        """1 if slot g of CTA ``cta`` of the wide-key layout holds a weight
-        row, else 0: :func:`kernels.indexer.layout.wide_key_source_row` >= 0."""
-        plan = self.wide
-        n = plan.n
-        live = Int32(1)
-        j = self.wide_fill(cta)
-        if j >= 0:
-            count = Int32(0)
-            if j < n:
-                count = self.wide_even(j, n, plan.ga)
-            else:
-                if cutlass.const_expr(plan.heads > n):
-                    if j < plan.heads:
-                        count = self.wide_even(j - n, plan.heads - n, plan.gb)
-                if cutlass.const_expr(plan.fill > plan.heads):
-                    if j >= plan.heads:
-                        count = self.wide_even(j - plan.heads, plan.fill - plan.heads, plan.gc)
-            if j < plan.heads:
-                if g > count:
-                    live = Int32(0)
-            else:
-                if g >= count:
                     live = Int32(0)
         return live
 
@@ -603,7 +544,7 @@ class ProjectionKernel:
             for i in cutlass.range_constexpr(0 if f.variant.bulk else split_k):
                 group = cta - rank + dest + i
                 if cutlass.const_expr(f.variant.skip_zero):
-                    bs.append(self.load_weights(w, group, part, lane, self.slot_live(group, lane // 4),
+                    bs.append(self.load_weights(w, group, part, lane, self.live_row(group, lane // 4),
                                                 span=span))
                 else:
                     bs.append(self.load_weights(w, group, part, lane, span=span))
@@ -624,11 +565,7 @@ class ProjectionKernel:
                 b = self.load_weights(w, cta, warp, lane, self.live_row(cta, lane // 4))
             else:
                 b = self.load_weights(w, cta, warp, lane)
-        if cutlass.const_expr(self.wide is not None):
-            fill = self.wide_fill(cta)
-            is_key = fill < 0
-        else:
-            is_key = cta < f.first_head
+        is_key = cta < f.first_head
         # A thread's epilogue elements e = tid + j * threads all sit in slot
         # e % ROWS = tid % ROWS (threads is a multiple of ROWS): with
         # early_consts its slot code and, in the key CTAs, the LayerNorm weight
@@ -757,7 +694,7 @@ class ProjectionKernel:
             if tid == 0:
                 ip.mbarrier_init_expect(gather, tiles_in * self.tiles * 32 * 16)
                 if is_key:
-                    ip.mbarrier_init_expect(bar, self.key_peers * self.tokens * 8)
+                    ip.mbarrier_init_expect(bar, self.cluster * self.tokens * 8)
             cute.arch.cluster_arrive_relaxed()
         elif cutlass.const_expr(not f.variant.spread):
             if is_key:
@@ -784,10 +721,7 @@ class ProjectionKernel:
                 if lane == 0:
                     self.store_weight(w_out, t, head, Float32(0.0))
         rounds = (self.tokens + self.warps - 1) // self.warps
-        if cutlass.const_expr(self.wide is not None):
-            head = fill
-        else:
-            head = cta - f.first_head
+        head = cta - f.first_head
         is_head = (head >= 0) & (head < self.heads)
         if head < 0:
             head = 0
@@ -853,11 +787,8 @@ class ProjectionKernel:
                 if cta == self.reducer:
                     self.key_gather_norm(key, mailbox, kvals, peers, stats, eps, tid, nw0, nb0)
         elif is_key:
-            key_part = cta
-            if cutlass.const_expr(self.wide is not None):
-                key_part = cta // self.cluster * self.wide.half + cta % self.cluster
-            self.key_norm(key, values, peers, bar, stats, norm_w, norm_b, slots, mailbox, eps,
-                          cta, key_part, tid, code0, nw0, nb0)
+            self.key_norm(key, values, peers, bar, stats, norm_w, norm_b, slots, eps, cta, tid,
+                          code0, nw0, nb0)
 
     @cute.jit
     def key_first_gemv(self, x: Int64, key_in, rest_in, partial: Int32, warp, lane, tid, cta,
@@ -963,60 +894,25 @@ class ProjectionKernel:
             ip.store_bf16(key + Int64(e) * 2,
                           self.normed(ip.load_shared_f32(kvals + e * 4), stats, t, nw0, nb0))
 
-    @property
-    def key_peers(self) -> int:
-        """Key CTAs of a key CTA's own cluster (its DSMEM (mean, M2) pushes)."""
-        return self.cluster if self.wide is None else self.wide.half
-
-    def wide_slot(self, reader, sender, t):
-        """Word index of (mean, M2) of token t from key partition ``sender``
-        (0 .. n/2 - 1 within the other cluster) in the mailbox of key
-        partition ``reader``: ``((reader * n/2 + sender) * tokens + t) * 2``."""
-        return ((reader * self.wide.half + sender) * self.tokens + t) * 2
-
     @cute.jit
     def key_norm(self, key: Int64, values, peers, bar, stats, norm_w: Int64, norm_b: Int64,
-                 slots: Int64, mailbox: Int64, eps: Float32, cta, part, tid, code0, nw0, nb0):
-        """Each key CTA (key partition ``part``) pushes its eight rows' (mean,
-        M2) per token to every key CTA of the cluster (``st.async`` completing
-        on the peer's mbarrier), which combine them in partition order (Chan,
-        equal counts); then the LayerNorm. ``code0``, ``nw0``, ``nb0``: this
-        thread's slot code and LayerNorm weight and bias when loaded early
-        (``early_consts``); with ``split_k`` the cluster barrier was waited on
-        after the PDL wait. Wide-key: the pushes reach the own cluster's
-        ``n/2`` key CTAs, and the same words go to the mailbox slots
-        (:meth:`wide_slot`) of the other cluster's, whose own ``n/2``
-        partitions come from its polls (a NaN after the deadline)."""
+                 slots: Int64, eps: Float32, rank, tid, code0, nw0, nb0):
+        """Each key CTA pushes its eight rows' (mean, M2) per token to every CTA
+        of the cluster (``st.async`` completing on the peer's mbarrier), which
+        combine them in rank order (Chan, equal counts); then the LayerNorm.
+        ``code0``, ``nw0``, ``nb0``: this thread's slot code and LayerNorm
+        weight and bias when loaded early (``early_consts``); with ``split_k``
+        the cluster barrier was waited on after the PDL wait."""
         cute.arch.sync_threads()
         if cutlass.const_expr(not self.fused.variant.split_k):
             cute.arch.cluster_wait()
-        wide = self.wide
         for t in cutlass.range(tid, self.tokens, self.threads, unroll=1):
             mean, m2 = self.partition_stats(
                 lambda r: ip.load_shared_f32(values + (t * ROWS + r) * 4))
-            dst = peers + (part * self.tokens + t) * 8
-            for peer in cutlass.range_constexpr(self.key_peers):
+            dst = peers + (rank * self.tokens + t) * 8
+            for peer in cutlass.range_constexpr(self.cluster):
                 ip.store_async_cluster_f32x2(dst, mean, m2, bar, peer)
-            if cutlass.const_expr(wide is not None):
-                other = (1 - part // wide.half) * wide.half
-                words = [ip.mailbox_word(mean), ip.mailbox_word(m2)]
-                for reader in cutlass.range_constexpr(wide.half):
-                    slot = mailbox + Int64(self.wide_slot(other + reader, part % wide.half, t)) * 4
-                    lp.store_u32(slot, words[0])
-                    lp.store_u32(slot + 4, words[1])
         ip.mbarrier_wait_parity(bar, 0)
-        if cutlass.const_expr(wide is not None):
-            # The other cluster's partitions: word i = (sender, token, mean / M2).
-            other = (1 - part // wide.half) * wide.half
-            for i in cutlass.range(tid, wide.half * self.tokens * 2, self.threads, unroll=1):
-                sender = i // (self.tokens * 2)
-                t = i // 2 % self.tokens
-                slot = mailbox + Int64(self.wide_slot(part, sender, t) + i % 2) * 4
-                word = ip.poll_mailbox_word(slot)  # a lost key CTA: a NaN key, never a hang
-                lp.store_u32(slot, Uint32(MAILBOX_SENTINEL))
-                ip.store_shared_f32(peers + ((other + sender) * self.tokens + t) * 8 + i % 2 * 4,
-                                    ip.bits_f32(word))
-            cute.arch.sync_threads()
         self.combine_stats(peers, stats, eps, tid)
         cute.arch.sync_threads()
         for e in cutlass.range(tid, self.tokens * ROWS, self.threads, unroll=1):
@@ -1026,7 +922,7 @@ class ProjectionKernel:
             nw = nw0
             nb = nb0
             if cutlass.const_expr(not self.fused.variant.early_consts):
-                code = Int32(ip.load_u32(slots + (cta * ROWS + r) * 4))
+                code = Int32(ip.load_u32(slots + (rank * ROWS + r) * 4))
             index = code & ((1 << SLOT_INDEX_BITS) - 1)
             if cutlass.const_expr(not self.fused.variant.early_consts):
                 nw = ip.load_f32(norm_w + index * 4)

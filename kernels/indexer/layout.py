@@ -17,7 +17,6 @@ split)`` of K. The reduction tree this implies is modelled in
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -266,27 +265,6 @@ class FusedVariant:
     sums are the spread variant's, so are the bits. Needs one token tile
     (``tokens <= TILE``) and ``heads <= key``.
 
-    ``wide_key`` (with ``split_k``, without ``bulk``): the grid of
-    :func:`wide_key_layout`, whose key rows are spread over two clusters
-    instead of one: the first half of each of the first two clusters' CTAs
-    hold eight key rows each (key partitions ``0 .. n/2 - 1`` in cluster 0,
-    ``n/2 .. n - 1`` in cluster 1) and the head and gate rows are spread so
-    that the clusters' live rows are as even as the key allows
-    (:func:`wide_key_plan`; at heads 64, gate 128 the heaviest cluster holds
-    72 rows, 63 KiB a CTA at K 7168, against 128 rows, 112 KiB, in the
-    default layout's key and first head clusters). Every row
-    is summed as in ``split_k`` (the same tree, so the same bits). What
-    crosses clusters is only the LayerNorm's statistics: each key CTA pushes
-    its partition's per-token (mean, M2) to its own cluster's key CTAs
-    through DSMEM, as before, and stores it into a global mailbox slot of
-    each key CTA of the other cluster (FP32 words, :data:`MAILBOX_SENTINEL`
-    until written), which polls its slots (``ld.volatile``; a NaN after
-    :data:`MAILBOX_DEADLINE_NS`, never a hang) and resets them; every key CTA
-    then combines all ``n`` partitions in partition order, so the key is the
-    ``split_k`` variant's bit for bit. The two key clusters wait on each
-    other, so they must be resident together (``IndexerProjection`` checks
-    that two clusters fit).
-
     ``exchange`` (default True; False only with ``spread``) is a timing
     probe, never a candidate or a table pick: the key CTAs store their
     un-normed BF16 key straight to the key output and nobody reduces it, so
@@ -303,11 +281,10 @@ class FusedVariant:
     exchange: bool = True
     key_first: bool = False
     stage_x: bool = False
-    wide_key: bool = False
 
     def __post_init__(self) -> None:
         for name in ("skip_zero", "early_consts", "early_launch", "bulk", "spread", "exchange",
-                     "key_first", "stage_x", "wide_key"):
+                     "key_first", "stage_x"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FusedVariant.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.split_k, int) or isinstance(self.split_k, bool) or self.split_k not in (0, 1, 2):
@@ -327,9 +304,6 @@ class FusedVariant:
                              f"exchange={self.exchange}")
         if self.stage_x and not self.split_k:
             raise ValueError(f"FusedVariant.stage_x needs split_k, got split_k={self.split_k}")
-        if self.wide_key and not (self.split_k and not self.bulk):
-            raise ValueError(f"FusedVariant.wide_key needs split_k, without bulk, got "
-                             f"split_k={self.split_k}, bulk={self.bulk}")
 
     @property
     def token_limit(self) -> int | None:
@@ -351,13 +325,10 @@ class FusedVariant:
 
     def layout(self, key: int, heads: int, gate: int) -> tuple[list[int], int]:
         """This variant's (source row of every slot, first head CTA):
-        :func:`key_first_layout` with ``key_first``, :func:`wide_key_layout`
-        with ``wide_key``, :func:`spread_layout` with ``spread``, else
-        :func:`fused_layout`."""
+        :func:`key_first_layout` with ``key_first``, :func:`spread_layout`
+        with ``spread``, else :func:`fused_layout`."""
         if self.key_first:
             return key_first_layout(key, heads, gate)
-        if self.wide_key:
-            return wide_key_layout(key, heads, gate)
         return spread_layout(key, heads, gate) if self.spread else fused_layout(key, heads, gate)
 
     def bulk_tile_bytes(self, k: int, key: int = KEY) -> int:
@@ -379,7 +350,6 @@ class FusedVariant:
                  + (["bulk"] if self.bulk else []) + (["spread"] if self.spread else [])
                  + (["key-first"] if self.key_first else [])
                  + (["stage-x"] if self.stage_x else [])
-                 + (["wide-key"] if self.wide_key else [])
                  + ([] if self.exchange else ["no-exchange"]))
         return "+".join(parts) or "load-all"
 
@@ -411,12 +381,7 @@ FUSED_CANDIDATES = (FusedVariant(), FusedVariant(skip_zero=True),
                     FusedVariant(skip_zero=True, early_consts=True, bulk=True, spread=True,
                                  key_first=True),
                     FusedVariant(skip_zero=True, early_consts=True, split_k=1, stage_x=True),
-                    FusedVariant(skip_zero=True, early_consts=True, split_k=2, stage_x=True),
-                    FusedVariant(skip_zero=True, early_consts=True, split_k=2, wide_key=True),
-                    FusedVariant(skip_zero=True, early_consts=True, split_k=1, stage_x=True,
-                                 wide_key=True),
-                    FusedVariant(skip_zero=True, early_consts=True, split_k=2, stage_x=True,
-                                 wide_key=True))
+                    FusedVariant(skip_zero=True, early_consts=True, split_k=2, stage_x=True))
 
 #: Builds the benchmark's ``--variants`` may time but nothing else runs: the
 #: spread grids without their key exchange (``FusedVariant.exchange``), whose
@@ -848,166 +813,6 @@ def check_key_first_shape(key: int, heads: int, gate: int) -> None:
     if heads + gate > key * (ROWS - 1):
         raise ValueError(f"the key-first layout fits {key * (ROWS - 1)} head and gate rows in "
                          f"{key} CTAs, got heads + gate = {heads + gate}")
-
-
-def _even(i: int, count: int, total: int) -> int:
-    """Share of item ``i`` when ``total`` is spread over ``count`` items, the
-    first ``total % count`` one more (0 if ``count`` is 0)."""
-    return total // count + (i < total % count) if count else 0
-
-
-def _even_before(i: int, count: int, total: int) -> int:
-    """Sum of :func:`_even` over items ``0 .. i - 1`` (``i <= count``)."""
-    return i * (total // count) + min(i, total % count) if count else 0
-
-
-@dataclass(frozen=True)
-class WideKeyPlan:
-    """Where the ``wide_key`` layout puts its rows (:func:`wide_key_plan`).
-
-    ``n = key / ROWS`` CTAs a cluster. Clusters 0 and 1: ranks ``0 .. n/2 -
-    1`` are key CTAs (key partition ``c * n/2 + rank``, its ``ROWS`` key
-    rows), the other ranks *fill* CTAs; every CTA of the later clusters is a
-    fill CTA. Fill CTA ``j`` (:meth:`fill_index`) holds head row j when ``j <
-    heads`` (slot 0) and then :meth:`gates` gate rows, spread evenly within
-    three segments: ``ga`` gate rows over the key clusters' ``n`` fill CTAs
-    (heads 0..n-1), ``gb`` over head CTAs ``n .. heads - 1``, ``gc`` over the
-    gate-only CTAs ``heads .. fill - 1``."""
-
-    key: int
-    heads: int
-    gate: int
-    fill: int
-    ga: int
-    gb: int
-    gc: int
-
-    @property
-    def n(self) -> int:
-        return self.key // ROWS
-
-    @property
-    def half(self) -> int:
-        """Key CTAs a key cluster (and fill CTAs in it, ``n`` even)."""
-        return self.n // 2
-
-    @property
-    def ctas(self) -> int:
-        """The grid: two key clusters (``n`` key CTAs, ``n`` fill CTAs), then
-        the remaining ``fill - n`` fill CTAs, whole clusters."""
-        return self.n + self.fill
-
-    def fill_index(self, cta: int) -> int:
-        """Fill index of CTA ``cta``, -1 for a key CTA."""
-        c, r = divmod(cta, self.n)
-        if c < 2:
-            return -1 if r < self.half else c * self.half + r - self.half
-        return cta - self.n
-
-    def gates(self, j: int) -> tuple[int, int]:
-        """(gate rows of fill CTA ``j``, index of its first gate row)."""
-        n, h = self.n, self.heads
-        if j < n:
-            return _even(j, n, self.ga), _even_before(j, n, self.ga)
-        if j < h:
-            return _even(j - n, h - n, self.gb), self.ga + _even_before(j - n, h - n, self.gb)
-        return (_even(j - h, self.fill - h, self.gc),
-                self.ga + self.gb + _even_before(j - h, self.fill - h, self.gc))
-
-    def rows(self, j_lo: int, j_hi: int) -> int:
-        """Live rows of fill CTAs ``j_lo .. j_hi - 1``."""
-        def before(j):
-            return self.gates(j)[1] if j < self.fill else self.gate
-        return max(0, min(j_hi, self.heads) - j_lo) + before(j_hi) - before(j_lo)
-
-    def cluster_rows(self) -> list[int]:
-        """Live rows of each cluster (every CTA of a cluster reads them over
-        its K part)."""
-        n, half = self.n, self.half
-        out = [half * ROWS + self.rows(c * half, (c + 1) * half) for c in range(2)]
-        out += [self.rows(j, j + n) for j in range(n, self.fill, n)]
-        return out
-
-
-def check_wide_key_shape(key: int, heads: int, gate: int) -> None:
-    """ValueError, naming the value, unless the wide-key layout holds these
-    rows: ``key / ROWS`` CTAs an even number, at least 2, and at least one
-    head a fill CTA of the key clusters (``heads >= key / ROWS``)."""
-    _positive("key", key)
-    _positive("heads", heads)
-    _positive("gate", gate, zero=True)
-    n = key // ROWS
-    if key % ROWS or n % 2 or n < 2:
-        raise ValueError(f"the wide-key layout needs key / {ROWS} CTAs an even number >= 2, "
-                         f"got key={key}")
-    if heads < n:
-        raise ValueError(f"the wide-key layout needs heads >= key / {ROWS} = {n}, got "
-                         f"heads={heads}")
-
-
-@functools.lru_cache(maxsize=None)
-def wide_key_plan(key: int, heads: int, gate: int) -> WideKeyPlan:
-    """The :class:`WideKeyPlan` whose heaviest cluster holds the fewest live
-    rows (then the fewest CTAs, then the fewest gate rows beside the key),
-    over grids of the fewest whole clusters that hold the heads and one more
-    cluster. ValueError as :func:`check_wide_key_shape`."""
-    check_wide_key_shape(key, heads, gate)
-    n = key // ROWS
-    per = ROWS - 1
-    best = None
-    least = -(-heads // n) * n
-    for fill in (least, least + n):
-        for ga in range(min(gate, per * n) + 1):
-            for gc in range(min(gate - ga, ROWS * (fill - heads)) + 1):
-                gb = gate - ga - gc
-                if gb > per * (heads - n):
-                    continue
-                plan = WideKeyPlan(key, heads, gate, fill, ga, gb, gc)
-                rank = (max(plan.cluster_rows()), plan.ctas, ga, gc)
-                if best is None or rank < best[0]:
-                    best = (rank, plan)
-    if best is None:
-        raise ValueError(f"the wide-key layout cannot hold gate={gate} rows beside heads="
-                         f"{heads} (at most {ROWS - 1} a head CTA)")
-    return best[1]
-
-
-def wide_key_source_row(cta, row, key: int, heads: int, gate: int):
-    """Source row (of ``[key rows; head rows; gate rows]``) of slot ``row``
-    of CTA ``cta`` of the wide-key layout (:class:`WideKeyPlan`), -1 for a
-    zero slot."""
-    plan = wide_key_plan(key, heads, gate)
-    j = plan.fill_index(cta)
-    if j < 0:
-        c, r = divmod(cta, plan.n)
-        return (c * plan.half + r) * ROWS + row
-    count, first = plan.gates(j)
-    if j < heads:
-        if row == 0:
-            return key + j
-        return key + heads + first + row - 1 if row <= count else -1
-    return key + heads + first + row if row < count else -1
-
-
-def wide_key_layout(key: int, heads: int, gate: int) -> tuple[list[int], int]:
-    """(source row of every slot, -1 for a zero slot; the number of key
-    partitions ``key / ROWS``) of the ``wide_key`` fused variant
-    (:func:`wide_key_source_row`), ``WideKeyPlan.ctas`` CTAs in clusters of
-    ``key / ROWS``. Every source row appears exactly once. ValueError as
-    :func:`check_wide_key_shape`."""
-    plan = wide_key_plan(key, heads, gate)
-    order = [wide_key_source_row(c, r, key, heads, gate) for c in range(plan.ctas)
-             for r in range(ROWS)]
-    return order, plan.n
-
-
-def key_mailbox_words(key: int, tokens: int) -> int:
-    """Int32 words of the key mailbox for ``tokens`` tokens: the spread
-    variants' key values (``tokens * key``) or the wide-key variants'
-    (mean, M2) slots (``tokens * n * n/2 * 2``, ``n = key / ROWS``), the
-    larger."""
-    n = _positive("key", key) // ROWS
-    return _positive("tokens", tokens) * max(key, n * (n // 2) * 2)
 
 
 def slot_code(row: int, key: int, heads: int) -> int:

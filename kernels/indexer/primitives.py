@@ -349,19 +349,6 @@ def bits_f32(word, *, loc=None, ip=None) -> Float32:
 
 
 # ---------------------------------------------------------------- mailbox
-@dsl_user_op
-def mailbox_word(value, *, loc=None, ip=None) -> Uint32:
-    """The bits of an FP32 to store into a mailbox slot: its own, or
-    :data:`MAILBOX_NAN` where they equal :data:`MAILBOX_SENTINEL` (which a
-    reader would take for "not yet written")."""
-    (w,) = _pure([T.i32()], [_f32(value, loc, ip)],
-                 "{\n\t.reg .pred p;\n\tmov.b32 $0, $1;\n\t"
-                 f"setp.eq.u32 p, $0, 0x{MAILBOX_SENTINEL:08X};\n\t"
-                 f"@p mov.b32 $0, 0x{MAILBOX_NAN:08X};\n\t}}",
-                 "=r,f", loc=loc, ip=ip)
-    return Uint32(w)
-
-
 @cute.jit
 def poll_mailbox_word(slot: Int64) -> Uint32:
     """The word of a mailbox slot once it is not :data:`MAILBOX_SENTINEL`

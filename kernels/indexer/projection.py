@@ -26,8 +26,8 @@ from kernels.validation import require_tensor
 from .compile import FusedConfig, ProjectionConfig, cached
 from .layout import (DIM, FUSED_PARTIAL_SLOTS, FUSED_WARPS, MAILBOX_SENTINEL, MAX_SMEM_BYTES, ROWS,
                      FusedVariant, Tactic, TacticTable, check_projection_shape, fused_layout,
-                     fused_smem_bytes, key_first_layout, key_mailbox_words, slot_codes,
-                     spread_layout, tactic_table, wide_key_layout)
+                     fused_smem_bytes, key_first_layout, slot_codes, spread_layout,
+                     tactic_table)
 
 #: Largest mbarrier transaction count (PTX: 2^20 - 1 bytes).
 _MAX_TX_BYTES = (1 << 20) - 1
@@ -108,11 +108,8 @@ class IndexerProjection:
     The ``spread`` fused variants read the concatenated weight in their own
     layouts (:func:`~kernels.indexer.layout.spread_layout`,
     :func:`~kernels.indexer.layout.key_first_layout`) and exchange the
-    key through ``key_mailbox`` (int32 ``[key_mailbox_words(key,
-    fused_max_tokens)]``, every word the sentinel between calls); the
-    ``wide_key`` variants read their own reordered weight (built on first
-    use) and pass the LayerNorm statistics between their two key clusters
-    through the same mailbox. Calls of one projection must not run
+    key through ``key_mailbox`` (int32 ``[fused_max_tokens * key]``, every
+    word the sentinel between calls): calls of one projection must not run
     concurrently (one stream, or graphs replayed in order), as for any
     kernel writing the same outputs.
     """
@@ -134,7 +131,11 @@ class IndexerProjection:
         self.table: TacticTable = tactic_table(self.arch)
         self.weight = torch.cat([wkw, gate]).contiguous()
         order, self.first_head = fused_layout(self.key, self.heads, self.gate)
-        self.fused_weight, self.slots = self._reordered(order)
+        source = torch.tensor([max(r, 0) for r in order], device=self.device)
+        self.fused_weight = self.weight[source].contiguous()
+        self.fused_weight[torch.tensor(order, device=self.device) < 0] = 0
+        self.slots = torch.tensor(slot_codes(order, self.key, self.heads), dtype=torch.int32,
+                                  device=self.device)
         self.fused_ctas = len(order) // ROWS
         self.fused_max_tokens = fused_max_tokens(self.key)
         spread, self.spread_first_head = spread_layout(self.key, self.heads, self.gate)
@@ -151,9 +152,7 @@ class IndexerProjection:
         else:
             self.key_first_slots = torch.tensor(slot_codes(first_order, self.key, self.heads),
                                                 dtype=torch.int32, device=self.device)
-        #: The wide-key layout's (reordered weight, slot codes), on first use.
-        self._wide = None
-        self.key_mailbox = torch.full((key_mailbox_words(self.key, self.fused_max_tokens),),
+        self.key_mailbox = torch.full((self.fused_max_tokens * self.key,),
                                       MAILBOX_SENTINEL - (1 << 32), dtype=torch.int32,
                                       device=self.device)
         #: FusedConfig -> max active key clusters (occupancy query, first call).
@@ -162,24 +161,6 @@ class IndexerProjection:
     @property
     def rows(self) -> int:
         return self.key + self.heads + self.gate
-
-    def _reordered(self, order: list[int]):
-        """(the weight rows in slot order ``order``, zeros for -1; their slot
-        codes, int32)."""
-        source = torch.tensor([max(r, 0) for r in order], device=self.device)
-        weight = self.weight[source].contiguous()
-        weight[torch.tensor(order, device=self.device) < 0] = 0
-        return weight, torch.tensor(slot_codes(order, self.key, self.heads), dtype=torch.int32,
-                                    device=self.device)
-
-    def wide_key_weight(self):
-        """(reordered weight, slot codes) of the wide-key layout
-        (:func:`~kernels.indexer.layout.wide_key_layout`), built on first
-        use; ValueError where the layout does not hold this shape."""
-        if self._wide is None:
-            order, _ = wide_key_layout(self.key, self.heads, self.gate)
-            self._wide = self._reordered(order)
-        return self._wide
 
     # ------------------------------------------------------------ validation
     def _check_x(self, x) -> int:
@@ -309,8 +290,6 @@ class IndexerProjection:
             weight, slots = self.weight, self.key_first_slots
         elif variant.spread:
             weight, slots = self.weight, self.spread_slots
-        elif variant.wide_key:
-            weight, slots = self.wide_key_weight()
         else:
             weight, slots = self.fused_weight, self.slots
         kernel(weight.data_ptr(), x.data_ptr(), gate.data_ptr(), q.data_ptr(),
@@ -327,9 +306,8 @@ class IndexerProjection:
         a non-portable cluster size. CuTe DSL opts every kernel in
         (``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED``); this sets it
         again explicitly and asks the occupancy API how many such clusters
-        fit at once (recorded in ``cluster_occupancy``). Zero (for the wide-key
-        variants, whose two key clusters poll each other, fewer than two)
-        means the launch cannot be scheduled: later calls raise RuntimeError (the first launch
+        fit at once (recorded in ``cluster_occupancy``). Zero means the launch
+        cannot be scheduled: later calls raise RuntimeError (the first launch
         has already failed with a CUDA error then). The spread variant has
         no clusters: the query counts CTAs of it that fit at once."""
         cluster = 1 if config.variant.spread else self.key // ROWS
@@ -342,13 +320,10 @@ class IndexerProjection:
             self.cluster_occupancy[("error", config)] = f"{type(exc).__name__}: {exc}"
             return
         self.cluster_occupancy[config] = n
-        # The wide-key variants' two key clusters wait on each other.
-        need = 2 if config.variant.wide_key else 1
-        if n < need:
+        if n < 1:
             self.cluster_occupancy[("refused", config)] = (
-                f"the fused kernel {config.variant.name} needs {need} of its {cluster}-CTA "
-                f"clusters ({32 * FUSED_WARPS} threads, {smem} B shared memory a CTA) resident "
-                f"at once, and this GPU holds {n}")
+                f"the fused kernel's {cluster}-CTA cluster ({32 * FUSED_WARPS} threads, {smem} B "
+                f"shared memory a CTA) cannot be scheduled on this GPU (0 active clusters)")
             raise RuntimeError(self.cluster_occupancy[("refused", config)])
 
 

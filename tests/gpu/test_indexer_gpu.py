@@ -17,8 +17,6 @@ Bounds stated (and asserted):
   head weights bits and gate bits equal; normed key within 1 BF16 ULP (the
   kernel's rsqrt is approximate); for every fused variant of
   ``FUSED_CANDIDATES``;
-- the wide-key candidates: every output, the key included, their split-K
-  variant's bit for bit, and the mailbox at its sentinel after each call;
 - the no-exchange timing probes (``TIMING_PROBES``): every output their
   spread candidate's bit for bit but the key, which is the projection's
   un-normed key bit for bit;
@@ -318,35 +316,6 @@ def test_stage_paths():
             assert got["weights"].shape == stock["weights"].shape == (tokens, 64)
     finally:
         stage.uninstall()
-
-
-@pytest.mark.parametrize("tokens", (1, 16))
-def test_wide_key_is_the_split_variant_bit_for_bit_and_resets_its_mailbox(tokens):
-    """The wide-key builds spread the key over two clusters but sum every row
-    and combine the LayerNorm's partitions as their split-K variant does:
-    every output equal bit for bit, the key included; the (mean, M2) slots
-    back at the sentinel after each call; two key clusters resident."""
-    from kernels.indexer.layout import MAILBOX_SENTINEL
-
-    k, heads = 7168, 64
-    ind, proj = setup(k, heads)
-    scale = ind.softmax_scale * heads ** -0.5
-    for wide in (v for v in FUSED_CANDIDATES if v.wide_key and v.runs(tokens)):
-        split = dataclasses.replace(wide, wide_key=False)
-        for seed in (5, 6):
-            x, q = inputs(tokens, k, heads, seed=seed)
-            got = proj.fused(x, q, ind.k_norm, scale, 64, variant=wide,
-                             out=poisoned_fused_out(tokens, proj, 64, torch.float32))
-            want = proj.fused(x, q, ind.k_norm, scale, 64, variant=split)
-            torch.cuda.synchronize()
-            for name, a, b in zip(("q_fp8", "weights", "key", "gate"), got, want):
-                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (
-                    f"{wide.name} {name} differs from {split.name} at {tokens} tokens")
-            assert bool((proj.key_mailbox == MAILBOX_SENTINEL - (1 << 32)).all()), (
-                f"{wide.name} left mailbox slots written")
-        occupancy = [n for c, n in proj.cluster_occupancy.items()
-                     if not isinstance(c, tuple) and c.variant == wide]
-        assert occupancy and all(n is not None and n >= 2 for n in occupancy), occupancy
 
 
 def test_key_cluster_is_schedulable():
