@@ -246,6 +246,7 @@ def test_kuberay_nightly_runs_this_checkouts_nightly_on_gpu_workers():
     docs = _load_all(DEPLOY / "kuberay" / "nightly.yaml")
     cron = docs["RayCronJob"]
     assert cron["apiVersion"] == "ray.io/v1"
+    assert len(cron["metadata"]["name"]) <= MAX_RAYJOB_NAME - 11  # KubeRay's RayCronJob bound
     assert CRON.match(cron["spec"]["schedule"]), cron["spec"]["schedule"]
     assert cron["spec"]["timeZone"]  # not the KubeRay controller's zone
     spec = cron["spec"]["jobTemplate"]
