@@ -406,4 +406,73 @@ def test_ray_up_cron_script_submits_a_nightly_this_checkout_accepts_as_a_ray_job
     assert str(job.site).replace("/home/lamport", "~") == "~/lamport-data/site"
     # Followed to its end, then its exit status asked of the job server.
     assert '"$jobs logs $job_id $server --follow"' in script
-    assert '"$jobs status $job_id $server"' in script
+    assert '"$jobs status $job_id $server; echo \\"nightly.sh: exit status \\$?\\""' in script
+
+
+FAKE_RAY = r"""#!/usr/bin/env bash
+# `ray` for nightly.sh without a cluster: `exec` runs the command in a login
+# shell of the "head" ($FAKE_HEAD as HOME), and, like Ray's, exits 1 for any
+# failure of it; every call is logged.
+echo "ray $*" >> "$FAKE_LOG"
+case "$1" in
+  up) exit 0 ;;
+  exec) HOME=$FAKE_HEAD bash -c "$3" || exit 1 ;;
+  rsync-down) mkdir -p "$4" ;;
+  *) exit 2 ;;
+esac
+"""
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+# The head's `python -m jobs`: records the command; `logs` fails the first
+# $FAKE_LOGS_FAIL times (a dropped ssh session); `status` exits $FAKE_STATUS.
+echo "python $*" >> "$FAKE_LOG"
+case "$3" in
+  submit) echo "submit: job taken" ;;
+  logs) n=$(grep -c '^python -m jobs logs ' "$FAKE_LOG"); [ "$n" -gt "${FAKE_LOGS_FAIL:-0}" ] || exit 1 ;;
+  status) printf "Status for job: done\r\n"; exit "$FAKE_STATUS" ;;
+esac
+"""
+
+
+def _run_nightly_sh(tmp_path: Path, status: int, logs_fail: int = 0):
+    """deploy/ray-up/nightly.sh run against FAKE_RAY: its exit status and
+    the calls it made."""
+    import os
+    import subprocess
+    root, head = tmp_path / "repo", tmp_path / "head"
+    (root / "deploy" / "ray-up").mkdir(parents=True)
+    script = root / "deploy" / "ray-up" / "nightly.sh"
+    script.write_text((DEPLOY / "ray-up" / "nightly.sh").read_text())
+    for path, text in ((root / ".venv" / "bin" / "ray", FAKE_RAY),
+                       (head / "lamport-lab" / ".venv" / "bin" / "python", FAKE_PYTHON)):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    for path in (script, root / ".venv/bin/ray", head / "lamport-lab/.venv/bin/python"):
+        path.chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "FAKE_LOG": str(log), "FAKE_HEAD": str(head),
+           "FAKE_STATUS": str(status), "FAKE_LOGS_FAIL": str(logs_fail),
+           "LAMPORT_SITE_DIR": str(tmp_path / "www"), "LAMPORT_NIGHTLY_RETRY_S": "0",
+           "LAMPORT_NIGHTLY_JOB_ID": "lamport-nightly-20261208T020000Z"}
+    done = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60)
+    return done.returncode, log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("status", [0, 1, 3])
+def test_ray_up_cron_script_exits_with_the_submitted_jobs_status(tmp_path, status):
+    code, calls = _run_nightly_sh(tmp_path, status)
+    assert code == status, calls
+    python = [c.split(" ", 4)[3:] for c in calls if c.startswith("python ")]
+    assert [p[0] for p in python] == ["submit", "logs", "status"]
+    submit = shlex.split(python[0][1])
+    job = submit.index("--submission-id") + 1
+    assert submit[job] == "lamport-nightly-20261208T020000Z"
+    # $HOME is the head's: the job's outputs are absolute paths there.
+    assert f"{tmp_path}/head/lamport-data/results" in submit
+    assert calls[-1].startswith("ray rsync-down ")
+
+
+def test_ray_up_cron_script_follows_again_when_the_session_drops(tmp_path):
+    code, calls = _run_nightly_sh(tmp_path, status=1, logs_fail=2)
+    assert code == 1
+    assert [c.split()[3] for c in calls if c.startswith("python ")] == \
+        ["submit", "logs", "logs", "logs", "status"]

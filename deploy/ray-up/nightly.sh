@@ -18,6 +18,7 @@ cd "$(dirname "$0")/../.."
 config=${LAMPORT_RAY_UP_CONFIG:-deploy/ray-up/cluster.yaml}
 site_dir=${LAMPORT_SITE_DIR:-/var/www/lamport-lab}
 job_id=${LAMPORT_NIGHTLY_JOB_ID:-lamport-nightly-$(date -u +%Y%m%dT%H%M%SZ)}
+retry_s=${LAMPORT_NIGHTLY_RETRY_S:-60}
 ray=$(command -v .venv/bin/ray || command -v ray)
 # On the head, in the checkout `ray up` synced there; its job server is the
 # dashboard cluster.yaml's head serves on 127.0.0.1 (Ray's port, 8265).
@@ -34,15 +35,17 @@ for attempt in 1 2 3 4 5 6; do
     break
   fi
   echo "nightly.sh: following job $job_id broke off (attempt $attempt); the job goes on" >&2
-  sleep 60
+  sleep "$retry_s"
 done
 if [ -z "$followed" ]; then
   echo "nightly.sh: job $job_id not followed to its end; its log: see the header of $0" >&2
   exit 3
 fi
-on_head "$jobs status $job_id $server"
-status=$?
-[ "$status" = 255 ] && status=3  # ssh itself failed
+# `ray exec` says 1 for any failure: the job's own status comes back as a line.
+out=$(on_head "$jobs status $job_id $server; echo \"nightly.sh: exit status \$?\"")
+printf '%s\n' "$out"
+status=$(printf '%s\n' "$out" | tr -d '\r' | sed -n 's/^nightly\.sh: exit status \([0-9][0-9]*\)$/\1/p' | tail -n 1)
+status=${status:-3}  # not asked: ssh failed
 mkdir -p "$site_dir"
 if ! "$ray" rsync-down "$config" '~/lamport-data/site/' "$site_dir/" && [ "$status" = 0 ]; then
   status=3  # the nightly passed but its dashboard could not be fetched
