@@ -17,8 +17,10 @@ import copy
 import functools
 import hashlib
 import json
+import os
 import re
 import shlex
+import subprocess
 import tomllib
 from pathlib import Path, PurePosixPath
 
@@ -307,7 +309,7 @@ def test_kuberay_nightly_runs_this_checkouts_nightly_on_gpu_workers():
                          "port": {"number": site["Service"]["spec"]["ports"][0]["port"]}}]
 
 
-def test_the_cronjob_fallback_creates_the_raycronjobs_rayjob_each_night():
+def test_the_cronjob_fallback_creates_the_raycronjobs_rayjob_each_night(tmp_path):
     cron = _load_all(KUBERAY / "nightly.yaml")["RayCronJob"]
     docs = _load_all(KUBERAY / "nightly-cronjob.yaml")
     cronjob = docs["CronJob"]
@@ -326,22 +328,30 @@ def test_the_cronjob_fallback_creates_the_raycronjobs_rayjob_each_night():
         {"apiVersion": "batch/v1", "kind": "Job", "name": SAMPLE_NIGHT["@JOB_NAME@"],
          "uid": SAMPLE_NIGHT["@JOB_UID@"]}]
     assert len(cronjob["metadata"]["name"]) + len("-29412345") <= MAX_RAYJOB_NAME
-    # The pod fills in exactly the template's placeholders, from its Job's labels.
+    # The pod fills in the template's placeholders from its Job's labels: its
+    # script, run here (mount paths under tmp_path), writes _rendered's RayJob.
     pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (render,), (create,) = pod["initContainers"], pod["containers"]
-    script = " ".join(render["command"])
-    placeholders = set(re.findall(r"@[A-Z_]+@", template))
-    assert placeholders == set(SAMPLE_NIGHT)
-    labels = {"JOB_NAME": "batch.kubernetes.io/job-name",
-              "JOB_UID": "batch.kubernetes.io/controller-uid"}
+    assert render["command"][:2] == ["sh", "-c"]
+    script = render["command"][2]
+    assert set(re.findall(r"@[A-Z_]+@", template)) == set(SAMPLE_NIGHT)
+    labels = {"JOB_NAME": ("batch.kubernetes.io/job-name", SAMPLE_NIGHT["@JOB_NAME@"]),
+              "JOB_UID": ("batch.kubernetes.io/controller-uid", SAMPLE_NIGHT["@JOB_UID@"])}
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in render["env"]}
-    assert env == {name: f"metadata.labels['{label}']" for name, label in labels.items()}
-    for name in labels:
-        assert f"s/@{name}@/${name}/g" in script
+    assert env == {name: f"metadata.labels['{label}']" for name, (label, _) in labels.items()}
+    mounts = {m["mountPath"]: m["name"] for m in render["volumeMounts"]}
+    here = script
+    for path in mounts:
+        (tmp_path / path.strip("/")).mkdir(parents=True)
+        here = here.replace(path, str(tmp_path / path.strip("/")))
+    (source, target) = re.search(r"(\S+/rayjob\.yaml) > (\S+)$", script).groups()
+    (tmp_path / source.strip("/")).write_text(template)
+    subprocess.run(["sh", "-c", here], check=True, timeout=30,
+                   env={"PATH": os.environ["PATH"],
+                        **{name: value for name, (_, value) in labels.items()}})
+    assert (tmp_path / target.strip("/")).read_text() == _rendered(template)
     # ... reading the ConfigMap's template, writing the file kubectl applies.
     volumes = {v["name"]: v for v in pod["volumes"]}
-    (source, target) = re.search(r"(\S+/rayjob\.yaml) > (\S+)$", script).groups()
-    mounts = {m["mountPath"]: m["name"] for m in render["volumeMounts"]}
     assert volumes[mounts[str(PurePosixPath(source).parent)]]["configMap"]["name"] == \
         docs["ConfigMap"]["metadata"]["name"]
     assert create["command"] == ["kubectl", "apply", "-f", target]
@@ -436,8 +446,6 @@ esac
 def _run_nightly_sh(tmp_path: Path, status: int, logs_fail: int = 0):
     """deploy/ray-up/nightly.sh run against FAKE_RAY: its exit status and
     the calls it made."""
-    import os
-    import subprocess
     root, head = tmp_path / "repo", tmp_path / "head"
     (root / "deploy" / "ray-up").mkdir(parents=True)
     script = root / "deploy" / "ray-up" / "nightly.sh"
