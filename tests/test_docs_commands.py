@@ -175,11 +175,18 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     "registry.example.com/lamport-lab:nightly .": Skip("builds the cluster image (docker, a "
                                                       "registry); tests/test_deploy.py checks it"),
     "docker push registry.example.com/lamport-lab:nightly": Skip("pushes to a registry"),
-    "kubectl apply -f deploy/kuberay/site.yaml": Skip("needs a Kubernetes cluster with KubeRay; "
-                                                      "tests/test_deploy.py checks the file"),
-    "kubectl apply -f deploy/kuberay/nightly.yaml": Skip("needs a Kubernetes cluster with KubeRay; "
-                                                         "tests/test_deploy.py checks the file"),
-    "kubectl get raycronjob,rayjob,raycluster": Skip("needs a Kubernetes cluster with KubeRay"),
+    "helm upgrade --install kuberay-operator kuberay/kuberay-operator --version 1.7.0 "
+    "--reuse-values -f deploy/kuberay/operator/values-1.7.0.yaml":
+        Skip("reconfigures a Kubernetes cluster's KubeRay operator"),
+    "kubectl create secret generic lamport-notify --from-file=url=/path/to/webhook-url":
+        Skip("needs a Kubernetes cluster"),
+    "kubectl apply -f deploy/kuberay/site.yaml -f deploy/kuberay/site-ingress.yaml":
+        Skip("needs a Kubernetes cluster with KubeRay; tests/test_deploy.py checks the files"),
+    "kubectl apply -f deploy/kuberay/nightly-cronjob.yaml":
+        Skip("needs a Kubernetes cluster with KubeRay; tests/test_deploy.py checks the file"),
+    "kubectl create job --from=cronjob/lamport-nightly lamport-nightly-now":
+        Skip("needs a Kubernetes cluster with KubeRay"),
+    "kubectl get cronjob,job,rayjob,raycluster": Skip("needs a Kubernetes cluster with KubeRay"),
     "kubectl logs -l job-name=<the rayjob's name>": Skip(SYNOPSIS),
     "mkdir -p ~/.config/lamport-lab && (umask 077 && openssl rand -hex 32 > "
     "~/.config/lamport-lab/cluster-auth-token)": Run(creates=("home/.config/lamport-lab/"
@@ -190,6 +197,11 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     "0 2 * * * cd /path/to/lamport-lab && LAMPORT_SITE_DIR=/var/www/lamport-lab "
     "deploy/ray-up/nightly.sh >> nightly.log 2>&1": Skip("a crontab line for the machine that "
                                                          "runs `ray up`"),
+    ".venv/bin/ray exec deploy/ray-up/cluster.yaml 'cd ~/lamport-lab && .venv/bin/python -m jobs "
+    "logs lamport-nightly-20261208T020000Z --address http://127.0.0.1:8265'":
+        Skip("needs the perf team's machines (ssh) and a night's job there"),
+    ".venv/bin/ray dashboard deploy/ray-up/cluster.yaml": Skip("needs the perf team's machines "
+                                                               "(ssh)"),
     # docs/hardening.md: each reproduces a figure of a test that runs in the suite.
     "export PYTHONPATH=$PWD": Run(),
     "timeout 300 .venv/bin/python -m pytest tests/test_fuzz_inputs.py -q -s -p no:randomly \\| "
