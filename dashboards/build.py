@@ -89,7 +89,7 @@ def plotly_js() -> Path:
 
 
 def render_pages(results: model.Results, built: str,
-                 pages: tuple = PAGES) -> tuple[dict[str, str], list[PageFailure]]:
+                 pages: tuple | None = None) -> tuple[dict[str, str], list[PageFailure]]:
     """Every page of the site as {file name: html}, and the pages that
     failed (each then an error page). Verdicts that cannot be computed are
     a failure too; every row's latency status is then ``no-timing``."""
@@ -102,7 +102,7 @@ def render_pages(results: model.Results, built: str,
         verdicts = {row["_index"]: Verdict("no-timing") for row in results.rows}
     site = Site(results, verdicts, built)
     out: dict[str, str] = {}
-    for module in pages:
+    for module in PAGES if pages is None else pages:
         try:
             out.update(module.render(site))
         except Exception as err:  # noqa: BLE001 - the rest of the site is still built
@@ -144,9 +144,10 @@ def build_site(results_dir: Path, out_dir: Path) -> Path:
     return build(results_dir, out_dir).index
 
 
-def build(results_dir: Path, out_dir: Path, pages: tuple = PAGES) -> Built:
+def build(results_dir: Path, out_dir: Path, pages: tuple | None = None) -> Built:
     """Build the site for the results dataset under ``results_dir`` into
     ``out_dir`` (replaced whole): its index and the pages that failed.
+    ``pages``: the page modules (default ``PAGES``).
 
     An existing empty ``results_dir`` gives a site whose pages say there is
     no data; a missing one raises FileNotFoundError, one that is not a
