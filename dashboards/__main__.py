@@ -4,7 +4,12 @@
   serve  [--site SITE] [--results DIR] [--port N] [--seconds S]
          serve SITE on 127.0.0.1 (built from DIR first when --results is given)
 
-Exit status: 0 on success, 2 on bad usage or a missing results folder.
+Exit status: 0 on success; 2 on bad usage, nothing written: a missing
+results folder or one that is not a lamport-lab dataset (nor empty), an
+--out that cannot be written or is not a site built here, a --port in use;
+3 when the site was built but some page failed: each is an error page naming
+the exception, and one line on stderr names it (the nightly reports this as
+infrastructure and keeps the run's own exit status).
 """
 
 from __future__ import annotations
@@ -32,22 +37,28 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seconds", type=float, default=900.0,
                    help="stop after this long, at most a week (default: %(default)s)")
     args = parser.parse_args(argv)
-    from dashboards.build import build_site
+    from dashboards.build import PAGES_FAILED, build
+    failures = []
     try:
         if args.command == "serve":  # before a build spends its time
-            from dashboards.serve import check_serve_args
+            from dashboards.serve import check_port, check_serve_args
             check_serve_args(args.port, args.seconds)
+            check_port(args.port)
         if args.command == "build" or args.results is not None:
             out = args.out if args.command == "build" else args.site
-            index = build_site(args.results, out)
-            print(f"site: {index}")
+            built = build(args.results, out)
+            failures = built.failures
+            print(f"site: {built.index}", flush=True)
+            for failure in failures:
+                print(f"python -m dashboards {args.command}: {failure.line()}", file=sys.stderr,
+                      flush=True)
         if args.command == "serve":
             from dashboards.serve import serve
             serve(args.site, args.port, args.seconds)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"python -m dashboards {args.command}: {err}", file=sys.stderr)
         return 2
-    return 0
+    return PAGES_FAILED if failures else 0
 
 
 if __name__ == "__main__":

@@ -47,8 +47,15 @@ def join(parts: Iterable[Any], sep: str = "") -> Markup:
     return Markup(sep.join(esc(p) for p in parts))
 
 
+BIG = 1e15
+"""From this magnitude on, a float is shown with an exponent (1e+308, not
+309 digits)."""
+
+
 def fmt(value: Any) -> str:
-    """Plain-text form of a value for tables."""
+    """Plain-text form of a value for tables; total over floats: ``NaN``,
+    ``inf`` and ``-inf`` as such, magnitudes from ``BIG`` on and below 0.01
+    with an exponent."""
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -56,9 +63,11 @@ def fmt(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "NaN"
-        if value == int(value) and abs(value) < 1e15:
-            return f"{value:,.0f}"
-        if abs(value) >= 1000:
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if abs(value) >= BIG:
+            return f"{value:.3g}"
+        if value == int(value) or abs(value) >= 1000:
             return f"{value:,.0f}"
         if abs(value) >= 10:
             return f"{value:.1f}"
@@ -73,8 +82,12 @@ def fmt(value: Any) -> str:
 
 
 def us(value: float | None) -> str:
-    """A latency in µs for a table cell."""
-    return "—" if value is None else f"{value:,.1f}" if value >= 100 else f"{value:.2f}"
+    """A latency in µs for a table cell (not finite or from ``BIG`` on: as ``fmt``)."""
+    if value is None:
+        return "—"
+    if not math.isfinite(value) or abs(value) >= BIG:
+        return fmt(float(value))
+    return f"{value:,.1f}" if value >= 100 else f"{value:.2f}"
 
 
 def ratio(value: float | None) -> str:
@@ -142,15 +155,25 @@ def topology(text: str | None) -> Markup:
     """A results ``topology`` value for people: its one-line summary
     (:func:`cluster.topology.brief`) with the recorded JSON folded away
     behind a disclosure."""
-    from cluster.topology import brief
     if not text:
         return esc(None)
     try:
         pretty = json.dumps(json.loads(text), indent=1, sort_keys=True)
     except json.JSONDecodeError:
         return esc(text)
-    return Markup(tag("details", join([tag("summary", brief(text)),
+    return Markup(tag("details", join([tag("summary", topology_brief(text)),
                                        tag("pre", pretty, cls="json")]), cls="topology"))
+
+
+def topology_brief(text: str | None) -> str:
+    """:func:`cluster.topology.brief` of a results ``topology`` value; a
+    value of a shape it does not read (hand-written JSON, another writer's)
+    as its own text."""
+    from cluster.topology import brief
+    try:
+        return brief(text)
+    except (AttributeError, TypeError, ValueError, KeyError):
+        return str(text)
 
 
 def repro(command: str | None) -> Markup:
@@ -185,8 +208,22 @@ def cards(items: Sequence[tuple[str, Any, str]]) -> Markup:
             cls=f"card {cls}", data_count=label) for label, value, cls in items), cls="cards")
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with every float that JSON cannot hold (NaN, plus or minus
+    infinity) as None: plotly draws a gap there, the compare page a dash."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def safe_json(obj: Any) -> str:
-    text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str)
+    """``obj`` as strict JSON (non-finite floats as null, :func:`finite`)
+    that is safe inside a ``<script>`` element."""
+    text = json.dumps(finite(obj), separators=(",", ":"), allow_nan=False, default=str)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -219,18 +256,30 @@ def log_ticks(values: Iterable[float]) -> dict:
     """Range, tick values and labels for a log axis over ``values``: 1, 2, 5
     of each decade (1, 1.5, 2, 3, ... 8 where that leaves fewer than three
     on the axis), each labelled with its value ("20", not plotly's "2" for
-    the second tick of a decade). Empty for no positive value."""
-    vals = [v for v in values if v is not None and v > 0]
+    the second tick of a decade). Empty for no positive finite value; over
+    more than ``MAX_DECADES`` decades, one tick per decade step."""
+    vals = [min(max(v, 1e-300), 1e300)  # so that every tick below is a float
+            for v in values if isinstance(v, (int, float)) and 0 < v < math.inf]
     if not vals:
         return {}
-    lo, hi = min(vals) / 1.25, max(vals) * 1.25
-    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-    for mantissas in ((1, 2, 5), (1, 1.5, 2, 3, 4, 5, 6, 7, 8)):
-        inside = [m * 10.0 ** e for e in decades for m in mantissas if lo <= m * 10.0 ** e <= hi]
-        if len(inside) >= 3:
-            break
-    return {"range": [math.log10(lo), math.log10(hi)], "tickmode": "array", "tickvals": inside,
-            "ticktext": [f"{t:,.0f}" if t >= 1000 else f"{t:.3g}" for t in inside]}
+    scale = math.log10(1.25)
+    lo_log, hi_log = math.log10(min(vals)) - scale, math.log10(max(vals)) + scale
+    first, last = math.floor(lo_log), math.ceil(hi_log)
+    if last - first > MAX_DECADES:  # 1e-300 .. 1e300: a tick every few decades
+        step = math.ceil((last - first) / MAX_DECADES)
+        inside = [10.0 ** e for e in range(first + 1, last, step)]
+    else:
+        lo, hi = 10.0 ** lo_log, 10.0 ** hi_log
+        for mantissas in ((1, 2, 5), (1, 1.5, 2, 3, 4, 5, 6, 7, 8)):
+            inside = [m * 10.0 ** e for e in range(first, last + 1) for m in mantissas
+                      if lo <= m * 10.0 ** e <= hi]
+            if len(inside) >= 3:
+                break
+    return {"range": [lo_log, hi_log], "tickmode": "array", "tickvals": inside,
+            "ticktext": [fmt(float(t)) if t >= 1000 else f"{t:.3g}" for t in inside]}
+
+
+MAX_DECADES = 12
 
 
 def plot_text(value: Any) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -77,8 +78,24 @@ def rank_spread_us(row: Row) -> float | None:
     """Max minus min of a group's per-rank medians (``extra.rank_median_us``),
     None below two ranks: where it is large, the max over ranks carries the
     start skew of the replays rather than a kernel's time."""
-    medians = [m for m in extra_of(row).get("rank_median_us") or [] if m is not None]
+    medians = numbers(extra_of(row).get("rank_median_us"))
     return max(medians) - min(medians) if len(medians) >= 2 else None
+
+
+def number(value: Any) -> float | None:
+    """``value`` when it is a finite real number (not a bool), else None:
+    for what ``extra`` JSON holds, which may be anything."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
+
+
+def numbers(values: Any) -> list[float]:
+    """The finite real numbers of ``values`` (a list from ``extra``; [] for
+    anything else)."""
+    if not isinstance(values, list):
+        return []
+    return [v for v in map(number, values) if v is not None]
 
 
 TRACES_DIR = "traces"
@@ -206,9 +223,26 @@ def load(root: str | Path) -> Results:
     manifests = read_manifests(root)
     for run in results.runs:
         entries = (manifests.get(run.run_id) or {}).get("accounting")
-        run.accounting = [e for e in entries if isinstance(e, dict) and isinstance(
-            e.get("wall_s"), (int, float))] if isinstance(entries, list) else []
+        run.accounting = [_entry(e) for e in entries if isinstance(e, dict) and number(
+            e.get("wall_s")) is not None] if isinstance(entries, list) else []
     return results
+
+
+ACCOUNTING_NUMBERS = ("wall_s", "work_s", "overhead", "build_s", "prepare_s", "rebuilt_s",
+                      "cases", "peak_groups", "rebuilt_cases")
+
+
+def _entry(entry: dict) -> dict:
+    """An accounting entry with each number it should hold a finite number
+    or None (a manifest is JSON anyone can edit)."""
+    out = dict(entry)
+    for key in ACCOUNTING_NUMBERS:
+        if key in out:
+            out[key] = number(out[key])
+    phases = out.pop("phases_s", None)
+    if isinstance(phases, dict):
+        out["phases_s"] = {k: v for k, v in phases.items() if number(v) is not None}
+    return out
 
 
 def from_table(root: Path, table: pa.Table) -> Results:

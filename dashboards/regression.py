@@ -18,6 +18,7 @@ writes one).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -43,11 +44,18 @@ class Verdict:
 
 def verdict(value: float | None, history: list[float], rule: Rule = DEFAULT_RULE) -> Verdict:
     """Judge one latency against its per-run history (oldest first; only the
-    last ``rule.history`` values count) with ``jobs.regression.judge``."""
-    if value is None:
-        return Verdict("no-timing")
-    recent = history[-rule.history:]
-    v = judge((), value, recent, (), rule)
+    last ``rule.history`` values count) with ``jobs.regression.judge``.
+    A latency that is not a finite number (NaN, inf), or one the rule's
+    arithmetic cannot hold (a history summing beyond the largest float), is
+    ``no-timing``: there is nothing to judge; non-finite history values are
+    left out."""
+    if value is None or not math.isfinite(value):
+        return Verdict("no-timing", value)
+    recent = [m for m in history if math.isfinite(m)][-rule.history:]
+    try:
+        v = judge((), value, recent, (), rule)
+    except OverflowError:
+        return Verdict("no-timing", value)
     threshold = None
     if v.mean_us is not None:
         threshold = max(v.mean_us + rule.sigmas * v.stdev_us, v.mean_us * (1 + rule.threshold))
@@ -62,7 +70,7 @@ def _nightly_medians(results: Results) -> dict[str, list[tuple]]:
     clean = {run.run_id for run in results.runs if run.baseline}
     for row in results.rows:
         if row["trigger"] == "nightly" and row["outcome"] == "pass" and row["run_id"] in clean \
-                and row.get("t_median_us") is not None:
+                and row.get("t_median_us") is not None and math.isfinite(row["t_median_us"]):
             samples[row["_case"]][row["run_id"]].append(row["t_median_us"])
     starts = {run.run_id: run.started_at for run in results.runs}
     return {cid: sorted((starts[rid], rid, statistics.median(v)) for rid, v in per_run.items())

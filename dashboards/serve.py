@@ -2,13 +2,20 @@
 
 Loopback only (127.0.0.1), read-only (GET/HEAD of files under the site),
 and bounded: it stops after ``--seconds`` (default 15 minutes) or Ctrl-C.
+Only files inside the site are served: a path that resolves outside it (a
+symbolic link in the site to a file elsewhere) is 404, and folders are not
+listed. A ``--port`` that cannot be listened on (in use) is a ValueError
+naming it, exit 2.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import http.server
 import math
+import os
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +23,24 @@ from pathlib import Path
 LOOPBACK = "127.0.0.1"
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+class _SiteHandler(http.server.SimpleHTTPRequestHandler):
+    """Files inside ``directory`` only; quiet."""
+
     def log_message(self, format, *args):  # noqa: A002 - the stdlib's name
         pass
+
+    def send_head(self):
+        root = os.path.realpath(self.directory)
+        real = os.path.realpath(self.translate_path(self.path))
+        if os.path.commonpath([root, real]) != root or (
+                os.path.isdir(real) and not os.path.isfile(os.path.join(real, "index.html"))):
+            self.send_error(404, "File not found")
+            return None
+        return super().send_head()
+
+    def list_directory(self, path):
+        self.send_error(404, "File not found")
+        return None
 
 
 MAX_SECONDS = 7 * 86_400.0
@@ -41,8 +63,31 @@ def make_server(site: Path, port: int = 0) -> http.server.ThreadingHTTPServer:
     if not (site / "index.html").is_file():
         raise FileNotFoundError(f"{site} has no index.html; build it first with "
                                 f"python -m dashboards build --results DIR --out {site}")
-    handler = functools.partial(_QuietHandler, directory=str(site))
-    return http.server.ThreadingHTTPServer((LOOPBACK, port), handler)
+    handler = functools.partial(_SiteHandler, directory=str(site))
+    try:
+        return http.server.ThreadingHTTPServer((LOOPBACK, port), handler)
+    except OSError as err:
+        raise ValueError(_port_refusal(port, err)) from None
+
+
+def _port_refusal(port: int, err: OSError) -> str:
+    if err.errno == errno.EADDRINUSE:
+        return (f"--port {port}: already in use on {LOOPBACK}; give another port, or 0 for "
+                f"any free one")
+    return f"--port {port}: cannot listen on {LOOPBACK}:{port} ({err.strerror or err})"
+
+
+def check_port(port: int) -> None:
+    """ValueError naming ``--port`` when nothing can listen on it now (in
+    use, or not permitted): checked before a build spends its time."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError as err:
+            raise ValueError(_port_refusal(port, err)) from None
 
 
 def serve(site: Path, port: int = 8765, seconds: float = 900.0,

@@ -456,10 +456,17 @@ def _regression_part(run, rule, args) -> int:
     return regressed
 
 
+DASHBOARD_PAGES_FAILED = 3
+"""``python -m dashboards build``'s exit status for a site built with error
+pages (dashboards.build.PAGES_FAILED; jobs never import dashboards)."""
+
+
 def _dashboard_part(args) -> int:
     """Build the dashboard with ``python -m dashboards build`` (a separate
     process: jobs sit below dashboards and never import them); 1 if the
-    build failed."""
+    build failed. Pages that failed (the site built with error pages) are
+    named, one line each, as infrastructure, and return 0: the run's exit
+    status stays its cases' verdict."""
     if args.no_results or args.no_dashboard:
         print("dashboard: not built (" + ("--no-results" if args.no_results else "--no-dashboard") + ")")
         return 0
@@ -469,6 +476,16 @@ def _dashboard_part(args) -> int:
     path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(argv, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": path})
+    if done.returncode == DASHBOARD_PAGES_FAILED:
+        index = done.stdout.strip().rpartition("site: ")[2] or args.site
+        failed = [line.partition(": ")[2] for line in done.stderr.splitlines()
+                  if ": page " in line]
+        print(f"dashboard: built {index}, but {len(failed)} page(s) failed (infrastructure: "
+              f"the dashboards' fault, not the cases'; this run's exit status is its cases' "
+              f"verdict)")
+        for line in failed:
+            print(f"dashboard: {line}")
+        return 0
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip()
         # The headline names the error (a traceback's last line); its tail follows.

@@ -109,7 +109,9 @@
     if (cls) e.className = cls;
     return e;
   }
-  function fmtUs(v) { return v === null || v === undefined ? "—" : (v >= 100 ? v.toFixed(1) : v.toFixed(2)); }
+  // A value JSON cannot hold (NaN, inf) arrives as its text: shown as it is, never computed with.
+  function fmtUs(v) { return v === null || v === undefined ? "—" : typeof v === "string" ? v : (v >= 100 ? v.toFixed(1) : v.toFixed(2)); }
+  function num(v) { return typeof v === "number" ? v : null; }
   function fmtNum(v) { return v === null || v === undefined ? "—" : String(v); }
   function badge(outcome) {
     if (!outcome) return el("span", "—");
@@ -165,7 +167,7 @@
         var x = ra[k] || null, y = rb[k] || null;
         var oa = x && x[0], ob = y && y[0];
         var ma = x && x[1], mb = y && y[1];
-        var delta = (ma && mb) ? (mb - ma) / ma : null;
+        var delta = (num(ma) && num(mb)) ? (mb - ma) / ma : null;
         var changed = oa !== ob || (delta !== null && Math.abs(delta) > data.changed_fraction);
         rows.push({ k: k, oa: oa, ob: ob, ma: ma, mb: mb, delta: delta, changed: changed,
                     ua: x && x[2], ub: y && y[2], sb: y && y[3] });
@@ -204,7 +206,7 @@
       var div = document.getElementById("compare-scatter");
       var byOp = {}, lo = Infinity, hi = 0;
       rows.forEach(function (r) {
-        if (!(r.ma && r.mb)) return;
+        if (!(num(r.ma) && num(r.mb))) return;
         var op = data.cases[r.k].op;
         (byOp[op] = byOp[op] || { x: [], y: [], text: [] });
         byOp[op].x.push(r.ma); byOp[op].y.push(r.mb); byOp[op].text.push(data.cases[r.k].label_html);

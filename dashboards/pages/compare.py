@@ -6,6 +6,7 @@ the one before); the data of the last runs is embedded as JSON."""
 from __future__ import annotations
 
 import json
+import math
 
 from dashboards import html as h
 from dashboards import palette
@@ -26,7 +27,7 @@ def compare_data(site: Site) -> dict:
         for r in run.rows:
             cases.setdefault(r["_case"], {"op": r["op"], "label": case_label(r),
                                           "label_html": h.plot_text(case_label(r))})
-            per[r["_case"]] = [r["outcome"], r.get("t_median_us"), r.get("max_ulp"),
+            per[r["_case"]] = [r["outcome"], _value(r.get("t_median_us")), _value(r.get("max_ulp")),
                                site.status(r)]
     ops = sorted({c["op"] for c in cases.values()})
     return {
@@ -45,6 +46,12 @@ def compare_data(site: Site) -> dict:
         "cases_op_html": {op: h.plot_text(op) for op in ops},
         "changed_fraction": CHANGED_FRACTION,
     }
+
+
+def _value(value: float | None) -> float | str | None:
+    """A number for the page's JSON; one JSON cannot hold (NaN, inf) as
+    its text, which the page shows as it is and leaves out of sums."""
+    return value if value is None or math.isfinite(value) else h.fmt(value)
 
 
 def _is_json(text: str | None) -> bool:

@@ -180,6 +180,13 @@ def _traces_section(traced: list[Row]) -> h.Markup | str:
                           "one above, newest first; the site keeps a copy of each.")
 
 
+def _hashable(value):
+    """``value`` as a set member (``extra.job`` may be any JSON: a list as a tuple)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value if not isinstance(value, dict) else str(value)
+
+
 def _details_page(site: Site, run, op: str, rows: list[Row], traced: list[Row]) -> str:
     ordered = sorted(rows, key=lambda r: (OUTCOME_SEVERITY.get(r["outcome"], -1),
                                           tuple(sort_key(r.get(n)) for n in
@@ -189,7 +196,7 @@ def _details_page(site: Site, run, op: str, rows: list[Row], traced: list[Row]) 
     # every row are said once above the table instead.
     columns, constant = [], []
     for header, field, numeric in DETAIL_COLUMNS:
-        values = ({row_job(r) for r in rows} if field == "job" else
+        values = ({_hashable(row_job(r)) for r in rows} if field == "job" else
                   {op_fields(r) for r in rows} if field == "op_fields" else
                   {r.get(field) for r in rows} if field else {1})
         if field and field != "repro_command" and values == {None}:

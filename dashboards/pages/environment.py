@@ -19,8 +19,7 @@ def env_text(values: list, field: str) -> str:
     if field == "git_commit":
         return ", ".join(str(v)[:12] for v in values)
     if field == "topology":
-        from cluster.topology import brief
-        return "; ".join(brief(v) for v in values)
+        return "; ".join(h.topology_brief(v) for v in values)
     return ", ".join(h.fmt(v) for v in values)
 
 

@@ -232,7 +232,8 @@ def _case_table(site: Site, rows: list[Row], empty: str, table_id: str,
         if status == "regressed" and r["outcome"] == "pass":
             v = site.verdicts[r["_index"]]
             why = (f"median {h.us(v.value)} µs vs {h.us(v.mean)} µs mean of the last "
-                   f"{v.history} nightly runs ({v.value / v.mean - 1:+.1%}; flagged above "
+                   f"{v.history} nightly runs ({h.pct(v.value / v.mean - 1) if v.mean else 'from 0'}"
+                   f"; flagged above "
                    f"{h.us(v.threshold)} µs)")
         out.append([what, h.op_chip(r["op"]), h.link(details_href(r), _case(r)),
                     h.tag("div", why or "—", cls="reason"), h.repro(r.get("repro_command"))])

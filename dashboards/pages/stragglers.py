@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from cluster.stragglers import per_rank, percentile, skew
 from dashboards import html as h
-from dashboards.model import extra_of, group, slug
+from dashboards.model import extra_of, group, number, slug
 from dashboards.pages import Site, no_results
 from jobs.results import row_job
 
@@ -27,11 +27,16 @@ def group_id(key: tuple) -> str:
 
 
 def _calls(rows) -> list[list]:
+    """Every call of ``rows`` with two marks or more; an offset that is not
+    a finite number is no mark (None)."""
     out = []
     for r in rows:
-        for call in extra_of(r).get("publish_offsets_us_by_call") or ():
-            if isinstance(call, list) and sum(o is not None for o in call) >= 2:
-                out.append(call)
+        calls = extra_of(r).get("publish_offsets_us_by_call")
+        for call in calls if isinstance(calls, list) else ():
+            if isinstance(call, list):
+                call = [number(o) for o in call]
+                if sum(o is not None for o in call) >= 2:
+                    out.append(call)
     return out
 
 
