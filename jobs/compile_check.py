@@ -170,17 +170,12 @@ def variant_label(v: Variant) -> str:
             + (f"/watchdog={v.budget_ns}ns" if v.budget_ns else ""))
 
 
-def case_key(op: str, variant: str, transport: str | None, tp: int | None, hidden: int | None,
-             arch: str | None) -> str:
-    """The planned case a compile row completes, from its columns (``extra.arch``
-    among them): one variant on one arch (``jobs.recorder.row_case_key``)."""
-    return f"compile-check/{op}/{variant}/{transport or '-'}/tp{tp}/h{hidden}/{arch}"
-
-
 def variant_key(v: Variant, arch: str) -> str:
-    """:func:`case_key` of the row :func:`result_row` writes for ``v`` on ``arch``."""
-    return case_key(v.op, variant_label(v), None if v.transport == "-" else v.transport,
-                    v.tp, v.hidden, arch)
+    """The planned case (``jobs.recorder.compile_key``) that the row
+    :func:`result_row` writes for ``v`` on ``arch`` completes."""
+    from jobs.recorder import compile_key
+    return compile_key(v.op, variant_label(v), None if v.transport == "-" else v.transport,
+                       v.tp, v.hidden, arch)
 
 
 def planned_keys(ops: Sequence[str] | None, hiddens: Sequence[int], tps: Sequence[int],

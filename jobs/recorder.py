@@ -41,20 +41,26 @@ def selfcheck_key(name: str) -> str:
     return f"selfcheck/{name}"
 
 
+def compile_key(op: str, variant: str, transport: str | None, tp: int | None,
+                hidden: int | None, arch: str | None) -> str:
+    """The planned case of a compile check row, from its columns (``extra.arch``
+    among them): one variant on one arch (``jobs.compile_check.variant_key``)."""
+    return f"compile-check/{op}/{variant}/{transport or '-'}/tp{tp}/h{hidden}/{arch}"
+
+
 def row_case_key(job: str | None, variant: str | None, extra: dict, row: dict) -> str | None:
     """The planned case a results row completes (None: a further row of a
     case, e.g. a profile's baseline): ``extra.case_key`` of a kernel job's
     row (:meth:`jobs.config.Case.key`), the golden case of a self-check row
     (:func:`selfcheck_key`), variant x arch of a compile check row
-    (:func:`jobs.compile_check.case_key`)."""
+    (:func:`compile_key`)."""
     if extra.get("case_key"):
         return extra["case_key"]
     if job == "selfcheck" and variant:
         return selfcheck_key(variant)
     if job == "compile-check":
-        from jobs.compile_check import case_key
-        return case_key(row["op"], variant, row["transport"], row["tp"], row["hidden"],
-                        extra.get("arch"))
+        return compile_key(row["op"], variant, row["transport"], row["tp"], row["hidden"],
+                           extra.get("arch"))
     return None
 
 
