@@ -190,7 +190,11 @@ def _plan(args, jobs: tuple[str, ...]):
         if args.run_id is None or args.no_results:
             raise ConfigError("--resume needs --run-id RUN (the run to complete) and rows "
                               "(not --no-results)")
-        if runs.read_manifest(args.results, args.run_id) is None:
+        try:
+            found = runs.read_manifest(args.results, args.run_id)
+        except runs.ManifestError as err:
+            raise ConfigError(f"--resume: {err}") from None
+        if found is None:
             raise ConfigError(f"--resume: no run {args.run_id!r} in --results {args.results}")
     check_backend_request(args.backend)
     if args.pool not in ("job", "off") and not (args.address or os.environ.get("RAY_ADDRESS")):
@@ -205,6 +209,12 @@ def _plan(args, jobs: tuple[str, ...]):
         if len(plan) != 1:
             raise ConfigError(f"trace: one suite at a time, got {names}")
         check_one_group(plan[0][1])
+    if not args.no_results:
+        from jobs.results import runs
+        try:
+            runs.runs_dir(args.results)
+        except runs.ManifestError as err:
+            raise ConfigError(f"--results: {err}") from None
     # Last, so that a command refused for another reason touched nothing.
     _check_outputs(args)
     return plan
@@ -265,6 +275,7 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
             if nightly:  # within the signal's grace (jobs.embedded.TERM_GRACE_S)
                 _alert_part(args, opened[0], rule, stop.code, budget_s=ALERT_BUDGET_STOPPED_S)
 
+    _take_lease(args)
     try:
         with ray_session(args.address) as how:
             try:
@@ -275,12 +286,19 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
                 raise
         (run,) = opened
         failing = run.summary()
-        run.finish(compact=nightly)
+        missing = run.finish(compact=nightly)
+        if missing:
+            print(f"\nrun {run.run_id} incomplete: {missing} planned case(s) have no row; "
+                  f"complete it (only the cases it lacks) with:\n  "
+                  f"{resume_command(args.argv, run.run_id)}", flush=True)
+            failing += missing
         if nightly:
             failing += _dashboard_part(args)
     except Interrupted as stop:
         on_stop(stop)  # (once: a run already marked is left as it is)
         raise
+    finally:
+        _release_lease(args, opened)
     tested = checked or any(run.run_counts()[o] for o in ("pass", "fail", "hang", "error"))
     if not tested and not args.allow_empty:
         print(f"\nno case ran: every case of this run was skipped (the reasons above) or none "
@@ -292,6 +310,35 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
     if nightly:
         _alert_part(args, run, rule, status)
     return status
+
+
+def _take_lease(args) -> None:
+    """A named run (``--run-id``, ``--resume`` too): take its lease
+    (:mod:`jobs.results.lease`) before Ray starts, so that a second driver
+    of the run is refused (exit 2, naming the live one) before it starts
+    anything; a fresh run id is the run's own (taken as the run opens)."""
+    if args.run_id is None or args.no_results:
+        return
+    from jobs.results import runs
+    try:
+        runs.begin(args.results, args.run_id, trigger=args.trigger, keep_alive=True)
+    except (runs.ManifestError, ValueError) as err:  # LeaseHeld among them
+        raise ConfigError(str(err)) from None
+
+
+def _release_lease(args, opened: list) -> None:
+    """However the sweep ended: a run it neither finished nor interrupted
+    is marked ``incomplete`` and its lease released (a failure to write
+    that is said in one line: what ended the sweep keeps its exit status)."""
+    from jobs.results import runs
+    try:
+        if opened:
+            opened[0].close()
+        elif args.run_id is not None and not args.no_results:
+            runs.release(args.results, args.run_id)
+    except (InfraError, runs.ManifestError) as err:
+        print(f"run {args.run_id or opened[0].run_id}: not released: {err}", file=sys.stderr,
+              flush=True)
 
 
 ALERT_BUDGET_STOPPED_S = 5.0
@@ -373,28 +420,30 @@ def _run_jobs(args, jobs: tuple[str, ...], plan, runners, view, heading: str, *,
           f"\ncommit: {environment.get('git_commit') or 'unknown'}"
           f"\nrun: {run.run_id} (trigger {run.trigger}); results: "
           f"{'not written' if args.no_results else args.results}", flush=True)
-    keys, parts = done_in_run(args.results, run.run_id) if args.resume else (set(), set())
+    done = done_in_run(args.results, run.run_id) if args.resume else set()
     checked = False
     for suite, cases in plan:
         print(f"\n#### suite {suite.name} v{suite.version} ({suite.path}): {suite.description}")
-        if "selfcheck" in jobs and suite.selfcheck and (suite.name, "selfcheck") not in parts:
-            _selfcheck_part(run, suite)
-            checked = True
-        if "compile-check" in jobs and suite.compile_check and \
-                (suite.name, "compile-check") not in parts:
-            _compile_part(run, suite, args)
-            checked = True
         # The nightly runs every placement the cluster offers a case
         # ("every topology"); a single job runs the best one.
         cases = view.concretize(cases, every=nightly, wanted=args.placement)
+        planned = _planned(suite, jobs, cases)
+        run.plan(k for keys in planned.values() for k in keys)
         if args.resume:
-            todo = [c for c in cases if c.key() not in keys]
-            print(f"resume: run {run.run_id} holds {len(cases) - len(todo)} of these "
-                  f"{len(cases)} case(s) already; running the other {len(todo)}"
-                  + "".join(f"; its {j} rows are kept, not rerun" for j in
-                            ("selfcheck", "compile-check")
-                            if j in jobs and (suite.name, j) in parts), flush=True)
-            cases = todo
+            total = sum(map(len, planned.values()))
+            held = {job: sum(k in done for k in keys) for job, keys in planned.items()}
+            print(f"resume: run {run.run_id} holds {sum(held.values())} of these {total} "
+                  f"planned case(s) already ("
+                  + ", ".join(f"{job} {held[job]} of {len(keys)}" for job, keys in planned.items())
+                  + f"); running the other {total - sum(held.values())}", flush=True)
+        if "selfcheck" in planned and not set(planned["selfcheck"]) <= done:
+            _selfcheck_part(run, suite, only=[k.split("/", 1)[1] for k in planned["selfcheck"]
+                                              if k not in done] if args.resume else None)
+            checked = True
+        if "compile-check" in planned and not set(planned["compile-check"]) <= done:
+            _compile_part(run, suite, args)
+            checked = True
+        cases = [c for c in cases if c.key() not in done]
         for job in ("correctness", "faults", "profile"):
             mine = [c for c in cases if c.job == job]
             if mine:
@@ -418,10 +467,33 @@ def prestart_count(cases, view) -> int:
     return min(tp * view.groups_per_gpu, 16) if view.backend == "gpu" else tp
 
 
-def _selfcheck_part(run, suite) -> None:
+def _planned(suite, jobs: tuple[str, ...], cases) -> dict[str, list[str]]:
+    """The case keys (``jobs.recorder.row_case_key``'s) of every job of
+    ``jobs`` that ``suite`` runs, by job, in run order: the self-check's
+    golden cases, the compile check's variants x arches, the (concrete)
+    kernel cases."""
+    from jobs.recorder import selfcheck_key
+    planned = {}
+    if "selfcheck" in jobs and suite.selfcheck:
+        from cluster.ops import golden_cases
+        names = suite.selfcheck["cases"] or sorted(golden_cases())
+        planned["selfcheck"] = [selfcheck_key(n) for n in names]
+    if "compile-check" in jobs and suite.compile_check:
+        from jobs.compile_check import planned_keys
+        c = suite.compile_check
+        planned["compile-check"] = planned_keys(c["ops"], c["hidden"], c["tp"], c["arch"])
+    for job in ("correctness", "faults", "profile"):
+        keys = [case.key() for case in cases if case.job == job]
+        if keys:
+            planned[job] = keys
+    return planned
+
+
+def _selfcheck_part(run, suite, only: list[str] | None = None) -> None:
+    """The suite's self-check (``only``: these golden cases of it, a resume's)."""
     from jobs import selfcheck
     print("\n== reference self-check: golden vectors recomputed with the torch references ==")
-    failures = selfcheck.run(argparse.Namespace(case=suite.selfcheck["cases"] or None),
+    failures = selfcheck.run(argparse.Namespace(case=only or suite.selfcheck["cases"] or None),
                              run.writer(suite.name), run.environment)
     run.count_external(Counter(fail=failures))
 
@@ -437,6 +509,8 @@ def _compile_part(run, suite, args) -> None:
         argv += ["--ops", ",".join(c["ops"])]
     argv += (["--no-results"] if run.results is None
              else ["--results", str(run.results), "--run-id", run.run_id])
+    if args.resume:
+        argv.append("--resume")
     status = compile_check.main(argv)
     run.count_external(Counter(fail=int(status != 0)))
 
@@ -964,6 +1038,7 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.embedded import terminate_raises
     argv = sys.argv[1:] if argv is None else list(argv)
     from jobs.results import ResultsError
+    from jobs.results.run_files import ManifestError
     command = _command_of(argv)
     with terminate_raises():
         try:
@@ -979,7 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
             if hasattr(args, "func"):
                 return args.func(args)
             return _sweep(args, args.jobs, nightly=args.nightly)
-        except (ConfigError, ResultsError) as err:
+        except (ConfigError, ResultsError, ManifestError) as err:
             print(f"python -m jobs {command}: error: {err}", file=sys.stderr)
             return exits.USAGE
         except InfraError as err:

@@ -154,11 +154,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile every variant, also those the compile cache holds with an "
                         "unchanged key (their entries are replaced)")
     add_results_arguments(p, suite="compile-check")
+    p.add_argument("--resume", action="store_true",
+                   help="with --run-id: compile only the variants the run holds no row of "
+                        "(and the publish twins their pair check needs, whose rows it has)")
     return p
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
+
+
+def variant_label(v: Variant) -> str:
+    """A compile row's ``variant``: the kernel, its detail, its watchdog budget."""
+    return (f"{v.kernel}" + (f"/{v.detail}" if v.detail else "")
+            + (f"/watchdog={v.budget_ns}ns" if v.budget_ns else ""))
+
+
+def variant_key(v: Variant, arch: str) -> str:
+    """The planned case (``jobs.recorder.compile_key``) that the row
+    :func:`result_row` writes for ``v`` on ``arch`` completes."""
+    from jobs.recorder import compile_key
+    return compile_key(v.op, variant_label(v), None if v.transport == "-" else v.transport,
+                       v.tp, v.hidden, arch)
+
+
+def planned_keys(ops: Sequence[str] | None, hiddens: Sequence[int], tps: Sequence[int],
+                 archs: Sequence[str]) -> list[str]:
+    """The case keys of a selection (``ops`` None: every registered op), in run order."""
+    found = compile_selection.variants(ops if ops else registered_ops(), hiddens, tps)
+    return [variant_key(v, arch) for arch in archs for v in found]
 
 
 def result_row(r: Row, environment: dict) -> dict:
@@ -168,9 +192,7 @@ def result_row(r: Row, environment: dict) -> dict:
     repro = (f"python -m jobs compile-check --arch {r.arch} --ops {v.op}"
              + (f" --hidden {v.hidden}" if v.hidden else "") + (f" --tp {v.tp}" if v.tp else ""))
     return make_row(
-        started_at=r.started_at, finished_at=r.finished_at, op=v.op,
-        variant=f"{v.kernel}" + (f"/{v.detail}" if v.detail else "")
-        + (f"/watchdog={v.budget_ns}ns" if v.budget_ns else ""),
+        started_at=r.started_at, finished_at=r.finished_at, op=v.op, variant=variant_label(v),
         transport=None if v.transport == "-" else v.transport, backend="compile", job="compile-check",
         tp=v.tp, hidden=v.hidden, outcome="fail" if r.errors else "pass",
         reason="; ".join(r.errors) or None, repro_command=None if not r.errors else repro,
@@ -202,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"compile-check: {exc}", file=sys.stderr)
         return exits.USAGE
+    done = _done(args, variants)
 
     tmp = None
     dump_root = args.dump_dir
@@ -217,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with refreshing() if args.all else contextlib.nullcontext():
             for arch in args.arch:
                 for v in variants:
+                    if variant_key(v, arch) in done.get("skip", ()):
+                        continue
                     row = run_variant(v, arch, dump_root, len(rows))
                     rows.append(row)
                     if v.pair_key is None:  # publishes are checked in pairs below
@@ -227,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for row in rows:
             if row.variant.pair_key is not None:
                 print(format_row(row), flush=True)
-                if writer:
+                if writer and variant_key(row.variant, row.arch) not in done.get("keys", ()):
                     writer.append(result_row(row, environment))
     finally:
         if tmp is not None:
@@ -241,6 +266,33 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(import cutlass {t_import:.1f} s), PTX in {args.dump_dir or 'a temp dir (removed)'}")
     report(writer, len(failed), args)
     return 1 if failed else 0
+
+
+def _done(args: argparse.Namespace, variants: list[Variant]) -> dict:
+    """``--resume``: ``{"keys": the run's compile rows' case keys, "skip":
+    the (variant, arch) not to compile}``: those with a row, unless a
+    publish twin without one needs their PTX for its pair check (then it
+    is compiled, the compile cache serving it, and not written again)."""
+    if not args.resume:
+        return {}
+    from jobs.recorder import done_in_run
+    keys = done_in_run(args.results, args.run_id, job="compile-check")
+    twins: dict[tuple, list[str]] = {}
+    for arch in args.arch:
+        for v in variants:
+            if v.pair_key is not None:
+                twins.setdefault((v.pair_key, arch), []).append(variant_key(v, arch))
+    skip = {variant_key(v, arch) for arch in args.arch for v in variants
+            if variant_key(v, arch) in keys
+            and all(k in keys for k in twins.get((v.pair_key, arch), ()))}
+    planned = len(args.arch) * len(variants)
+    held = sum(variant_key(v, arch) in keys for arch in args.arch for v in variants)
+    again = planned - len(skip) - (planned - held)
+    print(f"resume: run {args.run_id} holds {held} of these {planned} compile case(s) "
+          f"already; compiling the other {planned - held}"
+          + (f" (and again {again} publish twin(s) their pair check needs)" if again else ""),
+          flush=True)
+    return {"keys": keys, "skip": skip}
 
 
 if __name__ == "__main__":

@@ -36,21 +36,49 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def done_in_run(results: Path, run_id: str) -> tuple[set[str], set[tuple[str, str]]]:
-    """What run ``run_id`` already holds: the keys of its completed cases
-    (:meth:`jobs.config.Case.key`, from ``extra.case_key``) and the
-    ``(suite, job)`` pairs it has rows of (the self-check and compile check
-    have no cases)."""
+def selfcheck_key(name: str) -> str:
+    """The planned case of the self-check's golden case ``name``."""
+    return f"selfcheck/{name}"
+
+
+def compile_key(op: str, variant: str, transport: str | None, tp: int | None,
+                hidden: int | None, arch: str | None) -> str:
+    """The planned case of a compile check row, from its columns (``extra.arch``
+    among them): one variant on one arch (``jobs.compile_check.variant_key``)."""
+    return f"compile-check/{op}/{variant}/{transport or '-'}/tp{tp}/h{hidden}/{arch}"
+
+
+def row_case_key(job: str | None, variant: str | None, extra: dict, row: dict) -> str | None:
+    """The planned case a results row completes (None: a further row of a
+    case, e.g. a profile's baseline): ``extra.case_key`` of a kernel job's
+    row (:meth:`jobs.config.Case.key`), the golden case of a self-check row
+    (:func:`selfcheck_key`), variant x arch of a compile check row
+    (:func:`compile_key`)."""
+    if extra.get("case_key"):
+        return extra["case_key"]
+    if job == "selfcheck" and variant:
+        return selfcheck_key(variant)
+    if job == "compile-check":
+        return compile_key(row["op"], variant, row["transport"], row["tp"], row["hidden"],
+                           extra.get("arch"))
+    return None
+
+
+def done_in_run(results: Path, run_id: str, *, job: str | None = None) -> set[str]:
+    """The planned cases run ``run_id`` holds a row of (:func:`row_case_key`),
+    of every job or of ``job``."""
     import json
 
     from jobs.results import read_results
-    table = read_results(results, filters={"run_id": run_id}, columns=["suite", "job", "extra"])
+    filters = {"run_id": run_id, **({"job": job} if job else {})}
+    table = read_results(results, filters=filters,
+                         columns=["job", "op", "variant", "transport", "tp", "hidden", "extra"])
     keys = set()
-    for extra in table.column("extra").to_pylist():
-        key = json.loads(extra or "{}").get("case_key")
+    for row in table.to_pylist():
+        key = row_case_key(row["job"], row["variant"], json.loads(row["extra"] or "{}"), row)
         if key:
             keys.add(key)
-    return keys, set(zip(table.column("suite").to_pylist(), table.column("job").to_pylist()))
+    return keys
 
 
 def case_seed(case: Case, repeat: int = 0) -> int:
@@ -144,10 +172,13 @@ class Run:
         """Set by :meth:`finish` (the manifest says ``finished``)."""
         self.stopped_by: str | None = None
         """The signal :meth:`interrupted` handled (once)."""
-        self._beat = 0.0
+        self.planned: set[str] = set()
+        """The keys of the cases this invocation plans (:meth:`plan`): the
+        run is ``finished`` only when each has its row (:meth:`finish`)."""
         if results is not None:
             from jobs.results import runs
-            runs.begin(results, self.run_id, trigger=trigger, facts=self.environment)
+            runs.begin(results, self.run_id, trigger=trigger, facts=self.environment,
+                       keep_alive=True)
         self._writers: dict[str, Any] = {}
         self._table: Table | None = None
         self._bar = None
@@ -364,7 +395,6 @@ class Run:
         if writer is not None:
             writer.append(row)
             self.rows_written += 1
-            self.heartbeat()
         self.counts[outcome] += 1
         if outcome in FAILING:
             self.failing.append({**row, "suite": suite.name})
@@ -387,26 +417,40 @@ class Run:
             self._progress()
         return row
 
-    def heartbeat(self) -> None:
-        """Refresh the run manifest's heartbeat (at most every
-        ``runs.HEARTBEAT_EVERY_S``)."""
-        import time
+    def plan(self, keys) -> None:
+        """Add planned case keys (:func:`row_case_key`'s): every case of
+        every job this invocation means to have a row of."""
+        self.planned.update(keys)
 
-        from jobs.results import runs
-        if self.results is not None and time.monotonic() - self._beat > runs.HEARTBEAT_EVERY_S:
-            runs.heartbeat(self.results, self.run_id)
-            self._beat = time.monotonic()
+    def missing(self) -> int:
+        """Planned cases the run holds no row of (0 without rows written)."""
+        if self.results is None or not self.planned:
+            return 0
+        return len(self.planned - done_in_run(self.results, self.run_id))
 
-    def finish(self, *, compact: bool = False) -> None:
-        """Mark the run finished in its manifest (a run is ``incomplete``
-        until then, once its driver is gone); ``compact``: first rewrite its
-        rows as one file per partition (``jobs.results.compact_run``)."""
+    def finish(self, *, compact: bool = False) -> int:
+        """End the run in its manifest (a run is ``incomplete`` until then,
+        once its driver is gone) and release its lease: ``finished`` when
+        every planned case (:meth:`plan`) has its row, else ``incomplete``
+        with the number missing, which is returned (0: finished);
+        ``compact``: first rewrite its rows as one file per partition
+        (``jobs.results.compact_run``)."""
         if self.results is None:
-            return
+            return 0
         from jobs.results import runs
         self._compact(compact)
-        runs.finish(self.results, self.run_id, counts=dict(self.run_counts()))
+        missing = self.missing()
+        runs.finish(self.results, self.run_id, counts=dict(self.run_counts()), missing=missing)
         self.finished = True
+        return missing
+
+    def close(self) -> None:
+        """The driver is done with the run, however it ended: a run neither
+        finished nor interrupted is marked ``incomplete`` and its lease
+        released (idempotent; nothing to do for the others)."""
+        if self.results is not None and not self.finished and self.stopped_by is None:
+            from jobs.results import runs
+            runs.release(self.results, self.run_id)
 
     def _compact(self, compact: bool) -> None:
         if compact and self._writers:

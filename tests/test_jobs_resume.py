@@ -36,8 +36,8 @@ def test_resume_runs_only_what_the_run_lacks(tmp_path):
     again = jobs_cli(*common, "--resume")
     out = again.stdout
     assert again.returncode == 0, out[-3000:] + again.stderr[-3000:]
-    assert "resume: run cut-short holds 1 of these 3 case(s) already; running the other 2; " \
-           "its selfcheck rows are kept, not rerun" in out, out[-3000:]
+    assert "resume: run cut-short holds 12 of these 14 planned case(s) already (selfcheck " \
+           "11 of 11, correctness 1 of 3); running the other 2" in out, out[-3000:]
     assert "== reference self-check" not in out
     rows = read_results(results).to_pylist()
     jobs = Counter(r["job"] for r in rows)

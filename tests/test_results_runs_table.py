@@ -50,12 +50,19 @@ def test_a_hand_edited_manifest_does_not_stop_the_table(tmp_path):
     root = tmp_path / "results"
     runs.begin(root, "good", trigger="adhoc", facts=FACTS)
     bad = runs.manifest_path(root, "bad")
-    bad.write_text(json.dumps({"run_id": "bad", "status": "finished", "started_at": "yesterday",
+    bad.write_text(json.dumps({"run_id": "bad", "status": "finished",
                                "facts": {"gpu_count": "eight", "torch": "2.13.0"}}))
-    runs_table.write(root)
-    row = _rows(root)["bad"]
+    damaged = runs.manifest_path(root, "damaged")
+    damaged.write_text(json.dumps({"run_id": "damaged", "status": "finished",
+                                   "started_at": "yesterday"}))
+    with pytest.warns(runs.ManifestWarning, match=rf"{damaged}: damaged run manifest "
+                                                  r"\(started_at is \"yesterday\", not an ISO"):
+        runs_table.write(root)
+    rows = _rows(root)
+    row = rows["bad"]  # a fact of the wrong type: that fact only is left out
     assert (row["gpu_count"], row["started_at"], row["torch"]) == (None, None, "2.13.0")
-    assert _rows(root)["good"]["gpu_count"] == 8
+    assert rows["good"]["gpu_count"] == 8
+    assert "damaged" not in rows  # a damaged manifest: said, and left out
 
 
 WRITER = """

@@ -6,7 +6,7 @@ stays exactly the rows (a DuckDB glob does not skip ``_runs``; the
 quarantine renames its files for the same reason).
 
 Columns: ``run_id``, ``trigger``, ``status`` (as the manifest records it:
-``running``, ``finished`` or ``interrupted``; whether a ``running`` run's
+``running``, ``finished``, ``interrupted`` or ``incomplete``; whether a ``running`` run's
 driver is gone is decided at read time, ``runs.effective_status``),
 ``started_at``, ``finished_at``, then the per-run facts
 (``runs.RUN_FACTS``), each with its results column's type
