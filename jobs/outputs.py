@@ -59,7 +59,8 @@ def check_append_file(flag: str, path: Path) -> Path:
                               f"{'is not a directory' if folder.exists() else 'does not exist'}")
     except OSError as err:  # e.g. a name too long
         raise ConfigError(f"{flag} {path}: {err.strerror or err}") from None
-    return check_dir(f"{flag} {path}: its folder", folder)
+    check_dir(f"{flag} {path}: its folder", folder)
+    return path
 
 
 def site_refusal(path: Path) -> str | None:

@@ -322,7 +322,8 @@ def test_the_summary_is_appended_never_truncated(tmp_path):
     alerts.append_summary(new, "### only\n")
     assert new.read_text() == "### only\n"
     assert outputs.check_append_file("--summary-md", path) == path
-    assert outputs.check_append_file("--summary-md", tmp_path / "fresh.md")
+    assert outputs.check_append_file("--summary-md", tmp_path / "fresh.md") == \
+        tmp_path / "fresh.md"
     with pytest.raises(ConfigError, match="does not exist"):
         outputs.check_append_file("--summary-md", tmp_path / "gone" / "x.md")
     (tmp_path / "link.md").symlink_to(tmp_path / "nowhere")
