@@ -34,7 +34,6 @@ import os
 import re
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections import Counter
 from pathlib import Path

@@ -1,13 +1,13 @@
 """Where the jobs write, checked before anything starts (ConfigError, exit 2,
 naming the option and the path): an output directory is one this user can
 create files in; an output file does not exist yet (nothing is written over
-a file lamport-lab did not make), except a file that is appended to
-(``--summary-md``: a CI job summary, which every step of a job appends to),
-which is a regular file or new, in a folder that exists; the dashboard's site directory is one the
-site builder made (it holds ``SITE_MARKER``) or an empty one, since each
-build replaces it whole; and no output lies inside another (a results
-dataset inside the site would go with the next build; a trace or a copy
-inside the dataset would be read as part of it).
+a file lamport-lab did not make), except a file appended to
+(``--summary-md``: a CI job summary, which every step of a job appends
+to), a regular file or a new one in a folder that exists; the dashboard's
+site directory is one the site builder made (it holds ``SITE_MARKER``) or
+an empty one, since each build replaces it whole; and no output lies
+inside another (a results dataset inside the site would go with the next
+build; a trace or a copy inside the dataset would be read as part of it).
 """
 
 from __future__ import annotations
