@@ -232,13 +232,15 @@ def _check_outputs(args) -> None:
             where["--site"] = outputs.check_site("--site", args.site)
     if getattr(args, "trace_out", None) is not None:
         where["--trace-out"] = outputs.check_new_file("--trace-out", args.trace_out)
+    if getattr(args, "nightly", False):  # the webhooks, read and checked whole (jobs.alerts)
+        from jobs.alerts import webhooks
+        args.notify = webhooks(args)
     if getattr(args, "notify", None) or getattr(args, "summary_md", None) is not None:
         if args.no_results:
             raise ConfigError("--notify / --summary-md: the alert is made from the run's rows; "
                               "drop --no-results")
         if args.summary_md is not None:
-            from jobs.alerts import check_summary_path
-            where["--summary-md"] = check_summary_path("--summary-md", args.summary_md)
+            where["--summary-md"] = outputs.check_append_file("--summary-md", args.summary_md)
     outputs.check_apart(where)
 
 
@@ -270,8 +272,14 @@ def _sweep(args, jobs: tuple[str, ...], *, nightly: bool = False) -> int:
 
     def on_stop(stop: Interrupted) -> None:
         if opened:
-            opened[0].interrupted(stop, compact=nightly,
-                                  resume=resume_command(args.argv, opened[0].run_id))
+            run = opened[0]
+            shown = run.stopped_by is None and run.results is not None and not run.finished
+            run.interrupted(stop, compact=nightly, resume=resume_command(args.argv, run.run_id))
+            from jobs.alerts import secret_free
+            hidden = secret_free(args.argv)[1]
+            if shown and hidden:  # the resume command names them for --notify's URLs
+                print(f"  (--notify's URL is a secret, shown nowhere: export "
+                      f"{' and '.join(hidden)} with it first)", flush=True)
             if nightly:  # within the signal's grace (jobs.embedded.TERM_GRACE_S)
                 _alert_part(args, opened[0], rule, stop.code, budget_s=ALERT_BUDGET_STOPPED_S)
 
@@ -359,8 +367,10 @@ def _alert_part(args, run, rule, status: int, *, budget_s: float | None = None) 
 def resume_command(argv: list[str], run_id: str) -> str:
     """The command line ``argv`` (after ``python -m jobs``) that completes
     run ``run_id``: with ``--run-id`` and ``--resume`` added where absent,
-    run by this interpreter, shell-quoted."""
-    words = list(argv)
+    each ``--notify URL`` (a secret) as ``--notify-env VAR``
+    (:func:`jobs.alerts.secret_free`), run by this interpreter, shell-quoted."""
+    from jobs.alerts import secret_free
+    words, _ = secret_free(argv)
     if not any(w == "--run-id" or w.startswith("--run-id=") for w in words):
         words += ["--run-id", run_id]
     if "--resume" not in words:
@@ -686,6 +696,11 @@ def _submit(args) -> int:
     job = _parse_job(command)
     if job is None:
         return exits.USAGE
+    if getattr(job, "notify", None):
+        raise ConfigError("--notify URL: Ray keeps a submitted job's command line and shows it "
+                          "(jobs status, the dashboard), and a webhook's URL is a secret: pass "
+                          "it as --notify-env VAR (set where the head runs) or --notify-file "
+                          "PATH (a file there)")
     for name in ("results", "site"):
         path = getattr(job, name, None)
         if path is not None and not getattr(job, "no_results", False) and not path.is_absolute():
@@ -851,23 +866,33 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             p.add_argument("--site", type=path_arg, default=DEFAULT_SITE,
                            help="dashboard output directory (default: %(default)s)")
             p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard")
-            from jobs.alerts import check_url
+            from jobs.alerts import check_site_url, check_url, env_name
             p.add_argument("--notify", type=check_url, action="append", default=None,
                            metavar="URL",
                            help="post the run's alert (generic webhook JSON: counts, worst "
                                 "cases with repro commands, page links; docs/alerts.md) to URL "
                                 "when it has something to say (regressions, failures, hangs, "
                                 "a run not finished); repeatable; retried with backoff, never "
-                                "failing the run")
+                                "failing the run; shown only redacted (scheme and host)")
+            p.add_argument("--notify-env", type=env_name, action="append", default=None,
+                           metavar="VAR",
+                           help="the same, the URL taken from environment variable VAR (e.g. "
+                                "LAMPORT_NOTIFY_URL): out of shell history and CI logs; "
+                                "repeatable")
+            p.add_argument("--notify-file", type=path_arg, action="append", default=None,
+                           metavar="PATH",
+                           help="the same, the URL taken from the first line of file PATH; "
+                                "repeatable")
             p.add_argument("--notify-on", choices=("news", "always"), default="news",
                            help="post when the run has something to say (news, the default) "
                                 "or after every run (always: a green run's message too)")
             p.add_argument("--summary-md", type=path_arg, default=None, metavar="FILE",
-                           help="write the same alert as Markdown (a CI job summary): a new "
-                                "file, or an existing empty one")
-            p.add_argument("--site-url", default=None, metavar="URL",
-                           help="where --site is served, for the alert's links (default: "
-                                "file:// links to --site)")
+                           help="append the same alert as Markdown to FILE, made when missing "
+                                "in an existing folder (a CI job summary, e.g. "
+                                "$GITHUB_STEP_SUMMARY), whatever the run had to say")
+            p.add_argument("--site-url", type=check_site_url, default=None, metavar="URL",
+                           help="where --site is served, for the alert's links: http(s)://... "
+                                "or a relative path (default: file:// links to --site)")
             p.add_argument("--jobs", type=str_list(NIGHTLY_JOBS), default=NIGHTLY_JOBS,
                            metavar="A,B",
                            help=f"the suite's jobs to run, comma-separated (default: all: "

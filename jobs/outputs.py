@@ -1,11 +1,13 @@
 """Where the jobs write, checked before anything starts (ConfigError, exit 2,
 naming the option and the path): an output directory is one this user can
 create files in; an output file does not exist yet (nothing is written over
-a file lamport-lab did not make); the dashboard's site directory is one the
-site builder made (it holds ``SITE_MARKER``) or an empty one, since each
-build replaces it whole; and no output lies inside another (a results
-dataset inside the site would go with the next build; a trace or a copy
-inside the dataset would be read as part of it).
+a file lamport-lab did not make), except a file appended to
+(``--summary-md``: a CI job summary, which every step of a job appends
+to), a regular file or a new one in a folder that exists; the dashboard's
+site directory is one the site builder made (it holds ``SITE_MARKER``) or
+an empty one, since each build replaces it whole; and no output lies
+inside another (a results dataset inside the site would go with the next
+build; a trace or a copy inside the dataset would be read as part of it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,31 @@ def check_new_file(flag: str, path: Path) -> Path:
         raise ConfigError(f"{flag} {path} exists; give a path that does not (lamport-lab "
                           f"writes over no file it did not make)")
     check_dir(f"{flag} {path}: its folder", path.parent)
+    return path
+
+
+def check_append_file(flag: str, path: Path) -> Path:
+    """``path`` may be appended to: a regular file (or a link to one) this
+    user may write, or a new file in an existing folder it may write in.
+    Nothing is created here; what was there is never truncated."""
+    import os
+    try:
+        if path.exists():
+            if not path.is_file():
+                raise ConfigError(f"{flag} {path} exists and is not a regular file; give a "
+                                  f"file to append to, or a new one")
+            if not os.access(path, os.W_OK):
+                raise ConfigError(f"{flag} {path}: this user may not write to it")
+            return path
+        if path.is_symlink():
+            raise ConfigError(f"{flag} {path} is a broken symbolic link")
+        folder = path.parent
+        if not folder.is_dir():
+            raise ConfigError(f"{flag} {path}: its folder {folder} "
+                              f"{'is not a directory' if folder.exists() else 'does not exist'}")
+    except OSError as err:  # e.g. a name too long
+        raise ConfigError(f"{flag} {path}: {err.strerror or err}") from None
+    check_dir(f"{flag} {path}: its folder", folder)
     return path
 
 

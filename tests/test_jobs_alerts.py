@@ -6,6 +6,7 @@ and on time with a webhook that never answers."""
 
 import datetime as dt
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -190,13 +191,8 @@ def test_a_server_that_never_answers_is_bounded(silent_url, recorder):
 
 def test_bad_usage_is_refused_before_anything_runs(tmp_path, capsys):
     assert cli.main(["nightly", "--notify", "ftp://x/y", "--results", str(tmp_path / "r")]) == 2
-    assert ("argument --notify: 'ftp://x/y' is not an http:// or https:// URL with a host"
+    assert ("argument --notify: ftp://x/…redacted is not an http:// or https:// URL with a host"
             in capsys.readouterr().err)
-    taken = tmp_path / "taken.md"
-    taken.write_text("someone's")
-    assert cli.main(["nightly", "--summary-md", str(taken), "--results",
-                     str(tmp_path / "r"), "--site", str(tmp_path / "s")]) == 2
-    assert f"--summary-md {taken} exists" in capsys.readouterr().err
     assert cli.main(["nightly", "--notify", "http://127.0.0.1:9/", "--no-results"]) == 2
     assert "drop --no-results" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
@@ -218,31 +214,86 @@ repeats = 1
 """
 
 
+SECRET_PATH = "/services/T0SECRET/B1SECRET/xyzSECRETtoken"
+"""A webhook's path: its secret. Nothing the nightly writes may hold it."""
+
+
+def _answering(reply: bytes):
+    """A server that answers every connection with ``reply`` and closes it;
+    its base URL."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = s.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(reply)
+                except OSError:
+                    pass
+    threading.Thread(target=serve, daemon=True).start()
+    return s, f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _redacted(url: str) -> str:
+    return url.split("/", 3)[0] + "//" + url.split("/", 3)[2] + "/…redacted"
+
+
 @pytest.mark.xdist_group("ray")
 @pytest.mark.timeout(600)
 def test_a_nightly_stays_green_and_on_time_with_a_silent_webhook(tmp_path, silent_url,
                                                                    recorder):
+    """Five webhooks, each with a secret path, given three ways (--notify,
+    --notify-env, --notify-file): one never answers, one redirects to a URL
+    http.client refuses (InvalidURL), one answers garbage (BadStatusLine),
+    one records. The nightly is green and exits 0; the summary is appended
+    to what an earlier step wrote; the secret path is in nothing it wrote
+    (stdout, stderr, every file under results/ and site/, the summary)."""
     suite = tmp_path / "tiny.toml"
     suite.write_text(TINY)
     r = recorder()
+    garbage_sock, garbage = _answering(b"garbage\r\n\r\n")
+    redirect_sock, redirect = _answering(b"HTTP/1.1 302 Found\r\nLocation: "
+                                         b"http://127.0.0.1:notaport/x\r\n"
+                                         b"Content-Length: 0\r\n\r\n")
+    silent, redirect, recording, garbage = (silent_url + SECRET_PATH, redirect + SECRET_PATH,
+                                            r.url + SECRET_PATH, garbage + SECRET_PATH)
+    hook_file = tmp_path / "hook.txt"
+    hook_file.write_text(garbage + "\n")
     summary = tmp_path / "summary.md"
-    summary.write_text("")  # a CI system's empty job summary file is taken
+    summary.write_text("## an earlier step\n")  # a CI job summary: appended to
     argv = [sys.executable, "-m", "jobs", "nightly", "--config", str(suite), "--jobs",
             "correctness", "--results", str(tmp_path / "results"), "--site",
-            str(tmp_path / "site"), "--notify", silent_url, "--notify", r.url,
+            str(tmp_path / "site"), "--notify", silent, "--notify", redirect,
+            "--notify-env", "HOOK_OK", "--notify-file", str(hook_file),
             "--notify-on", "always", "--summary-md", str(summary)]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["HOOK_OK"] = recording
     t0 = time.monotonic()
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=500)
+    try:
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=500,
+                              env=env)
+    finally:
+        garbage_sock.close()
+        redirect_sock.close()
     took = time.monotonic() - t0
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     # the silent hook cost its budget at most (alerts.BUDGET_S), and the
     # recording one still got the message within what was left
-    line = next(x for x in out.splitlines() if x.startswith(f"alerts: {silent_url}"))
+    line = next(x for x in out.splitlines() if x.startswith(f"alerts: {_redacted(silent)}"))
     assert "NOT delivered" in line, line
     spent = float(line.rsplit(", ", 1)[1].split(" s")[0])
     assert spent <= alerts.BUDGET_S + 1
-    assert f"alerts: {r.url}: delivered after 1 attempt(s)" in out
+    assert f"alerts: {_redacted(recording)}: delivered after 1 attempt(s)" in out
+    assert f"alerts: {_redacted(redirect)}: NOT delivered (InvalidURL: " in out, out[-3000:]
+    assert f"alerts: {_redacted(garbage)}: NOT delivered (BadStatusLine: " in out, out[-3000:]
     assert len(r.bodies) == 1
     ctype, body = r.bodies[0]
     assert ctype == "application/json"
@@ -250,11 +301,20 @@ def test_a_nightly_stays_green_and_on_time_with_a_silent_webhook(tmp_path, silen
     assert body["counts"] == {"pass": 2, "fail": 0, "hang": 0, "error": 0, "skipped": 0}
     assert body["suites"] == ["tiny"] and body["exit_status"] == 0
     assert body["links"]["overview"] == (tmp_path / "site").resolve().as_uri() + "/index.html"
-    assert summary.read_text() == body["text"]
+    assert summary.read_text() == "## an earlier step\n\n" + body["text"]
     manifest = runs_mod.read_manifest(tmp_path / "results", body["run_id"])
     (entry,) = manifest["notify"]
-    assert [d["ok"] for d in entry["deliveries"]] == [False, True]
+    assert [d["ok"] for d in entry["deliveries"]] == [False, False, True, False]
+    assert [d["url"] for d in entry["deliveries"]] == \
+        [_redacted(u) for u in (silent, redirect, recording, garbage)]
     assert took < 300, took
+    # the secret is in nothing the run wrote
+    written = [p for top in ("results", "site") for p in (tmp_path / top).rglob("*")
+               if p.is_file()] + [summary]
+    assert len(written) > 10
+    assert "SECRET" not in out
+    leaks = [str(p) for p in written if b"SECRET" in p.read_bytes()]
+    assert not leaks, leaks
     # the run's own rows carry the straggler columns, and its site their section
     rows = read_results(tmp_path / "results").to_pylist()
     ranked = [r for r in rows if r["job"] == "correctness"]
