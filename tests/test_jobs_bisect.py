@@ -420,9 +420,15 @@ def test_bisect_finds_the_slowdown_under_machine_noise(repo, tmp_path):
 @pytest.mark.xdist_group("ray")
 @pytest.mark.timeout(900)
 def test_a_range_that_does_not_reproduce_exits_1(repo, tmp_path):
+    """One commit after good, both before the wrong one: step 0 runs bad and
+    good only (no commit between them to probe), each in the worktree the
+    wrong-element bisect made for it (its probes of notes 5 and 6)."""
     repo_dir, commits = repo
+    good, bad = commits["commits"][4:6]  # notes 5 and 6
+    assert commits["commits"].index(commits["wrong"]) > 5
     done, _, _, _ = _bisect(repo_dir, tmp_path / "results", "--case", WRONG_KEY, "--kind",
-                            "wrong", "--good", commits["base"], "--bad", commits["commits"][2])
+                            "wrong", "--good", good, "--bad", bad)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-4000:]
-    assert f"the range does not reproduce (bad {commits['commits'][2][:12]} is good)" in out
+    assert f"the range does not reproduce (bad {bad[:12]} is good)" in out
+    assert len([x for x in done.stdout.splitlines() if x.startswith("step 0: ")]) == 2
