@@ -432,7 +432,8 @@ def _compile_part(run, suite, args) -> None:
     print("\n== kernel compile check: kernel variants compiled without a GPU, PTX checked ==",
           flush=True)
     argv = ["--arch", ",".join(c["arch"]), "--hidden", ",".join(map(str, c["hidden"])),
-            "--tp", ",".join(map(str, c["tp"])), "--trigger", run.trigger, "--partition", suite.name]
+            "--tp", ",".join(map(str, c["tp"])), "--trigger", run.trigger,
+            "--partition", suite.name]
     if c["ops"]:
         argv += ["--ops", ",".join(c["ops"])]
     argv += (["--no-results"] if run.results is None

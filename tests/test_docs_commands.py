@@ -82,12 +82,12 @@ H200_BUILD = (".venv/bin/python -m dashboards build --results "
               "docs/results/data/h200_nightly_smoke_2026-11-29 --out artifacts/h200site")
 DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     # README: the two commands it opens with.
-    "scripts/setup && .venv/bin/python -m jobs nightly --suite smoke                          # set "
-    "up, run the main job":
+    "scripts/setup && .venv/bin/python -m jobs nightly --suite smoke                          "
+    "# set up, run the main job":
         Run(after=".venv/bin/python", covered=".ci/run (scripts/setup --dev)", append=SMALL,
             creates=("results/_runs/runs.pq", "site/index.html"), ray=True),
-    "scripts/setup --dev && .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15   # set "
-    "up, run the tests":
+    "scripts/setup --dev && .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15   "
+    "# set up, run the tests":
         Covered(".ci/run"),
     # README: the jobs, the cache, the simulated cluster, the trace.
     ".venv/bin/python -m jobs --help": Run(),

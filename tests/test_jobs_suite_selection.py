@@ -39,7 +39,8 @@ def test_compile_check_of_the_smoke_suite_compiles_its_subset(compiled, tmp_path
                                        compile_selection.DEFAULT_TP)
     assert 0 < len(compiled) < len(every) * len(compile_selection.DEFAULT_ARCHS)
     assert {arch for _, arch in compiled} == set(smoke["arch"]) == {"sm_90a"}
-    ident = lambda v: (v.op, v.kernel, v.transport, v.budget_ns, v.hidden, v.tp, v.detail)  # noqa: E731
+    def ident(v):
+        return v.op, v.kernel, v.transport, v.budget_ns, v.hidden, v.tp, v.detail
     mine = compile_selection.variants(compile_selection.registered_ops(),  # ops = "*"
                                       smoke["hidden"], smoke["tp"])
     assert sorted(map(ident, (v for v, _ in compiled)), key=repr) == sorted(map(ident, mine),
