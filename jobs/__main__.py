@@ -32,9 +32,9 @@ from jobs import exits, limits
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
 from jobs.exits import InfraError, Interrupted
 from jobs.head import DASHBOARD_MODES, DEFAULT_HEAD_DIR, HEAD_DIR_ENV
-from jobs.options import (DEFAULT_RESULTS, add_results_arguments, groups_per_gpu,
-                          int_list, name_arg, number, open_results, path_arg,
-                          pool_choice, report, str_list)
+from jobs.options import (DEFAULT_RESULTS, add_results_arguments, add_suite_arguments,
+                          groups_per_gpu, int_list, name_arg, number, open_results, path_arg,
+                          pool_choice, report, selected_suite, str_list)
 
 DEFAULT_SITE = Path("site")
 
@@ -514,7 +514,8 @@ def _compile_part(run, suite, args) -> None:
     print("\n== kernel compile check: kernel variants compiled without a GPU, PTX checked ==",
           flush=True)
     argv = ["--arch", ",".join(c["arch"]), "--hidden", ",".join(map(str, c["hidden"])),
-            "--tp", ",".join(map(str, c["tp"])), "--trigger", run.trigger, "--suite", suite.name]
+            "--tp", ",".join(map(str, c["tp"])), "--trigger", run.trigger,
+            "--partition", suite.name]
     if c["ops"]:
         argv += ["--ops", ",".join(c["ops"])]
     argv += (["--no-results"] if run.results is None
@@ -585,7 +586,10 @@ def _dashboard_part(args) -> int:
 # ----------------------------------------------------------------- others
 def _selfcheck(args: argparse.Namespace) -> int:
     from jobs import selfcheck
-    writer, environment = open_results(args)
+    suite = selected_suite(args, "selfcheck")
+    if suite is not None and args.case is None:  # --case narrows further
+        args.case = suite.selfcheck["cases"] or None
+    writer, environment = open_results(args, suite)
     failures = selfcheck.run(args, writer, environment)
     report(writer, failures, args)
     return exits.FAILED if failures else exits.OK
@@ -922,7 +926,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=_regress)
     p = sub.add_parser("selfcheck", help="recompute every golden vector with the torch references")
     if full("selfcheck"):
-        add_results_arguments(p, suite="selfcheck")
+        add_suite_arguments(p, section="selfcheck", default="no suite: every golden case")
+        add_results_arguments(p, partition="selfcheck")
         from jobs import selfcheck
         selfcheck.add_arguments(p)
     p.set_defaults(func=_selfcheck)

@@ -4,11 +4,16 @@ without a GPU and check its PTX.
 The variants are the registered ops' (each op's declaration names the
 kernel-side provider that turns the requested hidden sizes and tp values
 into :class:`kernels.ptx_checks.Variant` objects; selection and defaults:
-:mod:`jobs.compile_selection`). Per variant and per arch: the PTX dump
-exists, targets the arch and holds an ``.entry`` containing the variant's
-``entry``, whose instruction lines pass the variant's check
-(:func:`kernels.ptx_checks.check_variant`); unicast and multicast publish
-twins differ only in their stores (:func:`check_pairs`).
+:mod:`jobs.compile_selection`). ``--suite NAME`` (or ``--config PATH``)
+compiles what the suite's ``[compile_check]`` selects, as the nightly of that
+suite does, its rows in the suite's partition; ``--arch``, ``--ops``,
+``--hidden`` and ``--tp`` replace the suite's value of theirs. Without a
+suite: every variant of every arch, its rows in ``suite=compile-check``.
+
+Per variant and per arch: the PTX dump exists, targets the arch and holds
+an ``.entry`` containing the variant's ``entry``, whose instruction lines
+pass the variant's check (:func:`kernels.ptx_checks.check_variant`); unicast
+and multicast publish twins differ only in their stores (:func:`check_pairs`).
 
 Compiles go through the persistent compile cache (:mod:`kernels.compile_cache`):
 a variant whose key (kernel sources, config, arch, CuTe DSL version) is
@@ -37,8 +42,9 @@ from collections.abc import Sequence
 
 from jobs import compile_selection, exits
 from jobs.compile_selection import (DEFAULT_ARCHS, DEFAULT_HIDDEN, DEFAULT_TP, check_selection,
-                                    registered_ops)
-from jobs.options import add_results_arguments, int_list, open_results, report, str_list
+                                    choose, registered_ops)
+from jobs.options import (add_results_arguments, add_suite_arguments, int_list, open_results,
+                          report, selected_suite, str_list)
 from kernels.cubin_info import Resources, entry_resources
 from kernels.ptx_checks import Variant, check_variant, entry_body, publish_pair_difference
 
@@ -138,22 +144,25 @@ def format_row(r: Row) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jobs compile-check",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--arch", type=str_list(DEFAULT_ARCHS), default=list(DEFAULT_ARCHS),
-                   metavar="A,B",
+    add_suite_arguments(p, section="compile_check",
+                        default="no suite: every variant, the defaults below")
+    p.add_argument("--arch", type=str_list(DEFAULT_ARCHS), default=None, metavar="A,B",
                    help=f"target arches, comma-separated: {', '.join(DEFAULT_ARCHS)} (the kernels "
-                        f"use sm_90 features: clusters, DSMEM, multimem; default: all)")
+                        f"use sm_90 features: clusters, DSMEM, multimem; default: the suite's, "
+                        f"else all)")
     p.add_argument("--ops", type=str_list(), default=None, metavar="A,B",
-                   help=f"comma-separated ops, default every one with compile variants "
-                        f"({', '.join(registered_ops())})")
-    p.add_argument("--hidden", type=int_list, default=list(DEFAULT_HIDDEN), metavar="N,M",
-                   help=f"elements per token (default: {','.join(map(str, DEFAULT_HIDDEN))})")
-    p.add_argument("--tp", type=int_list, default=list(DEFAULT_TP), metavar="N,M",
-                   help=f"TP sizes (default: {','.join(map(str, DEFAULT_TP))})")
+                   help=f"comma-separated ops (default: the suite's, else every one with compile "
+                        f"variants: {', '.join(registered_ops())})")
+    p.add_argument("--hidden", type=int_list, default=None, metavar="N,M",
+                   help=f"elements per token (default: the suite's, else "
+                        f"{','.join(map(str, DEFAULT_HIDDEN))})")
+    p.add_argument("--tp", type=int_list, default=None, metavar="N,M",
+                   help=f"TP sizes (default: the suite's, else {','.join(map(str, DEFAULT_TP))})")
     p.add_argument("--dump-dir", default=None, help="keep the PTX here (default: a temp dir)")
     p.add_argument("--all", action="store_true",
                    help="compile every variant, also those the compile cache holds with an "
                         "unchanged key (their entries are replaced)")
-    add_results_arguments(p, suite="compile-check")
+    add_results_arguments(p, partition="compile-check")
     p.add_argument("--resume", action="store_true",
                    help="with --run-id: compile only the variants the run holds no row of "
                         "(and the publish twins their pair check needs, whose rows it has)")
@@ -209,10 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
     except SystemExit as exit_:  # argparse: 2 on bad usage, 0 for --help
         return int(exit_.code or 0)
-    ops = args.ops if args.ops is not None else registered_ops()
     try:
-        check_selection(ops, args.hidden, args.tp)
-        writer, environment = open_results(args)
+        suite = selected_suite(args, "compile_check")
+        chosen = choose(suite and suite.compile_check, arch=args.arch, ops=args.ops,
+                        hidden=args.hidden, tp=args.tp)
+        ops, hidden, tps = chosen["ops"], chosen["hidden"], chosen["tp"]
+        check_selection(ops, hidden, tps)
+        writer, environment = open_results(args, suite)
     except (ConfigError, TypeError, ValueError) as err:
         print(f"compile-check: {err}", file=sys.stderr)
         return exits.USAGE
@@ -220,11 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import cutlass  # noqa: F401  (import time reported apart from compiles)
     t_import = time.perf_counter() - t_import
     try:
-        variants = compile_selection.variants(ops, args.hidden, args.tp)
+        variants = compile_selection.variants(ops, hidden, tps)
     except ValueError as exc:
         print(f"compile-check: {exc}", file=sys.stderr)
         return exits.USAGE
-    done = _done(args, variants)
+    done = _done(args, variants, chosen["arch"])
 
     tmp = None
     dump_root = args.dump_dir
@@ -238,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         with refreshing() if args.all else contextlib.nullcontext():
-            for arch in args.arch:
+            for arch in chosen["arch"]:
                 for v in variants:
                     if variant_key(v, arch) in done.get("skip", ()):
                         continue
@@ -268,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _done(args: argparse.Namespace, variants: list[Variant]) -> dict:
+def _done(args: argparse.Namespace, variants: list[Variant], archs: Sequence[str]) -> dict:
     """``--resume``: ``{"keys": the run's compile rows' case keys, "skip":
     the (variant, arch) not to compile}``: those with a row, unless a
     publish twin without one needs their PTX for its pair check (then it
@@ -278,15 +290,15 @@ def _done(args: argparse.Namespace, variants: list[Variant]) -> dict:
     from jobs.recorder import done_in_run
     keys = done_in_run(args.results, args.run_id, job="compile-check")
     twins: dict[tuple, list[str]] = {}
-    for arch in args.arch:
+    for arch in archs:
         for v in variants:
             if v.pair_key is not None:
                 twins.setdefault((v.pair_key, arch), []).append(variant_key(v, arch))
-    skip = {variant_key(v, arch) for arch in args.arch for v in variants
+    skip = {variant_key(v, arch) for arch in archs for v in variants
             if variant_key(v, arch) in keys
             and all(k in keys for k in twins.get((v.pair_key, arch), ()))}
-    planned = len(args.arch) * len(variants)
-    held = sum(variant_key(v, arch) in keys for arch in args.arch for v in variants)
+    planned = len(archs) * len(variants)
+    held = sum(variant_key(v, arch) in keys for arch in archs for v in variants)
     again = planned - len(skip) - (planned - held)
     print(f"resume: run {args.run_id} holds {held} of these {planned} compile case(s) "
           f"already; compiling the other {planned - held}"

@@ -148,27 +148,60 @@ def check_writable_dir(flag: str, path: Path) -> None:
                           f"({err.strerror or err})") from None
 
 
-def add_results_arguments(p: argparse.ArgumentParser, *, suite: str) -> None:
+def add_suite_arguments(p: argparse.ArgumentParser, *, section: str, default: str) -> None:
+    """``--suite NAME`` | ``--config PATH`` of a job that is not a sweep
+    (compile-check, selfcheck): the suite's ``[section]`` selects what the
+    job runs, as ``--suite`` selects a sweep job's cases; ``default`` says
+    what runs without either (:func:`selected_suite` loads it)."""
+    from jobs.config import bundled_suites
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--suite", type=name_arg, default=None, metavar="NAME",
+                       help=f"run what a bundled suite's [{section}] selects: "
+                            f"{', '.join(bundled_suites())} (default: {default}); the rows go "
+                            f"to its partition (suite=NAME)")
+    which.add_argument("--config", type=path_arg, default=None, metavar="PATH",
+                       help=f"the same from a suite file's [{section}] (format in jobs/config.py)")
+
+
+def selected_suite(args: argparse.Namespace, section: str):
+    """The :class:`jobs.config.Suite` that ``--suite`` / ``--config`` name
+    (None: neither); ConfigError for an unknown name, a bad file or a suite
+    without ``[section]``."""
+    from jobs.config import ConfigError, load_suite, suite_path
+    if args.suite is None and args.config is None:
+        return None
+    suite = load_suite(suite_path(args.suite) if args.suite is not None else args.config)
+    if getattr(suite, section) is None:
+        raise ConfigError(f"{suite.source}: the suite has no [{section}] section")
+    return suite
+
+
+def add_results_arguments(p: argparse.ArgumentParser, *, partition: str) -> None:
     p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS,
                    help="results dataset directory (hive-partitioned Parquet; default: %(default)s)")
     p.add_argument("--no-results", action="store_true", help="print the table only, write no rows")
     p.add_argument("--trigger", default="adhoc", choices=("adhoc", "nightly", "ci"),
                    help="what started this run, recorded with every row (default: %(default)s)")
-    p.add_argument("--suite", type=name_arg, default=suite,
-                   help="results partition (default: %(default)s)")
+    p.add_argument("--partition", type=name_arg, default=None, metavar="NAME",
+                   help=f"results partition of the rows (suite=NAME; selects nothing; default: "
+                        f"the --suite's or --config's name, else {partition})")
+    p.set_defaults(default_partition=partition)
     p.add_argument("--run-id", type=name_arg, default=None,
                    help="join an existing run (default: a new run id)")
 
 
-def open_results(args: argparse.Namespace):
-    """``(writer or None, environment columns)`` for a job's rows; ConfigError
-    when ``--results`` cannot hold them (:func:`check_writable_dir`)."""
+def open_results(args: argparse.Namespace, suite=None):
+    """``(writer or None, environment columns)`` for a job's rows, in the
+    partition ``--partition`` names, else ``suite``'s (the one ``--suite``
+    or ``--config`` selected), else the job's own; ConfigError when
+    ``--results`` cannot hold them (:func:`check_writable_dir`)."""
     from jobs.results import ResultsWriter, env_info
     if args.no_results:
         return None, {}
     check_writable_dir("--results", args.results)
     from jobs.results import runs
-    writer = ResultsWriter(args.results, suite=args.suite, trigger=args.trigger, run_id=args.run_id)
+    partition = args.partition or (suite.name if suite is not None else args.default_partition)
+    writer = ResultsWriter(args.results, suite=partition, trigger=args.trigger, run_id=args.run_id)
     environment = env_info()
     if args.run_id is None:  # a run of its own (not one joined with --run-id): manifest it
         runs.begin(args.results, writer.run_id, trigger=args.trigger, facts=environment)

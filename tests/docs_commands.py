@@ -11,11 +11,17 @@ followed by a command; ``python -m`` and ``ray`` spans count only with an
 option (``-x``), so that naming a command in prose (`python -m jobs
 trace`) is not an example. docs/results/ is left out: dated records of runs
 on the GPU machines, each with its date and machine, not examples.
+
+Every command writes only into git-ignored or temporary places
+(:func:`left_behind` finds what one left in a scratch directory standing for
+the clone; :func:`untracked` what git lists untracked in this checkout).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,3 +83,42 @@ def commands(doc: str, text: str | None = None) -> list[DocCommand]:
 
 def all_commands() -> list[DocCommand]:
     return [c for doc in DOCS for c in commands(doc)]
+
+
+NOT_THE_CLONE = (".venv", "docs", "scripts", "home")
+"""Top-level names of a scratch root that are not the clone's own outputs:
+the links to this environment and to the checkout's docs/ and scripts/
+(written through only into this checkout, which :func:`untracked` watches)
+and the HOME the commands get."""
+
+
+def left_behind(root: Path, skip: tuple[str, ...] = NOT_THE_CLONE) -> list[str]:
+    """The files (and links) under ``root``, a scratch directory standing
+    for the repo root, that git would list untracked in a clone: not under
+    an ignore pattern of this checkout's .gitignore (or tracked paths
+    overwritten), as paths relative to ``root``; ``skip``: top-level names
+    that are not the clone's."""
+    made = []
+    for where, dirs, files in os.walk(root):
+        rel = Path(where).relative_to(root)
+        if rel == Path("."):
+            dirs[:] = [d for d in dirs if d not in skip]
+            files = [f for f in files if f not in skip]
+        made += [(rel / name).as_posix() for name in files]
+        made += [(rel / name).as_posix() for name in dirs if (Path(where) / name).is_symlink()]
+    if not made:
+        return []
+    check = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--stdin"],
+                           input="\n".join(made) + "\n", capture_output=True, text=True)
+    assert check.returncode in (0, 1), check.stderr  # 1: none ignored
+    return sorted(set(made) - set(check.stdout.splitlines()))
+
+
+def untracked(*paths: str) -> set[str]:
+    """``git status --porcelain --untracked-files=all`` lines of this
+    checkout (limited to ``paths``): compared before and after a command
+    that reaches the checkout (through a scratch root's docs/ or scripts/
+    links)."""
+    return set(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain",
+                               "--untracked-files=all", "--", *paths], check=True,
+                              capture_output=True, text=True).stdout.splitlines())

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from jobs import exits
-from tests.docs_commands import REPO, all_commands
+from tests.docs_commands import REPO, all_commands, left_behind, untracked
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -80,13 +80,17 @@ README_RAY = "README Ray block"
 DASHBOARD_BUILD = ".venv/bin/python -m dashboards build --results results --out site   # site/index.html"
 
 STRAGGLERS_RUN = (".venv/bin/python -m jobs correctness --suite smoke --ops "
-                  "all_reduce_norm,embed_norm --tp 2,4 --results strag/results")
+                  "all_reduce_norm,embed_norm --tp 2,4 --results artifacts/strag/results")
+H200_BUILD = (".venv/bin/python -m dashboards build --results "
+              "docs/results/data/h200_nightly_smoke_2026-11-29 --out artifacts/h200site")
 DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     # README: the two commands it opens with.
-    "scripts/setup && .venv/bin/python -m jobs nightly --suite smoke           # set up, run the main job":
+    "scripts/setup && .venv/bin/python -m jobs nightly --suite smoke                          "
+    "# set up, run the main job":
         Run(after=".venv/bin/python", covered=".ci/run (scripts/setup --dev)", append=SMALL,
             creates=("results/_runs/runs.pq", "site/index.html"), ray=True),
-    "scripts/setup --dev && .venv/bin/python -m pytest -n 2 --dist loadgroup   # set up, run the tests":
+    "scripts/setup --dev && .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15   "
+    "# set up, run the tests":
         Covered(".ci/run"),
     # README: the jobs, the cache, the simulated cluster, the trace.
     ".venv/bin/python -m jobs --help": Run(),
@@ -155,20 +159,21 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     " 15 min": Run(before=DASHBOARD_BUILD, append="--seconds 1", needs_results=True),
     ".venv/bin/python -m dashboards serve --results results --port 0      # build, then serve on a"
     " free port": Run(append="--seconds 1", needs_results=True),
-    ".venv/bin/python -m dashboards build --results docs/results/data/h200_nightly_smoke_2026-11-29"
-    " --out h200site": Run(creates=("h200site/index.html",)),
-    ".venv/bin/python -m dashboards.browser h200site docs/img index.html":
-        Skip("rewrites the committed screenshots in docs/img; the browser run is "
+    H200_BUILD: Run(creates=("artifacts/h200site/index.html",)),
+    ".venv/bin/python -m dashboards.browser artifacts/h200site artifacts/h200shots index.html":
+        Skip("needs chromium (scripts/setup --dev, as root); the browser run is "
              "tests/test_dashboards_browser.py"),
-    ".venv/bin/python -m dashboards.browser --viewport 1400x1100 h200site docs/img "
-    "correctness.html latency.html trends-all_reduce_norm.html":
-        Skip("rewrites the committed screenshots in docs/img; the browser run is "
+    ".venv/bin/python -m dashboards.browser --viewport 1400x1100 artifacts/h200site "
+    "artifacts/h200shots correctness.html latency.html trends-all_reduce_norm.html":
+        Skip("needs chromium (scripts/setup --dev, as root); the browser run is "
              "tests/test_dashboards_browser.py"),
     "scripts/setup --dev": Covered(".ci/run"),
-    STRAGGLERS_RUN: Run(ray=True, creates=("strag/results",)),
-    ".venv/bin/python -m dashboards build --results strag/results --out strag/site":
-        Run(before=STRAGGLERS_RUN, ray=True, creates=("strag/site/stragglers.html",)),
-    ".venv/bin/python -m dashboards.browser strag/site strag/shots stragglers.html":
+    STRAGGLERS_RUN: Run(ray=True, creates=("artifacts/strag/results",)),
+    ".venv/bin/python -m dashboards build --results artifacts/strag/results --out "
+    "artifacts/strag/site": Run(before=STRAGGLERS_RUN, ray=True,
+                                creates=("artifacts/strag/site/stragglers.html",)),
+    ".venv/bin/python -m dashboards.browser artifacts/strag/site artifacts/strag/shots "
+    "stragglers.html":
         Skip("needs chromium (scripts/setup --dev, as root); the browser run is "
              "tests/test_dashboards_browser.py"),
     ".venv/bin/python -m dashboards.browser SITE OUTDIR [page.html ...]": Skip(SYNOPSIS),
@@ -324,6 +329,7 @@ def test_doc_command_runs_as_written(text, entry, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "LAMPORT_HEAD_DIR")}
     env.update(PYTHONPATH=str(REPO), HOME=str(root / "home"),
                PATH=f"{Path(sys.prefix) / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    before = untracked("docs", "scripts")
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=root, env=env,
                           capture_output=True, text=True, timeout=840)
     out = done.stdout[-3000:] + done.stderr[-3000:]
@@ -331,6 +337,9 @@ def test_doc_command_runs_as_written(text, entry, tmp_path):
     for path in entry.creates:
         assert (root / path).exists(), f"$ {command}\nleft no {path}\n{out}"
     assert "Traceback" not in done.stderr, out
+    stray = left_behind(root)
+    assert not stray, f"$ {command}\nleft files a clone's git status lists untracked: {stray}"
+    assert untracked("docs", "scripts") <= before, f"$ {command}\nwrote into docs/ or scripts/"
 
 
 def test_readme_lists_every_exit_status_from_the_one_module():

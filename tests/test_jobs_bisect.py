@@ -4,8 +4,11 @@ slows all_reduce_norm's emulated epilogue down and another makes
 embed_norm's produce a wrong element; the bisect finds each (the slowdown
 with a CPU hog running beside it), within ``LIMIT_S`` each; a range that
 does not reproduce exits 1; bad usage exits 2 before anything runs. The
-figures go to docs/results/bisect_cpu_2026-12-01.md (``-s``: the lines
-starting ``figure``)."""
+two bisects of the whole range join one head the module starts (the
+``head`` fixture); the range that does not reproduce (two runs) starts the
+bisect's embedded cluster. The figures go to
+docs/results/bisect_cpu_2026-12-01.md (``-s``: the lines starting
+``figure``)."""
 
 import datetime as dt
 import json
@@ -49,12 +52,57 @@ def repo(tmp_path_factory):
     return where, make_repo(where)
 
 
-def _bisect(repo_dir: Path, results: Path, *argv: str):
-    """(the finished process, its wall time, the bound it must keep, the load)."""
+HEAD_ATTEMPTS = 3
+"""Starts of the ``head`` fixture's head (a GCS slow to answer beside busy
+neighbours: "Failed to get node info ... Deadline Exceeded", seen at load 20
+on the 2-core box), as :func:`jobs.embedded.init_with_retry` tries the
+embedded cluster's."""
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    """(its directory, its GCS address): one Ray head (``jobs head start``,
+    2 CPUs, no dashboard) that the wrong-element and slowdown bisects join
+    with ``--address``, one Ray start for both rather than an embedded one
+    each (on the loaded 2-core box one start took minutes, and once failed
+    three attempts); the range that does not reproduce runs on the bisect's
+    own embedded cluster. Its raylet keeps idle workers as the embedded one
+    a bisect starts does (``bs.IDLE_WORKERS``)."""
+    where = tmp_path_factory.mktemp("bisect-head") / "head"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(REPO),
+               RAY_num_workers_soft_limit=str((os.cpu_count() or 2) + bs.IDLE_WORKERS))
+    argv = [sys.executable, "-m", "jobs", "head"]
+
+    def stop():
+        subprocess.run([*argv, "stop", "--dir", str(where)], cwd=REPO, env=env,
+                       capture_output=True, timeout=120)
+    try:
+        for attempt in range(HEAD_ATTEMPTS):  # as the embedded cluster's start is retried
+            done = subprocess.run([*argv, "start", "--dir", str(where), "--num-cpus", "2",
+                                   "--dashboard", "off"], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            if done.returncode == 0:
+                break
+            stop()
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield where, json.loads((where / "head.json").read_text())["address"]
+    finally:
+        stop()
+
+
+def _bisect(repo_dir: Path, results: Path, *argv: str, head: tuple[Path, str] | None = None):
+    """(the finished process, its wall time, the bound it must keep, the
+    load); ``head``: join that one (the ``head`` fixture), else the bisect
+    starts its embedded cluster."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "LAMPORT_HEAD_DIR")}
+    if head is not None:
+        env["LAMPORT_HEAD_DIR"] = str(head[0])  # its token (jobs.head.recorded_auth)
+        argv = (*argv, "--address", head[1])
     t0, load = time.monotonic(), os.getloadavg()[0]
     done = subprocess.run([sys.executable, "-m", "jobs", "bisect", "--repo", str(repo_dir),
                            "--results", str(results), *argv], cwd=REPO, capture_output=True,
-                          text=True, timeout=1500)
+                          text=True, timeout=1500, env=env)
     return done, time.monotonic() - t0, *_limit(load)
 
 
@@ -366,16 +414,18 @@ def _figures(name: str, done, took: float, limit: float, load: float) -> None:
 
 @pytest.mark.xdist_group("ray")
 @pytest.mark.timeout(900)
-def test_bisect_finds_the_wrong_element(repo, tmp_path):
+def test_bisect_finds_the_wrong_element(repo, head, tmp_path):
     repo_dir, commits = repo
     before = _status(repo_dir)
     done, took, limit, load = _bisect(repo_dir, tmp_path / "results", "--case", WRONG_KEY,
-                                      "--good", commits["base"], "--bad", commits["commits"][-1])
+                                      "--good", commits["base"], "--bad", commits["commits"][-1],
+                                      head=head)
     _figures("wrong element", done, took, limit, load)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-5000:]
     assert f"first bad commit: {commits['wrong']} note 7: embed_norm scales its first element" \
         in out, out[-3000:]
+    assert f"ray: joined the Ray cluster at {head[1]}" in out, out[:3000]
     assert "kind: wrong (bad's first run: fail" in out
     assert _status(repo_dir) == before  # the user's checkout: untouched
     rows = [r for r in read_results(tmp_path / "results").to_pylist()]
@@ -393,13 +443,14 @@ def test_bisect_finds_the_wrong_element(repo, tmp_path):
 
 @pytest.mark.xdist_group("ray")
 @pytest.mark.timeout(900)
-def test_bisect_finds_the_slowdown_under_machine_noise(repo, tmp_path):
+def test_bisect_finds_the_slowdown_under_machine_noise(repo, head, tmp_path):
     repo_dir, commits = repo
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a core kept busy
     try:
         done, took, limit, load = _bisect(repo_dir, tmp_path / "results", "--case",
                                           LATENCY_KEY, "--kind", "latency", "--good",
-                                          commits["base"], "--bad", commits["commits"][-1])
+                                          commits["base"], "--bad", commits["commits"][-1],
+                                          head=head)
     finally:
         hog.kill()
         hog.wait()
@@ -420,9 +471,16 @@ def test_bisect_finds_the_slowdown_under_machine_noise(repo, tmp_path):
 @pytest.mark.xdist_group("ray")
 @pytest.mark.timeout(900)
 def test_a_range_that_does_not_reproduce_exits_1(repo, tmp_path):
+    """One commit after good, both before the wrong one: step 0 runs bad and
+    good only (no commit between them to probe), each in the worktree the
+    wrong-element bisect made for it (its probes of notes 5 and 6)."""
     repo_dir, commits = repo
+    good, bad = commits["commits"][4:6]  # notes 5 and 6
+    assert commits["commits"].index(commits["wrong"]) > 5
     done, _, _, _ = _bisect(repo_dir, tmp_path / "results", "--case", WRONG_KEY, "--kind",
-                            "wrong", "--good", commits["base"], "--bad", commits["commits"][2])
+                            "wrong", "--good", good, "--bad", bad)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-4000:]
-    assert f"the range does not reproduce (bad {commits['commits'][2][:12]} is good)" in out
+    assert f"the range does not reproduce (bad {bad[:12]} is good)" in out
+    assert "ray: started an embedded local Ray cluster" in out, out[:3000]
+    assert len([x for x in done.stdout.splitlines() if x.startswith("step 0: ")]) == 2

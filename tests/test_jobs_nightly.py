@@ -96,6 +96,15 @@ def test_nightly_smoke_passes(smoke):
     assert sum(r["job"] in ("correctness", "faults", "profile") for r in rows) == len(suite.cases)
 
 
+def test_the_readme_block_leaves_only_what_git_ignores(smoke):
+    """Its head's directory, results and sites (the interrupted run's too)
+    are all git-ignored outputs: nothing a clone's ``git status`` lists."""
+    from tests.docs_commands import left_behind
+    run, _, root = smoke
+    assert (root / "ray-results").is_dir() and (root / ".ray-head").is_dir()
+    assert left_behind(root) == [], run.out[-3000:]
+
+
 def test_the_run_finished_compacted_with_its_facts_once(smoke):
     _, rows, root = smoke
     results = root / "ray-results"
