@@ -207,6 +207,10 @@ def _plan(args, jobs: tuple[str, ...]):
         check_one_group(plan[0][1])
     # Last, so that a command refused for another reason touched nothing.
     _check_outputs(args)
+    if args.backend != "emulated" or ("compile-check" in jobs and any(
+            s.compile_check for s, _ in plan)):  # a run that may build kernels
+        from jobs.outputs import check_compile_cache
+        check_compile_cache()
     return plan
 
 
@@ -217,7 +221,7 @@ def _check_outputs(args) -> None:
     from jobs import outputs
     where = {}
     if not args.no_results:
-        where["--results"] = outputs.check_dir("--results", args.results)
+        where["--results"] = outputs.check_results("--results", args.results)
         if getattr(args, "nightly", False) and not args.no_dashboard:
             where["--site"] = outputs.check_site("--site", args.site)
     if getattr(args, "trace_out", None) is not None:
@@ -943,12 +947,14 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, run, and turn what ends a command into its exit status
     (jobs.exits): ConfigError USAGE, InfraError INFRA, SIGINT / SIGTERM
     INTERRUPTED_* (handled from the start: Ctrl-C while Ray starts is one
-    line too, never a traceback)."""
+    line too, never a traceback). A reader of stdout or stderr that goes
+    away (``| head``) ends nothing (jobs.pipes)."""
     from jobs.embedded import terminate_raises
+    from jobs.pipes import outliving_readers
     argv = sys.argv[1:] if argv is None else list(argv)
     from jobs.results import ResultsError
     command = _command_of(argv)
-    with terminate_raises():
+    with terminate_raises(), outliving_readers():
         try:
             if command == "compile-check":  # it owns its options
                 from jobs import compile_check

@@ -190,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ops = args.ops if args.ops is not None else registered_ops()
     try:
         check_selection(ops, args.hidden, args.tp)
+        from jobs.outputs import check_compile_cache
+        check_compile_cache()  # InfraError, exit 3: the machine's fault, not a kernel's
         writer, environment = open_results(args)
     except (ConfigError, TypeError, ValueError) as err:
         print(f"compile-check: {err}", file=sys.stderr)

@@ -1,6 +1,10 @@
 """Where the jobs write, checked before anything starts (ConfigError, exit 2,
-naming the option and the path): an output directory is one this user can
-create files in; an output file does not exist yet (nothing is written over
+naming the option and the path): no output is, or lies in, a system folder,
+however it is reached (:func:`jobs.results.dataset.system_folder`: the path
+is resolved, symbolic links and all); an output directory is one this user
+can create files in; a results folder is new, empty, or a lamport-lab
+dataset whose files this version reads (:func:`check_results`); an output
+file does not exist yet (nothing is written over
 a file lamport-lab did not make); the dashboard's site directory is one the
 site builder made (it holds ``SITE_MARKER``) or an empty one, since each
 build replaces it whole; and no output lies inside another (a results
@@ -10,20 +14,42 @@ inside the dataset would be read as part of it).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from jobs.config import ConfigError
+from jobs.exits import InfraError
 
 SITE_MARKER = ".lamport-lab-site"
 """The file ``python -m dashboards build`` writes into every site it builds."""
 
 
 def check_dir(flag: str, path: Path) -> Path:
-    """``path`` is a directory this process writes into, or can be made one
-    (:func:`jobs.options.check_writable_dir`)."""
+    """``path`` is no system folder and is a directory this process writes
+    into, or can be made one (:func:`jobs.options.check_writable_dir`)."""
     from jobs.options import check_writable_dir
+    from jobs.results.dataset import real, system_folder
+    system = system_folder(path)
+    if system is not None:
+        resolved = real(path)
+        shown = f"{path}" if str(resolved) == os.path.abspath(path) else f"{path} (= {resolved})"
+        raise ConfigError(f"{flag} {shown}: {'' if system == resolved else 'inside '}the "
+                          f"system folder {system}; give a folder of your own")
     check_writable_dir(flag, path)
+    return path
+
+
+def check_results(flag: str, path: Path) -> Path:
+    """``path`` may take this run's rows: new, empty, or a lamport-lab
+    dataset this version reads (:func:`jobs.results.dataset.refusal`: never
+    a system folder, a folder of other files, or a dataset with a file of a
+    newer schema), and writable (:func:`check_dir`)."""
+    from jobs.results.dataset import refusal
+    check_dir(flag, path)
+    why = refusal(path)
+    if why is not None:
+        raise ConfigError(f"{flag} {why}")
     return path
 
 
@@ -66,3 +92,17 @@ def check_apart(outputs: Mapping[str, Path]) -> None:
                     real_b.is_relative_to(real_a):
                 raise ConfigError(f"{flag_a} {a} and {flag_b} {b} overlap (one is, or lies "
                                   f"inside, the other); give each its own place")
+
+
+def check_compile_cache() -> None:
+    """InfraError (exit 3, before Ray starts) when the compile cache
+    (``LAMPORT_COMPILE_CACHE``, :mod:`kernels.compile_cache`) cannot be
+    used: a kernel build that cannot store its binary is the machine's
+    fault, not the kernel's, and must not be reported as failing cases."""
+    from kernels.compile_cache import ENV, cache_root, unusable
+    why = unusable()
+    if why is not None:
+        given = os.environ.get(ENV)
+        what = f"{ENV}={given}" if given else f"the compile cache {cache_root()}"
+        raise InfraError(f"{what}: {why}; give a folder this user can write in, or "
+                         f"{ENV}=off")
