@@ -46,11 +46,10 @@ def check_results(flag: str, path: Path) -> Path:
     a system folder, a folder of other files, or a dataset with a file of a
     newer schema), and writable (:func:`check_dir`)."""
     from jobs.results.dataset import refusal
-    check_dir(flag, path)
-    why = refusal(path)
+    why = refusal(path)  # first: it only looks, check_dir's probe touches the folder
     if why is not None:
         raise ConfigError(f"{flag} {why}")
-    return path
+    return check_dir(flag, path)
 
 
 def check_new_file(flag: str, path: Path) -> Path:
@@ -97,12 +96,23 @@ def check_apart(outputs: Mapping[str, Path]) -> None:
 def check_compile_cache() -> None:
     """InfraError (exit 3, before Ray starts) when the compile cache
     (``LAMPORT_COMPILE_CACHE``, :mod:`kernels.compile_cache`) cannot be
-    used: a kernel build that cannot store its binary is the machine's
-    fault, not the kernel's, and must not be reported as failing cases."""
+    used: not a folder (:func:`kernels.compile_cache.unusable`), or one in
+    which no entry can be made (tried as :func:`check_dir` tries, a
+    temporary folder made and removed at once). A kernel build that cannot
+    store its binary is the machine's fault, not the kernel's, and must
+    not be reported as failing cases."""
+    from jobs.options import check_writable_dir
     from kernels.compile_cache import ENV, cache_root, unusable
-    why = unusable()
+    root = cache_root()
+    if root is None:
+        return
+    given = os.environ.get(ENV)
+    what = f"{ENV}={given}" if given else f"the compile cache {root}"
+    hint = f"give a folder this user can write in, or {ENV}=off"
+    why = unusable(root)
     if why is not None:
-        given = os.environ.get(ENV)
-        what = f"{ENV}={given}" if given else f"the compile cache {cache_root()}"
-        raise InfraError(f"{what}: {why}; give a folder this user can write in, or "
-                         f"{ENV}=off")
+        raise InfraError(f"{what}: {why}; {hint}")
+    try:
+        check_writable_dir(ENV if given else "the compile cache", root)
+    except ConfigError as err:
+        raise InfraError(f"{err}; {hint}") from None

@@ -63,12 +63,19 @@ def real(path: Path) -> Path:
 
 def system_folder(path: Path) -> Path | None:
     """The system folder (:data:`SYSTEM_TREES`, :data:`SYSTEM_FOLDERS`)
-    that ``path``, resolved, is or lies in; None when it is none."""
+    that ``path``, resolved, is or lies in; None when it is none. A folder
+    that does not exist yet directly in ``/`` counts as lying in ``/``
+    (lamport-lab makes no top-level folder; an existing one, a mount such
+    as ``/data``, is the administrator's and may be given)."""
     resolved = real(path)
     for tree in SYSTEM_TREES:
-        if resolved == Path(tree) or resolved.is_relative_to(tree):
+        if resolved.is_relative_to(tree):
             return Path(tree)
-    return resolved if str(resolved) in SYSTEM_FOLDERS else None
+    if str(resolved) in SYSTEM_FOLDERS:
+        return resolved
+    if resolved.parent == Path("/") and not os.path.lexists(resolved):
+        return Path("/")
+    return None
 
 
 def looks_like_dataset(path: Path) -> bool:
