@@ -178,7 +178,6 @@ def _plan(args, jobs: tuple[str, ...]):
             require_name("--run-id", args.run_id)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from None
-    _check_cluster(args)
     if args.run_id is not None and not args.no_results:
         from jobs.results import git_commit, runs
         try:
@@ -211,6 +210,7 @@ def _plan(args, jobs: tuple[str, ...]):
             s.compile_check for s, _ in plan)):  # a run that may build kernels
         from jobs.outputs import check_compile_cache
         check_compile_cache()
+    _check_cluster(args)  # the only check that may write (an embedded cluster's token)
     return plan
 
 
