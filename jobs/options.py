@@ -8,6 +8,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from jobs.outputs import check_writable_dir  # noqa: F401 (its home; imported from here too)
+
 DEFAULT_RESULTS = Path("results")
 
 
@@ -161,34 +163,6 @@ def groups_per_gpu(text: str) -> int:
             f"expected an integer in 1..{MAX_GROUPS_PER_GPU}, got {text!r}") from None
 
 
-def check_writable_dir(flag: str, path: Path) -> None:
-    """ConfigError (exit 2, before Ray starts) unless ``path`` is, or can be
-    made, a directory this process writes into: its nearest existing
-    ancestor must be a directory that takes a new entry (tried with a
-    temporary directory, removed at once; nothing else is created)."""
-    import tempfile
-
-    from jobs.config import ConfigError
-    path = Path(path)
-    existing = path
-    try:
-        while not existing.exists() and existing != existing.parent:
-            if existing.is_symlink():  # a dangling link: mkdir would fail on it
-                raise ConfigError(f"{flag} {path}: {existing} is a broken symbolic link")
-            existing = existing.parent
-        is_dir = existing.is_dir()
-    except OSError as err:  # too long a name, no permission to look
-        raise ConfigError(f"{flag} {path}: cannot look at {existing} "
-                          f"({err.strerror or err})") from None
-    if not is_dir:
-        raise ConfigError(f"{flag} {path}: {existing} exists and is not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".lamport-write-check-", dir=existing))
-    except OSError as err:
-        raise ConfigError(f"{flag} {path}: cannot create a directory under {existing} "
-                          f"({err.strerror or err})") from None
-
-
 def add_results_arguments(p: argparse.ArgumentParser, *, suite: str) -> None:
     p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS,
                    help="results dataset directory (hive-partitioned Parquet; default: %(default)s)")
@@ -204,10 +178,10 @@ def add_results_arguments(p: argparse.ArgumentParser, *, suite: str) -> None:
 def open_results(args: argparse.Namespace):
     """``(writer or None, environment columns)`` for a job's rows; ConfigError
     when ``--results`` cannot hold them (:func:`jobs.outputs.check_results`)."""
+    from jobs.outputs import check_results
     from jobs.results import ResultsWriter, env_info
     if args.no_results:
         return None, {}
-    from jobs.outputs import check_results
     check_results("--results", args.results)
     from jobs.results import runs
     writer = ResultsWriter(args.results, suite=args.suite, trigger=args.trigger, run_id=args.run_id)

@@ -27,29 +27,80 @@ SITE_MARKER = ".lamport-lab-site"
 
 def check_dir(flag: str, path: Path) -> Path:
     """``path`` is no system folder and is a directory this process writes
-    into, or can be made one (:func:`jobs.options.check_writable_dir`)."""
-    from jobs.options import check_writable_dir
-    from jobs.results.dataset import real, system_folder
-    system = system_folder(path)
-    if system is not None:
-        resolved = real(path)
-        shown = f"{path}" if str(resolved) == os.path.abspath(path) else f"{path} (= {resolved})"
-        raise ConfigError(f"{flag} {shown}: {'' if system == resolved else 'inside '}the "
-                          f"system folder {system}; give a folder of your own")
+    into, or can be made one (:func:`check_writable_dir`)."""
+    from jobs.results.dataset import system_refusal
+    why = system_refusal(path)
+    if why is not None:
+        raise ConfigError(f"{flag} {why}")
     check_writable_dir(flag, path)
     return path
 
 
+def check_writable_dir(flag: str, path: Path) -> None:
+    """ConfigError (exit 2, before Ray starts) unless ``path`` is, or can be
+    made, a directory this process writes into: its nearest existing
+    ancestor must be a directory that takes a new entry (tried with a
+    temporary directory, removed at once; nothing else is created)."""
+    import tempfile
+    path = Path(path)
+    existing = path
+    try:
+        while not existing.exists() and existing != existing.parent:
+            if existing.is_symlink():  # a dangling link: mkdir would fail on it
+                raise ConfigError(f"{flag} {path}: {existing} is a broken symbolic link")
+            existing = existing.parent
+        is_dir = existing.is_dir()
+    except OSError as err:  # too long a name, no permission to look
+        raise ConfigError(f"{flag} {path}: cannot look at {existing} "
+                          f"({err.strerror or err})") from None
+    if not is_dir:
+        raise ConfigError(f"{flag} {path}: {existing} exists and is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".lamport-write-check-", dir=existing))
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: cannot create a directory under {existing} "
+                          f"({err.strerror or err})") from None
+
+
 def check_results(flag: str, path: Path) -> Path:
     """``path`` may take this run's rows: new, empty, or a lamport-lab
-    dataset this version reads (:func:`jobs.results.dataset.refusal`: never
-    a system folder, a folder of other files, or a dataset with a file of a
-    newer schema), and writable (:func:`check_dir`)."""
-    from jobs.results.dataset import refusal
-    why = refusal(path)  # first: it only looks, check_dir's probe touches the folder
+    dataset (:func:`jobs.results.dataset.refusal`: never a system folder
+    or a folder of other files, nor a dataset whose marker names a newer
+    schema) whose data files this version reads (:func:`unreadable_file`:
+    the run's own reads after its work would fail), and writable
+    (:func:`check_dir`). Only looks until the last step, whose probe
+    makes and removes a temporary folder."""
+    from jobs.results.dataset import real, refusal
+    why = refusal(path)
+    if why is None and real(path).is_dir():
+        why = unreadable_file(real(path))
     if why is not None:
         raise ConfigError(f"{flag} {why}")
     return check_dir(flag, path)
+
+
+def unreadable_file(root: Path) -> str | None:
+    """Why one of the dataset's data files cannot be read by this version
+    (:func:`jobs.results.store.read_results` would refuse it: a newer
+    schema version, none, a conflicting one), or None. Reads the files'
+    footers only and moves nothing (a footer that does not read is the
+    reader's to quarantine, not a refusal)."""
+    import warnings
+
+    from jobs.results import store
+    with warnings.catch_warnings():  # foreign files: the reader warns about them
+        warnings.simplefilter("ignore", store.ForeignFileWarning)
+        for directory in store.partitions(Path(root)):
+            try:
+                files = store.data_files(directory)
+            except OSError:
+                continue
+            for file in files:
+                try:
+                    store._checked_schema(file)
+                except store.ResultsError as err:
+                    return str(err)
+    return None
 
 
 def check_new_file(flag: str, path: Path) -> Path:
@@ -101,7 +152,6 @@ def check_compile_cache() -> None:
     temporary folder made and removed at once). A kernel build that cannot
     store its binary is the machine's fault, not the kernel's, and must
     not be reported as failing cases."""
-    from jobs.options import check_writable_dir
     from kernels.compile_cache import ENV, cache_root, unusable
     root = cache_root()
     if root is None:

@@ -21,9 +21,10 @@ leads into ``/proc``.
 
 :func:`refusal` says why a results folder may not be written (a system
 folder, not a directory, a non-empty folder that is no dataset, a marker
-or a data file of a newer schema version than this lamport-lab reads):
-the jobs call it before Ray starts, so a run that could not record or
-read its rows never begins.
+of a newer schema version than this lamport-lab reads); the jobs call it,
+and check the data files' versions (:func:`jobs.outputs.check_results`),
+before Ray starts, so a run that could not record or read its rows never
+begins.
 """
 
 from __future__ import annotations
@@ -158,22 +159,36 @@ def write_marker(root: Path) -> None:
     write_atomically(root / MARKER, lambda sink: sink.write(text))
 
 
-def refusal(path: Path, *, scan: bool = True) -> str | None:
+def system_refusal(path: Path) -> str | None:
+    """``"PATH is [inside ]the system folder S; ..."`` when ``path``,
+    resolved, is or lies in a system folder (:func:`system_folder`), else
+    None: the one wording of that refusal, for every output."""
+    resolved = real(path)
+    system = system_folder(resolved)
+    if system is None:
+        return None
+    return (f"{_shown(path, resolved)} is {'' if system == resolved else 'inside '}the system "
+            f"folder {system}; give a folder of your own")
+
+
+def _shown(path: Path, resolved: Path) -> str:
+    """``path``, and what it resolves to where that differs."""
+    return str(path) if resolved == Path(os.path.abspath(path)) else f"{path} (= {resolved})"
+
+
+def refusal(path: Path) -> str | None:
     """Why lamport-lab may not write its rows into ``path`` (None: it may):
     ``path`` resolves into a system folder; it exists and is not a
     directory; it is a directory that is neither empty nor a dataset
     (:func:`looks_like_dataset`); its marker does not read or names a
-    newer schema version; or (``scan``) one of its data files cannot be
-    read by this version (newer, or no schema version: the run's own
-    reads would fail after the work). Lists and reads footers only; writes
-    nothing."""
+    newer schema version. Lists one folder and reads the marker; writes
+    nothing. (Its data files' versions: :func:`jobs.outputs.unreadable_file`.)"""
     path = Path(path)
+    why = system_refusal(path)
+    if why is not None:
+        return why
     resolved = real(path)
-    where = str(path) if resolved == Path(os.path.abspath(path)) else f"{path} (= {resolved})"
-    system = system_folder(resolved)
-    if system is not None:
-        return (f"{where} is {'' if system == resolved else 'inside '}the system folder "
-                f"{system}; give a folder of your own")
+    where = _shown(path, resolved)
     if not resolved.exists():
         return None
     if not resolved.is_dir():
@@ -196,29 +211,4 @@ def refusal(path: Path, *, scan: bool = True) -> str | None:
     if marker is not None and marker["schema_version"] > SCHEMA_VERSION:
         return (f"{where}: dataset of schema version {marker['schema_version']} (its {MARKER}), "
                 f"newer than this lamport-lab's {SCHEMA_VERSION}; update lamport-lab")
-    return unreadable_file(resolved) if scan else None
-
-
-def unreadable_file(root: Path) -> str | None:
-    """Why one of the dataset's data files cannot be read by this version
-    (:func:`jobs.results.store.read_results` would refuse it: a newer
-    schema version, none, a conflicting one), or None. Reads the files'
-    footers only; moves nothing (an unreadable footer is the reader's
-    quarantine to deal with, not a refusal)."""
-    import warnings
-
-    from jobs.results import store
-    with warnings.catch_warnings():  # foreign files: the reader warns about them
-        warnings.simplefilter("ignore", store.ForeignFileWarning)
-        for directory in store.partitions(Path(root)):
-            try:
-                files = store.data_files(directory)
-            except OSError:
-                continue
-            for file in files:
-                try:
-                    store._checked_schema(file)
-                except store.ResultsError as err:
-                    return str(err)
     return None
-
