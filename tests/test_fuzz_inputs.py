@@ -706,7 +706,9 @@ _PATH_OPTIONS = [(["correctness"], "--results"), (["nightly"], "--site"),
 LONG_PATHS = [(cmd, flag, value) for cmd, flag in _PATH_OPTIONS for value in _LONG]
 
 
-@pytest.mark.parametrize("command, flag, value", LONG_PATHS)
+@pytest.mark.parametrize("command, flag, value", LONG_PATHS,
+                         ids=[f"{' '.join(c[:2])} {f} {len(os.fsencode(v))}B {i % len(_LONG)}"
+                              for i, (c, f, v) in enumerate(LONG_PATHS)])
 def test_paths_too_long_exit_2_naming_the_option(command, flag, value, place):
     """ENAMETOOLONG, refused as the option is read: a component over 255
     bytes, or a whole path that leaves no room for what is written in it."""
@@ -971,7 +973,8 @@ _TILDES = [(["correctness", "--config", "suite.toml", "--backend", "emulated"], 
     for v in ("~no-such-user-lamport/x", "~no-such-user-lamport")]
 
 
-@pytest.mark.parametrize("command, flag, value", _TILDES)
+@pytest.mark.parametrize("command, flag, value", _TILDES,
+                         ids=[f"{c[0]} {f} {v}" for c, f, v in _TILDES])
 def test_a_tilde_is_the_home_folder_and_the_expanded_path_is_named(command, flag, value, place,
                                                                    monkeypatch, no_ray):
     """Issue 64 item 8: at 4a8ac23 ``--results '~/x'`` made a folder named
