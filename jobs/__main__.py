@@ -107,7 +107,8 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
                        help=f"{what}; positive integers")
     f.add_argument("--op-args", type=str_list(), dest="op_args", metavar="NAME=VALUE,...",
                    help="op fields without a column of their own (cluster.ops), NAME one of "
-                        f"{', '.join(op_field_names())}; e.g. finalize=true or path=fused")
+                        f"{', '.join(op_field_names())} that a selected op takes, VALUE one "
+                        f"it accepts; e.g. finalize=true or path=fused")
 
 
 def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
