@@ -1047,7 +1047,8 @@ def test_zz_figures_every_bad_input_was_refused_cleanly():
     total = {k: sum(n for (_, o), n in FIGURES.items() if o == k) for k in OUTCOMES}
     print(f"\nfigure: fuzz: {total['tried']} bad inputs tried, {total['clean']} clean "
           f"refusals naming the argument, {total['unnamed']} unnamed, {total['tracebacks']} "
-          f"tracebacks, {total['accepted']} accepted, {total['hangs']} hangs")
+          f"tracebacks, {total['accepted']} accepted, {total['hangs']} hangs, "
+          f"{total['written']} written")
     for target in sorted(ALL_TARGETS):
         print(f"figure: fuzz: {target}: " + ", ".join(
             f"{FIGURES[target, k]} {k}" for k in OUTCOMES if FIGURES[target, k] or k in
