@@ -107,7 +107,8 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
                        help=f"{what}; positive integers")
     f.add_argument("--op-args", type=str_list(), dest="op_args", metavar="NAME=VALUE,...",
                    help="op fields without a column of their own (cluster.ops), NAME one of "
-                        f"{', '.join(op_field_names())}; e.g. finalize=true or path=fused")
+                        f"{', '.join(op_field_names())} that a selected op takes, VALUE one "
+                        f"it accepts; e.g. finalize=true or path=fused")
 
 
 def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
@@ -178,7 +179,6 @@ def _plan(args, jobs: tuple[str, ...]):
             require_name("--run-id", args.run_id)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err)) from None
-    _check_cluster(args)
     if args.run_id is not None and not args.no_results:
         from jobs.results import git_commit, runs
         try:
@@ -217,6 +217,11 @@ def _plan(args, jobs: tuple[str, ...]):
             raise ConfigError(f"--results: {err}") from None
     # Last, so that a command refused for another reason touched nothing.
     _check_outputs(args)
+    if args.backend != "emulated" or ("compile-check" in jobs and any(
+            s.compile_check for s, _ in plan)):  # a run that may build kernels
+        from jobs.outputs import check_compile_cache
+        check_compile_cache()
+    _check_cluster(args)  # the only check that may write (an embedded cluster's token)
     return plan
 
 
@@ -227,7 +232,7 @@ def _check_outputs(args) -> None:
     from jobs import outputs
     where = {}
     if not args.no_results:
-        where["--results"] = outputs.check_dir("--results", args.results)
+        where["--results"] = outputs.check_results("--results", args.results)
         if getattr(args, "nightly", False) and not args.no_dashboard:
             where["--site"] = outputs.check_site("--site", args.site)
     if getattr(args, "trace_out", None) is not None:
@@ -1064,13 +1069,15 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, run, and turn what ends a command into its exit status
     (jobs.exits): ConfigError USAGE, InfraError INFRA, SIGINT / SIGTERM
     INTERRUPTED_* (handled from the start: Ctrl-C while Ray starts is one
-    line too, never a traceback)."""
+    line too, never a traceback). A reader of stdout or stderr that goes
+    away (``| head``) ends nothing (jobs.pipes)."""
     from jobs.embedded import terminate_raises
+    from jobs.pipes import outliving_readers
     argv = sys.argv[1:] if argv is None else list(argv)
     from jobs.results import ResultsError
     from jobs.results.run_files import ManifestError
     command = _command_of(argv)
-    with terminate_raises():
+    with terminate_raises(), outliving_readers():
         try:
             if command == "compile-check":  # it owns its options
                 from jobs import compile_check

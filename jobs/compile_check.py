@@ -224,6 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         hidden=args.hidden, tp=args.tp)
         ops, hidden, tps = chosen["ops"], chosen["hidden"], chosen["tp"]
         check_selection(ops, hidden, tps)
+        from jobs.outputs import check_compile_cache
+        check_compile_cache()  # InfraError, exit 3: the machine's fault, not a kernel's
         writer, environment = open_results(args, suite)
     except (ConfigError, TypeError, ValueError) as err:
         print(f"compile-check: {err}", file=sys.stderr)

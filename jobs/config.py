@@ -332,6 +332,7 @@ def load_suite(path: str | Path) -> Suite:
     selfcheck = _section(data, "selfcheck", _SELFCHECK_KEYS, where)
     if selfcheck is not None:
         selfcheck["cases"] = _str_list(selfcheck.get("cases", []), f"{where}: [selfcheck] cases")
+        _no_duplicates(selfcheck["cases"], f"{where}: [selfcheck] cases")
     compile_check = _section(data, "compile_check", _COMPILE_KEYS, where)
     if compile_check is not None:
         w = f"{where}: [compile_check]"
@@ -343,6 +344,11 @@ def load_suite(path: str | Path) -> Suite:
                     else _str_list(compile_check.get("ops", []), f"{w} ops")),
         }
         from jobs.compile_selection import DEFAULT_ARCHS, check_selection
+        if not compile_check["arch"]:
+            raise ConfigError(f"{w} arch = [] selects nothing; give one or more of "
+                              f"{list(DEFAULT_ARCHS)} (or leave arch out: {DEFAULT_ARCHS[0]})")
+        for key in ("arch", "hidden", "tp", "ops"):
+            _no_duplicates(compile_check[key], f"{w} {key}")
         bad = [a for a in compile_check["arch"] if a not in DEFAULT_ARCHS]
         if bad:
             raise ConfigError(f"{w} arch: {bad} not supported; allowed: {list(DEFAULT_ARCHS)}")
@@ -414,6 +420,18 @@ def _int_list(value, where: str) -> list[int]:
     return value
 
 
+def _no_duplicates(values: list, where: str) -> None:
+    """ConfigError naming the first value ``values`` lists twice: a
+    repeated value would run (or compile) each of its cases twice."""
+    seen = []
+    for v in values:
+        key = (type(v), v)
+        if key in seen:
+            raise ConfigError(f"{where} = {values!r} lists {v!r} twice; give each value once "
+                              f"(a repeated value runs its cases twice)")
+        seen.append(key)
+
+
 def _check(value, check, where: str) -> None:
     if check in (op_names, input_kinds, baseline_names):  # registry-backed choices
         check = check()
@@ -434,6 +452,7 @@ def _values(sweep: Mapping, key: str, default, check, where: str, *, listable: b
     values = value if isinstance(value, list) and listable else [value]
     if not values:
         raise ConfigError(f"{where}: {key} = [] selects nothing")
+    _no_duplicates(values, f"{where}: {key}")
     for v in values:
         if v is None:
             continue
@@ -463,6 +482,7 @@ def _op_axes(sweep: Mapping, op_values: list, where: str) -> dict[str, list]:
     for key in sorted(set(sweep) & set(declared) - set(COLUMN_FIELDS)):
         value = sweep[key]
         axes[key] = value if isinstance(value, list) else [value]
+        _no_duplicates(axes[key], f"{where}: {key}")
         for v in axes[key]:
             try:
                 declared[key].validate(key, v, "/".join(op_values))
@@ -569,6 +589,7 @@ def _fault_kinds(value, where: str) -> list[str]:
     if value == "all":
         return sorted(FAULT_KINDS)
     kinds = _str_list(value, f"{where}: kinds")
+    _no_duplicates(kinds, f"{where}: kinds")
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown or not kinds:
         raise ConfigError(f"{where}: kinds: unknown fault kind(s) {unknown or kinds}; "
@@ -618,6 +639,35 @@ class Filters:
             if bad:
                 raise ConfigError(f"--faults: unknown fault kind(s) {bad}; known: {sorted(FAULT_KINDS)}")
 
+    def check_op_args(self, ops: Iterable[str]) -> None:
+        """Each ``--op-args`` item names a field that one of ``ops`` (the ops
+        the run selects) takes, not one with a filter of its own (top_k,
+        hc), with a value that field accepts, compared as :meth:`keep`
+        compares (case-insensitive text); ConfigError naming the item and
+        what those ops take. A filter nothing could match is a typo, not an
+        empty selection."""
+        ops = sorted(set(ops))
+        if not self.op_args or not ops:
+            return
+        takes = {op: {n: f for n, f in registry.get(op).fields.items() if n not in COLUMN_FIELDS}
+                 for op in ops}
+        accepted = "; ".join(f"{op} takes {', '.join(sorted(t)) or 'none'}"
+                             for op, t in takes.items())
+        for item in self.op_args:
+            name, _, value = item.partition("=")
+            fields = [f for t in takes.values() for n, f in t.items() if n == name]
+            if not fields:
+                own = (f" (it has a filter of its own: --{name.replace('_', '-')})"
+                       if name in COLUMN_FIELDS else "")
+                raise ConfigError(f"--op-args {item!r}: no selected op takes {name}{own}; "
+                                  f"{accepted}")
+            if not any(_field_accepts(f, value) for f in fields):
+                choices = sorted({str(c).lower() for f in fields if isinstance(f.check, tuple)
+                                  for c in f.check})
+                what = choices or sorted({f.doc for f in fields})
+                raise ConfigError(f"--op-args {item!r}: {value!r} is not a value of {name}; "
+                                  f"it takes {', '.join(what)}")
+
     def keep(self, case: Case) -> bool:
         given = {k: str(v).lower() for k, v in case.op_args}
         for item in self.op_args or ():
@@ -643,11 +693,28 @@ class Filters:
         return {n: getattr(self, n) for n in self.FIELDS if getattr(self, n) is not None}
 
 
+def _field_accepts(field: registry.Field, text: str) -> bool:
+    """Whether some value ``field`` accepts reads as ``text`` (as
+    :meth:`Filters.keep` compares: ``str(value).lower()``)."""
+    if isinstance(field.check, tuple):
+        return text.lower() in {str(c).lower() for c in field.check}
+    for parse in (int, float, {"true": True, "false": False}.__getitem__, str):
+        try:
+            value = parse(text.lower() if parse is not str else text)
+            if str(value).lower() == text.lower() and field.check(value):
+                return True
+        except (KeyError, TypeError, ValueError):
+            continue
+    return False
+
+
 def select(suite: Suite, jobs: Sequence[str], filters: Filters) -> list[Case]:
     """The suite's cases of ``jobs`` that pass ``filters``, in suite order;
     ConfigError when the filters leave none (a typo should not pass as an
     empty, green run)."""
     filters.validate()
+    filters.check_op_args(c.op for c in suite.cases
+                          if c.job in jobs and (filters.ops is None or c.op in filters.ops))
     chosen = [c for c in suite.cases if c.job in jobs and filters.keep(c)]
     if not chosen and filters.active():
         have = {n: sorted({getattr(c, a) for c in suite.cases if c.job in jobs} - {None})

@@ -8,6 +8,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from jobs.outputs import check_writable_dir  # noqa: F401 (its home; imported from here too)
+
 DEFAULT_RESULTS = Path("results")
 
 
@@ -95,12 +97,48 @@ def name_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err).replace("value must be", "must be")) from None
 
 
+NAME_MAX = 255
+"""Most bytes in one path component (Linux's, every common file system's)."""
+PATH_MAX = 4096
+"""Most bytes in a path the kernel takes (Linux's ``PATH_MAX``)."""
+PATH_ROOM = 512
+"""Bytes a path option leaves for what lamport-lab makes inside it
+(``date=.../suite=.../part-<pid>-<uuid>.parquet``, a site's pages)."""
+
+
+def _shown(text: str, width: int = 80) -> str:
+    """``text`` for an error line: repr'd, cut to about ``width`` characters."""
+    return repr(text) if len(text) <= width else f"{text[:width // 2]!r}...({len(text)} chars)"
+
+
 def path_arg(text: str) -> Path:
     """An argparse type: a path, not empty (``''`` would be the current
-    directory) and without NUL."""
+    directory), without NUL, with ``~`` and ``~user`` expanded (as a shell
+    would have: no option makes a folder named ``~``), no component longer
+    than ``NAME_MAX`` bytes and the whole, made absolute, at most
+    ``PATH_MAX - PATH_ROOM`` bytes (the kernel's ENAMETOOLONG, refused
+    here by name instead of half-way through a run)."""
     if not text.strip() or "\0" in text:
-        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
-    return Path(text)
+        raise argparse.ArgumentTypeError(f"expected a path, got {_shown(text)}")
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # ~user of no such user, or no home directory
+        raise argparse.ArgumentTypeError(f"cannot expand ~ in {_shown(text)}: no such "
+                                         f"user or home directory") from None
+    try:
+        parts = [os.fsencode(p) for p in path.parts]
+        whole = os.fsencode(os.path.abspath(path))
+    except (UnicodeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{_shown(text)} cannot be a file name") from None
+    long = [p for p in parts if len(p) > NAME_MAX]
+    if long:
+        raise argparse.ArgumentTypeError(
+            f"a component of {len(long[0])} bytes in {_shown(text)}; at most {NAME_MAX}")
+    if len(whole) > PATH_MAX - PATH_ROOM:
+        raise argparse.ArgumentTypeError(
+            f"{_shown(text)} is {len(whole)} bytes long made absolute; at most "
+            f"{PATH_MAX - PATH_ROOM} (room for what is written inside it)")
+    return path
 
 
 MAX_GROUPS_PER_GPU = 8
@@ -123,29 +161,6 @@ def groups_per_gpu(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected an integer in 1..{MAX_GROUPS_PER_GPU}, got {text!r}") from None
-
-
-def check_writable_dir(flag: str, path: Path) -> None:
-    """ConfigError (exit 2, before Ray starts) unless ``path`` is, or can be
-    made, a directory this process writes into: its nearest existing
-    ancestor must be a directory that takes a new entry (tried with a
-    temporary directory, removed at once; nothing else is created)."""
-    import tempfile
-
-    from jobs.config import ConfigError
-    path = Path(path)
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        if existing.is_symlink():  # a dangling link: mkdir would fail on it
-            raise ConfigError(f"{flag} {path}: {existing} is a broken symbolic link")
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{flag} {path}: {existing} exists and is not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".lamport-write-check-", dir=existing))
-    except OSError as err:
-        raise ConfigError(f"{flag} {path}: cannot create a directory under {existing} "
-                          f"({err.strerror or err})") from None
 
 
 def add_suite_arguments(p: argparse.ArgumentParser, *, section: str, default: str) -> None:
@@ -194,11 +209,12 @@ def open_results(args: argparse.Namespace, suite=None):
     """``(writer or None, environment columns)`` for a job's rows, in the
     partition ``--partition`` names, else ``suite``'s (the one ``--suite``
     or ``--config`` selected), else the job's own; ConfigError when
-    ``--results`` cannot hold them (:func:`check_writable_dir`)."""
+    ``--results`` cannot hold them (:func:`jobs.outputs.check_results`)."""
+    from jobs.outputs import check_results
     from jobs.results import ResultsWriter, env_info
     if args.no_results:
         return None, {}
-    check_writable_dir("--results", args.results)
+    check_results("--results", args.results)
     from jobs.results import runs
     partition = args.partition or (suite.name if suite is not None else args.default_partition)
     writer = ResultsWriter(args.results, suite=partition, trigger=args.trigger, run_id=args.run_id)

@@ -74,6 +74,32 @@ def cache_root() -> Path | None:
     return Path(base) / "lamport-lab" / "compile"
 
 
+def unusable(root: Path | None = None) -> str | None:
+    """Why the cache folder ``root`` (default :func:`cache_root`) cannot be
+    used, or None when it can (or the cache is off): it, or the nearest
+    part of it that exists, is not a directory this process can list and
+    create entries in. Looks only (``os.access``, ``stat``); creates nothing."""
+    root = cache_root() if root is None else Path(root)
+    if root is None:
+        return None
+    existing = root
+    try:
+        while not existing.exists():
+            if existing.is_symlink():
+                return f"{existing} is a broken symbolic link"
+            if existing == existing.parent:
+                break
+            existing = existing.parent
+        if not existing.is_dir():
+            return f"{existing} exists and is not a directory"
+    except OSError as err:  # a name too long, a part that cannot be looked at
+        return f"cannot look at {existing} ({err.strerror or err})"
+    need = os.W_OK | os.X_OK | (os.R_OK if existing == root else 0)
+    if not os.access(existing, need):
+        return f"{existing} is not a directory this user can write in (or it is read-only)"
+    return None
+
+
 @contextlib.contextmanager
 def refreshing():
     """Within: every compile through :func:`persistent` runs and replaces

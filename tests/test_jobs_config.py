@@ -172,6 +172,70 @@ def test_bad_configs_are_named(tmp_path, text, message):
         load_suite(path)
 
 
+@pytest.mark.parametrize("sweep, message", [
+    ("tp = [2, 4, 2]", "tp = [2, 4, 2] lists 2 twice"),
+    ("tokens = [1, 3, 3]", "tokens = [1, 3, 3] lists 3 twice"),
+    ("inputs = ['random', 'random']", "inputs = ['random', 'random'] lists 'random' twice"),
+    ("op = ['all_reduce_norm', 'all_reduce_norm']", "lists 'all_reduce_norm' twice"),
+    ("transport = ['unicast', 'unicast']", "lists 'unicast' twice"),
+    ("mode = ['owner', 'owner']", "mode = ['owner', 'owner'] lists 'owner' twice"),
+    ("residual = ['zeros', 'random', 'zeros']", "lists 'zeros' twice"),
+])
+def test_a_value_listed_twice_is_refused_naming_it(tmp_path, sweep, message):
+    """Issue 64 item 8: at 4a8ac23 each case of a repeated value ran twice."""
+    key = sweep.split(" = ")[0]
+    lines = [line for line in GOOD.splitlines() if not line.startswith(f"{key} =")]
+    path = tmp_path / "suite.toml"
+    path.write_text("\n".join(lines) + f"\n{sweep}\n")
+    with pytest.raises(ConfigError, match=r"\[\[correctness\]\] #1: " + key):
+        load_suite(path)
+    with pytest.raises(ConfigError) as err:
+        load_suite(path)
+    assert message in str(err.value), err.value
+
+
+@pytest.mark.parametrize("section, message", [
+    ("[compile_check]\narch = []", "[compile_check] arch = [] selects nothing"),
+    ("[compile_check]\narch = ['sm_90a', 'sm_90a']", "arch = ['sm_90a', 'sm_90a'] lists"),
+    ("[compile_check]\nhidden = [2048, 2048]", "hidden = [2048, 2048] lists 2048 twice"),
+    ("[compile_check]\nops = ['all_reduce_norm', 'all_reduce_norm']", "lists 'all_reduce_norm'"),
+    ("[selfcheck]\ncases = ['a', 'a']", "[selfcheck] cases = ['a', 'a'] lists 'a' twice"),
+    ("[[faults]]\nop='all_reduce_norm'\ntp=2\nhidden=256\ntokens=4\n"
+     "kinds=['stuck_rank', 'stuck_rank']", "kinds = ['stuck_rank', 'stuck_rank'] lists"),
+])
+def test_sections_refuse_empty_and_repeated_lists(tmp_path, section, message):
+    path = tmp_path / "suite.toml"
+    path.write_text(GOOD + section + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_suite(path)
+    assert message in str(err.value), err.value
+
+
+@pytest.mark.parametrize("ops, op_args, message", [
+    (None, "form=two", None),  # taken by the smoke suite's norm ops
+    (("all_reduce_mhc",), "finalize=TRUE", None),  # compared case-insensitively, as keep does
+    (("all_reduce_norm",), "finalize=true", "no selected op takes finalize; all_reduce_norm "
+                                            "takes form, mode, residual"),
+    (("all_reduce_mhc",), "finalize=maybe", "'maybe' is not a value of finalize; it takes "
+                                            "false, true"),
+    (("all_reduce_mhc",), "top_k=3", "it has a filter of its own: --top-k"),
+    (("all_reduce_norm",), "mode=one-shot", "it takes one_shot, owner"),
+    (("all_reduce_norm", "all_reduce_mhc"), "heads=32", "all_reduce_mhc takes finalize; "
+                                                        "all_reduce_norm takes form"),
+])
+def test_op_args_the_selected_ops_do_not_take_are_refused(ops, op_args, message):
+    """Issue 64 item 8: at 4a8ac23 such a filter was ignored (exit 0)."""
+    suite = load_suite(suite_path("smoke"))
+    filters = Filters(ops=ops, op_args=(op_args,))
+    if message is None:
+        assert select(suite, ("correctness",), filters)
+        return
+    with pytest.raises(ConfigError) as err:
+        select(suite, ("correctness",), filters)
+    assert str(err.value).startswith(f"--op-args {op_args!r}: ") and \
+        message in str(err.value), err.value
+
+
 def _main(capsys, *argv):
     code = cli.main(list(argv))
     out, err = capsys.readouterr()

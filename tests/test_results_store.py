@@ -332,7 +332,7 @@ def test_writer_killed_mid_write_leaves_only_finished_rows(tmp_path):
     try:
         reported = [child.stdout.readline() for _ in range(3)]
         deadline = time.monotonic() + 30
-        while not any(map(being_written, tmp_path.rglob("*"))):
+        while not any(map(being_written, tmp_path.rglob("*.parquet*"))):  # not the marker
             assert time.monotonic() < deadline, "the next append never started writing"
             time.sleep(0.001)
     finally:

@@ -5,7 +5,9 @@ file per ``ResultsWriter.append``) and ``run-<run_id>-<hex>.parquet`` (a
 run's files of one partition compacted into one,
 :mod:`jobs.results.compaction`), plus ``ROOT/_runs/<run_id>.json`` (the run
 manifests, :mod:`jobs.results.runs`), ``ROOT/_compaction.lock``
-(:mod:`jobs.results.lock`) and ``ROOT/_quarantine/`` (files that could not
+(:mod:`jobs.results.lock`), ``ROOT/_lamport_dataset.json`` (the marker that
+makes the folder a dataset, written with the first rows:
+:mod:`jobs.results.dataset`) and ``ROOT/_quarantine/`` (files that could not
 be read). A file holds the columns of ``FILE_SCHEMA``: ``suite`` is only
 the partition key and the per-run facts live in the manifest, so any
 Parquet reader opens the dataset as it is (``pyarrow.parquet.read_table(ROOT)``,
@@ -56,7 +58,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from jobs.results import lock, runs
+from jobs.results import dataset, lock, runs
 from jobs.results.atomic import write_atomically
 from jobs.results.runs import RUN_FACTS
 from kernels.validation import require_name
@@ -140,6 +142,7 @@ class ResultsWriter:
         self.root = Path(root)
         self.directory = self.root / f"date={self.date}" / f"suite={suite}"
         self._facts: dict | None = None
+        self._marked = False
 
     def append(self, rows: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> Path | None:
         """Write ``rows`` (one row mapping, or several) as one new Parquet file.
@@ -169,6 +172,9 @@ class ResultsWriter:
         if any(v is not None for v in facts.values()) and facts != self._facts:
             runs.record_facts(self.root, self.run_id, facts)
             self._facts = facts
+        if not self._marked:  # the folder is a dataset from its first rows on
+            dataset.write_marker(self.root)
+            self._marked = True
         return _write_atomically(_file_table(table), self.directory)
 
 
