@@ -140,10 +140,19 @@ def test_build_refuses_a_folder_that_is_not_a_dataset(tmp_path, capsys):
 
 def test_build_into_a_folder_it_cannot_write_is_one_line_and_nothing_written(tmp_path, capsys):
     sample.write_sample(tmp_path / "results")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    out = blocker / "site"
+    assert cli(["build", "--results", str(tmp_path / "results"), "--out", str(out)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"python -m dashboards build: --out {out}: {blocker} exists and is not a "
+                    f"directory")
+    assert blocker.read_text() == "mine"
+    # A system folder is refused as such, before any attempt to write (root could).
     assert cli(["build", "--results", str(tmp_path / "results"), "--out", "/sys/site"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("python -m dashboards build: --out /sys/site: cannot create a "
-                           "directory under /sys")
+    assert line == ("python -m dashboards build: --out /sys/site is inside the system folder "
+                    "/sys; give a folder of your own")
     assert not os.path.exists("/sys/site")
 
 

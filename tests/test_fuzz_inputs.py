@@ -961,7 +961,7 @@ _TILDES = [(["correctness", "--config", "suite.toml", "--backend", "emulated"], 
     (["nightly", "--config", "suite.toml", "--backend", "emulated", "--results", "r"],
      "--site", v) for v in ("~/file", "~/theirs", "~/etc")] + [
     (["nightly", "--config", "suite.toml", "--backend", "emulated", "--results", "r",
-      "--no-dashboard"], "--summary-md", v) for v in ("~/file", "~/etc/x", "~/file/x")] + [
+      "--no-dashboard"], "--summary-md", v) for v in ("~/theirs", "~/etc/x", "~/file/x")] + [
     (["trace", "--config", "suite.toml", "--backend", "emulated", "--ops", "all_reduce_norm",
       "--inputs", "random", "--placement", "emulated", "--results", "r"], "--trace-out", v)
     for v in ("~/file", "~/etc/x")] + [
