@@ -9,7 +9,9 @@ the embedded cluster: without it the GCS, raylet and agents listen on every
 interface), or, with ``host``, on that address of this machine (for nodes
 and submitters elsewhere; the token is then what keeps the cluster yours),
 and every port free when it starts (none of Ray's fixed defaults:
-6379, 8265, 52365, 10001 may belong to another cluster on the machine). It
+6379, 8265, 52365, 10001 may belong to another cluster on the machine;
+chosen together, so distinct, and a start whose port was taken before Ray
+bound it started again on fresh ports: :func:`start`). It
 returns once the head's job agent answers (the agent, not the dashboard,
 takes a submitted job: a submit before it is up fails with "No available
 agent"), and records the head in ``DIR/head.json``. Without Ray's
@@ -52,7 +54,7 @@ from pathlib import Path
 from cluster import procs
 from jobs import ray_token
 from jobs.config import ConfigError
-from jobs.embedded import LOOPBACK_ENV, WORKER_ENV
+from jobs.embedded import LOOPBACK_ENV, START_ATTEMPTS, WORKER_ENV
 from jobs.exits import InfraError
 
 HEAD_DIR_ENV = "LAMPORT_HEAD_DIR"
@@ -455,8 +457,10 @@ PORT_OPTIONS = ("port", "dashboard-port", "dashboard-agent-listen-port",
 """The ``ray start`` options of the ports :func:`start` chooses, all of them
 (dashboard-port too without the dashboard: Ray still binds it to check it)."""
 
-START_ATTEMPTS = 3
-"""Head starts tried when one fails on a port clash (:func:`port_clash`)."""
+NODE_TIMEOUT = "the current node timed out during startup"
+"""Ray's words (lowercased) for a raylet that missed its 30 s to register
+with the GCS: a loaded machine, not a broken head (jobs.embedded retries
+it too)."""
 
 _CLASH_SIGNS = (
     "address already in use",       # EADDRINUSE, as most servers say it (GCS, raylet, aiohttp)
@@ -498,8 +502,9 @@ def _session_clash(temp_dir: str, ports) -> str | None:
     return None
 
 
-class _PortClash(Exception):
-    """One start attempt ended on a port clash (its log's line)."""
+class _Retry(Exception):
+    """One start attempt ended on what another may not meet (why, in words,
+    with its log's line): a port clash, Ray's node start timing out."""
 
 
 def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
@@ -515,9 +520,10 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     else's (:func:`check_dir`); InfraError (exit 3) when it does not come up
     within ``wait_s`` (the end of Ray's log printed on stderr first). A head
     whose log says a port was taken between choosing it and its server
-    binding it (:func:`port_clash`) is stopped and started again with fresh
-    ports, one line on stderr saying so, up to :data:`START_ATTEMPTS` in
-    all."""
+    binding it (:func:`port_clash`), or that Ray's node did not start in
+    time (:data:`NODE_TIMEOUT`), is stopped and started again with fresh
+    ports, one line on stderr saying so, up to ``START_ATTEMPTS`` in all
+    (jobs.embedded's, as for the embedded cluster)."""
     check_dir(head)
     state = read_state(head)
     if state and _alive(state["pid"]):
@@ -538,21 +544,20 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
         try:
             return _start_once(head, token_path, log_path, num_cpus=num_cpus, wait_s=wait_s,
                                host=host, without=without)
-        except _PortClash as clash:
+        except _Retry as why:
             if attempt == START_ATTEMPTS:
-                raise InfraError(f"the Ray head did not start in {START_ATTEMPTS} attempts, "
-                                 f"each on a port clash (the last: {clash}; its log: "
-                                 f"{log_path})") from None
-            print(f"head start: a port was taken before the head's server bound it ({clash}); "
-                  f"starting again with fresh ports (attempt {attempt + 1} of "
-                  f"{START_ATTEMPTS})", file=sys.stderr, flush=True)
+                raise InfraError(f"the Ray head did not start in {START_ATTEMPTS} attempts (the "
+                                 f"last: {why}; its log: {log_path})") from None
+            print(f"head start: {why}; starting again with fresh ports (attempt {attempt + 1} "
+                  f"of {START_ATTEMPTS})", file=sys.stderr, flush=True)
     raise AssertionError("unreachable")
 
 
 def _start_once(head: Path, token_path: Path, log_path: Path, *, num_cpus: int | None,
                 wait_s: float, host: str, without: str | None) -> dict:
     """One attempt of :func:`start`, its output appended to ``log_path``;
-    _PortClash (the head stopped) when its log says a port was taken."""
+    _Retry (the head stopped) when its logs say a port was taken, or that
+    Ray's node did not start in time."""
     # Ray's unix sockets live under the temp dir: keep its path short.
     temp_dir = tempfile.mkdtemp(prefix="lamport-ray-", dir="/tmp")
     ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS), host)))
@@ -600,7 +605,11 @@ def _start_once(head: Path, token_path: Path, log_path: Path, *, num_cpus: int |
                      or _session_clash(temp_dir, ports.values()))
             stop(head)
             if clash:
-                raise _PortClash(clash)
+                raise _Retry(f"a port was taken before the head's server bound it ({clash})")
+            slow = next((ln.strip() for ln in this.splitlines() if NODE_TIMEOUT in ln.lower()),
+                        None)
+            if slow and proc.returncode is not None:
+                raise _Retry(f"Ray's node did not start in time ({slow})")
             why = (f"exited with {proc.returncode}" if proc.returncode is not None
                    else f"{waiting_for} did not answer within {wait_s:.0f} s")
             print(f"end of {log_path}:\n{this[-3000:]}", file=sys.stderr)
