@@ -715,6 +715,8 @@ def _submit(args) -> int:
         if path is not None and not getattr(job, "no_results", False) and not path.is_absolute():
             raise ConfigError(f"--{name} {path}: give an absolute path; a submitted job runs "
                               f"in a temporary copy of the tree, which Ray deletes")
+    if args.submission_id is not None:
+        hd.check_job_id(args.submission_id, "--submission-id")
     url, auth = _job_server(args)
     job_id = args.submission_id or (f"lamport-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
                                     f"-{secrets.token_hex(3)}")
@@ -757,24 +759,53 @@ def _submit(args) -> int:
 def _follow(args) -> int:
     """``ray job status|logs|stop JOB_ID`` against the job server ``submit``
     used (the head in ``--dir``, or ``--address``), with its token settled
-    as for ``submit``: a user never sets Ray's auth variables. The exit
-    status is the ``ray`` command's; ``status`` exits with the job's own
-    status once it has ended (:func:`job_exit_status`), 0 while it runs."""
+    as for ``submit``: a user never sets Ray's auth variables. The id is
+    checked first: a malformed one is exit 2 before any request, one the
+    server does not know exit 2, a server that errs exit 3, each one line
+    (jobs.head.job_info). ``status --wait running`` first waits until the
+    job runs and its log shows its first case's line (jobs.head.wait_running,
+    at most ``--timeout`` s). The exit status is the ``ray`` command's;
+    ``status`` exits with the job's own status once it has ended
+    (:func:`job_exit_status`), 0 while it runs."""
     from jobs import head as hd
+    hd.check_job_id(args.job_id)
     url, auth = _job_server(args)
-    if args.cmd == "status":
+    if getattr(args, "wait", None):
+        info, line = hd.wait_running(url, args.job_id, auth, args.timeout)
+        print(f"job {args.job_id}: " + (f"running, first case: {' '.join(line.split())}" if line
+                                        else f"ended {info.get('status')} before a case line"),
+              flush=True)
+    else:
         info = hd.job_info(url, args.job_id, auth)
-        if info is None:
-            print(f"python -m jobs status: no job {args.job_id!r} at {url}", file=sys.stderr)
-            return exits.USAGE
+    if info is None:
+        raise ConfigError(f"JOB_ID {args.job_id!r}: no such job at {url} (the id `submit` "
+                          f"printed, or `ray job list --address {url}`)")
     argv = [_ray_cli(), "job", args.cmd, "--address", url, args.job_id]
     if args.cmd == "logs" and args.follow:
         argv.append("--follow")
-    said = subprocess.call(argv, env=_ray_env(auth))
+    said = _ray_job(argv, auth, f"ray job {args.cmd} {args.job_id}")
     if args.cmd != "status" or said != 0:
         return said
-    ended = info.get("status") in ("SUCCEEDED", "FAILED", "STOPPED")
+    ended = info.get("status") in hd.ENDED
     return job_exit_status(info) if ended else exits.OK
+
+
+def _ray_job(argv: list[str], auth, what: str) -> int:
+    """Run the ``ray job`` command ``argv`` (``what``, in words); its exit
+    status. Its stderr is passed on, except a traceback (the job server
+    failing under it): then InfraError with the traceback's last line."""
+    with subprocess.Popen(argv, env=_ray_env(auth), stderr=subprocess.PIPE, text=True,
+                          errors="replace") as proc:
+        try:
+            _, err = proc.communicate()
+        except BaseException:  # Ctrl-C: the command goes too, as subprocess.call does
+            proc.kill()
+            raise
+    if proc.returncode != 0 and "Traceback (most recent call last)" in err:
+        last = next((ln.strip() for ln in reversed(err.splitlines()) if ln.strip()), "")
+        raise InfraError(f"{what} failed: {last}")
+    sys.stderr.write(err)
+    return proc.returncode
 
 
 def _parse_job(command: list[str]):
@@ -978,6 +1009,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         _add_job_server_arguments(p)
         if action == "logs":
             p.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
+        if action == "status":
+            p.add_argument("--wait", choices=("running",), default=None,
+                           help="first wait until the job runs and its log shows its first "
+                                "case's line (then, e.g., `stop` interrupts a run that has "
+                                "begun); one that ended first is reported as it is")
+            p.add_argument("--timeout", type=number("timeout_s"), default=300.0, metavar="S",
+                           help="--wait at most this long, then one line and exit 3 (the job "
+                                "goes on; default: %(default)s s)")
         p.set_defaults(func=_follow)
     p = sub.add_parser("head", help="start, check or stop a local Ray head for `submit` and "
                                     "standing pools",

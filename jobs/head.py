@@ -9,7 +9,9 @@ the embedded cluster: without it the GCS, raylet and agents listen on every
 interface), or, with ``host``, on that address of this machine (for nodes
 and submitters elsewhere; the token is then what keeps the cluster yours),
 and every port free when it starts (none of Ray's fixed defaults:
-6379, 8265, 52365, 10001 may belong to another cluster on the machine). It
+6379, 8265, 52365, 10001 may belong to another cluster on the machine;
+chosen together, so distinct, and a start whose port was taken before Ray
+bound it started again on fresh ports: :func:`start`). It
 returns once the head's job agent answers (the agent, not the dashboard,
 takes a submitted job: a submit before it is up fails with "No available
 agent"), and records the head in ``DIR/head.json``. Without Ray's
@@ -33,8 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -50,7 +54,7 @@ from pathlib import Path
 from cluster import procs
 from jobs import ray_token
 from jobs.config import ConfigError
-from jobs.embedded import LOOPBACK_ENV, WORKER_ENV
+from jobs.embedded import LOOPBACK_ENV, START_ATTEMPTS, WORKER_ENV
 from jobs.exits import InfraError
 
 HEAD_DIR_ENV = "LAMPORT_HEAD_DIR"
@@ -112,11 +116,26 @@ def head_dir(given: Path | None = None) -> Path:
 LOOPBACK = "127.0.0.1"
 
 
-def free_port(host: str = LOOPBACK) -> int:
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports free on ``host`` now. Every socket is held
+    until all are chosen: a port picked by binding port 0 and closing the
+    socket may be picked again by the next bind, and two of a head's servers
+    given one port is a head that does not start (Ray refuses it, issue
+    64). A choice, not a reservation: another process may take a port
+    before its server binds it (:func:`start` retries such a head)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            s = held.enter_context(socket.socket(family))
+            s.bind((host, 0))
+            ports.append(s.getsockname()[1])
+        return ports
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """One port free on ``host`` now (:func:`free_ports`)."""
+    return free_ports(1, host)[0]
 
 
 def check_host(host: str) -> str:
@@ -243,17 +262,35 @@ def job_server_url(address: str | None, head: Path, use: str = "submit") -> str:
     return address.rstrip("/")
 
 
-def job_info(url: str, job_id: str, auth: Auth, timeout_s: float = 10.0) -> dict | None:
-    """Ray's record of job ``job_id`` (``GET /api/jobs/ID``: ``status``,
-    ``driver_exit_code``, ``message``, ...), None when the server has no
-    such job; InfraError when the server does not answer."""
+JOB_ID_FORM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+"""A job id this side sends or accepts: what ``submit`` picks
+(``lamport-UTCTIME-RANDOM``), Ray's own (``raysubmit_...``, hex driver
+ids), a name given with ``--submission-id``; nothing that changes the URL
+it goes in."""
+
+
+def check_job_id(job_id: str, what: str = "JOB_ID") -> str:
+    """``job_id`` if it has :data:`JOB_ID_FORM`, else ConfigError naming it
+    (before any request is sent)."""
+    if not JOB_ID_FORM.fullmatch(job_id):
+        raise ConfigError(f"{what} {job_id!r}: not a job id (letters, digits, '_', '.', '-', "
+                          f"at most 128, starting with a letter or digit; e.g. the id "
+                          f"`submit` printed)")
+    return job_id
+
+
+def _job_get(url: str, job_id: str, auth: Auth, path: str = "",
+             timeout_s: float = 10.0) -> dict | None:
+    """The JSON object of ``GET /api/jobs/ID{path}``, None on 404 (no such
+    job); InfraError (exit 3) in one line when the server answers anything
+    else, or not at all."""
     from urllib.parse import quote
-    request = urllib.request.Request(f"{url}/api/jobs/{quote(job_id, safe='')}")
+    request = urllib.request.Request(f"{url}/api/jobs/{quote(job_id, safe='')}{path}")
     if auth.token:
         request.add_header("Authorization", f"Bearer {auth.token}")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
+            answer = json.loads(response.read())
     except urllib.error.HTTPError as err:
         if err.code == 404:
             return None
@@ -262,6 +299,68 @@ def job_info(url: str, job_id: str, auth: Auth, timeout_s: float = 10.0) -> dict
     except (OSError, ValueError) as err:
         raise InfraError(f"the Ray job server at {url} did not answer for job {job_id!r} "
                          f"({getattr(err, 'reason', None) or err})") from None
+    if not isinstance(answer, dict):
+        raise InfraError(f"the Ray job server at {url} answered for job {job_id!r} with "
+                         f"{type(answer).__name__}, not a job's record")
+    return answer
+
+
+def job_info(url: str, job_id: str, auth: Auth, timeout_s: float = 10.0) -> dict | None:
+    """Ray's record of job ``job_id`` (``GET /api/jobs/ID``: ``status``,
+    ``driver_exit_code``, ``message``, ...), None when the server has no
+    such job; InfraError when the server does not answer, or answers an
+    error."""
+    return _job_get(url, job_id, auth, timeout_s=timeout_s)
+
+
+def job_log(url: str, job_id: str, auth: Auth, timeout_s: float = 10.0) -> str | None:
+    """The log of job ``job_id`` so far (``GET /api/jobs/ID/logs``), None
+    when the server has no such job; InfraError as :func:`job_info`."""
+    answer = _job_get(url, job_id, auth, "/logs", timeout_s=timeout_s)
+    return None if answer is None else str(answer.get("logs") or "")
+
+
+def first_case_line(log: str) -> str | None:
+    """The first case's line of a job's log: the first row under a results
+    table's rule (jobs.table.Table: a header, a line of '-', then a line per
+    case, each starting with its job's name); None before any."""
+    from jobs.results.schema import JOBS
+    under_rule = False
+    for line in log.splitlines():
+        if line.startswith("---") and not line.strip("-"):
+            under_rule = True
+        elif under_rule and line.split(" ", 1)[0] in JOBS:
+            return line.rstrip()
+    return None
+
+
+ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+"""Ray's statuses of a job that has ended."""
+
+
+def wait_running(url: str, job_id: str, auth: Auth, timeout_s: float,
+                 poll_s: float = 0.5) -> tuple[dict, str | None]:
+    """Wait until job ``job_id`` runs and its log shows its first case's
+    line (:func:`first_case_line`), or it has ended; returns (its record,
+    that line; None when it ended before one). ConfigError when the server
+    has no such job; InfraError (exit 3) in one line when neither comes
+    within ``timeout_s`` (naming the job's status then)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = job_info(url, job_id, auth)
+        if info is None:
+            raise ConfigError(f"JOB_ID {job_id!r}: no such job at {url}")
+        if info.get("status") in ENDED:
+            return info, None
+        if info.get("status") == "RUNNING":
+            line = first_case_line(job_log(url, job_id, auth) or "")
+            if line:
+                return info, line
+        if time.monotonic() >= deadline:
+            raise InfraError(f"job {job_id} at {url}: no case started within {timeout_s:g} s "
+                             f"(status {info.get('status')}); it goes on (--timeout to wait "
+                             f"longer)")
+        time.sleep(poll_s)
 
 
 # --------------------------------------------------------------------- head
@@ -318,7 +417,11 @@ def read_state(head: Path) -> dict | None:
 def check_dir(head: Path) -> None:
     """ConfigError unless ``start`` may write its files in ``head``: a
     head.json or head.log there is one it wrote (a state it can read, a log
-    with its header), never someone else's."""
+    with its header), never someone else's; ``head`` itself a folder (or
+    nothing yet)."""
+    if (head.exists() or head.is_symlink()) and not head.is_dir():
+        raise ConfigError(f"--dir {head}: not a folder (the head's token, log and state go "
+                          f"in a folder); give a folder, new or one `head start` used")
     state, log = head / STATE_FILE, head / LOG_FILE
     if (state.exists() or state.is_symlink()) and read_state(head) is None:
         raise ConfigError(f"--dir {head}: {state} is not a head's state written by "
@@ -348,6 +451,62 @@ def _alive(pgid: int | None) -> bool:
     return True
 
 
+PORT_OPTIONS = ("port", "dashboard-port", "dashboard-agent-listen-port",
+                "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port",
+                "ray-client-server-port")
+"""The ``ray start`` options of the ports :func:`start` chooses, all of them
+(dashboard-port too without the dashboard: Ray still binds it to check it)."""
+
+NODE_TIMEOUT = "the current node timed out during startup"
+"""Ray's words (lowercased) for a raylet that missed its 30 s to register
+with the GCS: a loaded machine, not a broken head (jobs.embedded retries
+it too)."""
+
+_CLASH_SIGNS = (
+    "address already in use",       # EADDRINUSE, as most servers say it (GCS, raylet, aiohttp)
+    "failed to bind",               # the dashboard (Ray's check), the agent's last attempt
+    "failed to start the grpc server",  # GCS, raylet: the cause is in their own logs
+    "that is used by other components",  # Ray's own check of the ports it is given
+)
+_NOT_YET = "retrying in"
+"""A bind the server tries again (the agent's first attempts): not a clash yet."""
+
+
+def port_clash(log: str, ports) -> str | None:
+    """The first line of a head's log that says a server could not have one
+    of ``ports`` (the ports chosen for it: taken since), None when none
+    does. Another port's bind failing (the autoscaler monitor's fixed
+    metrics port, held by another cluster on the machine) is not a clash of
+    ours, and a retry by the server itself not yet one."""
+    mine = re.compile(r"(?<!\d)(%s)(?!\d)" % "|".join(str(p) for p in ports))
+    for line in log.splitlines():
+        low = line.lower()
+        if (any(sign in low for sign in _CLASH_SIGNS) and _NOT_YET not in low
+                and mine.search(line)):
+            return line.strip()
+    return None
+
+
+def _session_clash(temp_dir: str, ports) -> str | None:
+    """:func:`port_clash` of the Ray session's own logs under ``temp_dir``
+    (where the GCS, raylet and agents log a bind that failed; ``ray start``
+    prints only some of them)."""
+    logs = Path(temp_dir) / "session_latest" / "logs"
+    with contextlib.suppress(OSError):
+        for path in sorted(logs.iterdir()):
+            if path.suffix in (".log", ".out", ".err") and path.is_file():
+                with contextlib.suppress(OSError), open(path, errors="replace") as f:
+                    clash = port_clash(f.read(1 << 20), ports)
+                if clash:
+                    return f"{path.name}: {clash}"
+    return None
+
+
+class _Retry(Exception):
+    """One start attempt ended on what another may not meet (why, in words,
+    with its log's line): a port clash, Ray's node start timing out."""
+
+
 def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
           host: str = LOOPBACK, dashboard: str = "auto") -> dict:
     """Start a local head (see the module docstring); returns its state
@@ -355,11 +514,17 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     ``no_dashboard`` says why; ``address``: the GCS address, ``pid``,
     ``temp_dir``, ``log``). ``host``: the address its servers listen on
     (:func:`check_host`); ``dashboard``: :func:`decide_dashboard`.
-    ConfigError when ``--dashboard on`` cannot be, one recorded in
-    ``head`` still runs, the token file there is not one
+    ConfigError when ``--dir`` is not a folder, ``--dashboard on`` cannot
+    be, one recorded in ``head`` still runs, the token file there is not one
     (:mod:`jobs.ray_token`) or a head.json or head.log there is someone
     else's (:func:`check_dir`); InfraError (exit 3) when it does not come up
-    within ``wait_s`` (the end of Ray's log printed on stderr first)."""
+    within ``wait_s`` (the end of Ray's log printed on stderr first). A head
+    whose log says a port was taken between choosing it and its server
+    binding it (:func:`port_clash`), or that Ray's node did not start in
+    time (:data:`NODE_TIMEOUT`), is stopped and started again with fresh
+    ports, one line on stderr saying so, up to ``START_ATTEMPTS`` in all
+    (jobs.embedded's, as for the embedded cluster)."""
+    check_dir(head)
     state = read_state(head)
     if state and _alive(state["pid"]):
         raise ConfigError(f"a head started from {head} still runs (pid {state['pid']}, "
@@ -367,16 +532,35 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     if num_cpus is not None and num_cpus < 1:
         raise ConfigError(f"--num-cpus {num_cpus}: must be >= 1")
     check_host(host)
-    check_dir(head)
     without = decide_dashboard(dashboard)
-    head.mkdir(parents=True, exist_ok=True)
+    try:
+        head.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--dir {head}: cannot make the folder ({err.strerror or err})") from None
     token_path = ray_token.ensure((head / TOKEN_FILE).resolve(), "the head's token file")
+    log_path = (head / LOG_FILE).resolve()
+    log_path.write_text(LOG_HEADER)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return _start_once(head, token_path, log_path, num_cpus=num_cpus, wait_s=wait_s,
+                               host=host, without=without)
+        except _Retry as why:
+            if attempt == START_ATTEMPTS:
+                raise InfraError(f"the Ray head did not start in {START_ATTEMPTS} attempts (the "
+                                 f"last: {why}; its log: {log_path})") from None
+            print(f"head start: {why}; starting again with fresh ports (attempt {attempt + 1} "
+                  f"of {START_ATTEMPTS})", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _start_once(head: Path, token_path: Path, log_path: Path, *, num_cpus: int | None,
+                wait_s: float, host: str, without: str | None) -> dict:
+    """One attempt of :func:`start`, its output appended to ``log_path``;
+    _Retry (the head stopped) when its logs say a port was taken, or that
+    Ray's node did not start in time."""
     # Ray's unix sockets live under the temp dir: keep its path short.
     temp_dir = tempfile.mkdtemp(prefix="lamport-ray-", dir="/tmp")
-    # dashboard-port too without the dashboard: Ray still binds it to check it.
-    ports = {name: free_port(host) for name in (
-        "port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-        "runtime-env-agent-port", "metrics-export-port", "ray-client-server-port")}
+    ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS), host)))
     cpus = num_cpus or max(2, os.cpu_count() or 2)
     ray_bin = Path(sys.executable).with_name("ray")
     argv = [str(ray_bin) if ray_bin.exists() else "ray", "start", "--head", "--block",
@@ -391,10 +575,8 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     env.update(WORKER_ENV)
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
-    log_path = (head / LOG_FILE).resolve()
-    with open(log_path, "w") as log:
-        log.write(LOG_HEADER)
-        log.flush()
+    with open(log_path, "a") as log:
+        offset = log.tell()
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     where = url_host(host)
@@ -408,16 +590,29 @@ def start(head: Path, *, num_cpus: int | None = None, wait_s: float = 180.0,
     (head / STATE_FILE).write_text(json.dumps(state, indent=1))
     token = ray_token.read(token_path, "the head's token file")
     deadline = time.monotonic() + wait_s
-    while True:
+    for tick in itertools.count():
         ready, waiting_for = _ready(state, token)
         if ready:
             return state
-        if proc.poll() is not None or time.monotonic() > deadline:
-            tail = log_path.read_text()[-3000:]
+        # A server that lost its port may leave the head up without it (the
+        # agent): its session log says so, long before the deadline.
+        clash = _session_clash(temp_dir, ports.values()) if tick % 4 == 3 else None
+        if clash or proc.poll() is not None or time.monotonic() > deadline:
+            with open(log_path, errors="replace") as log:
+                log.seek(offset)
+                this = log.read()
+            clash = (clash or port_clash(this, ports.values())
+                     or _session_clash(temp_dir, ports.values()))
             stop(head)
+            if clash:
+                raise _Retry(f"a port was taken before the head's server bound it ({clash})")
+            slow = next((ln.strip() for ln in this.splitlines() if NODE_TIMEOUT in ln.lower()),
+                        None)
+            if slow and proc.returncode is not None:
+                raise _Retry(f"Ray's node did not start in time ({slow})")
             why = (f"exited with {proc.returncode}" if proc.returncode is not None
                    else f"{waiting_for} did not answer within {wait_s:.0f} s")
-            print(f"end of {log_path}:\n{tail}", file=sys.stderr)
+            print(f"end of {log_path}:\n{this[-3000:]}", file=sys.stderr)
             raise InfraError(f"the Ray head {why} (its log: {log_path})")
         time.sleep(0.5)
 

@@ -48,6 +48,15 @@ def test_readme_ray_section_runs_as_written(readme_ray_run):
     assert "submit: job smoke-1 ended SUCCEEDED, exit status 0" in out, out[-8000:]
     assert out.count("Job 'smoke-1' succeeded") == 2, out[-8000:]  # submit's end, then status
     assert "submit: job cut-1 taken" in out and "Job 'cut-1' was stopped" in out, out[-8000:]
+    # Stopped once its cases had begun (status --wait running): the job's closing line, its
+    # run marked interrupted and the command that completes it, at the end of its log.
+    assert re.search(r"^job cut-1: running, first case: correctness \S+ ", out, re.M), out[-8000:]
+    assert re.search(r"^   \(\d+\.\d s, \d+ case\(s\) before it was interrupted, ", out, re.M), \
+        out[-8000:]
+    assert re.search(r"^SIGTERM: run \S+ interrupted after the case in hand; complete it \(only "
+                     r"the cases it lacks\) with:\n  \S+/python -m jobs correctness --suite "
+                     rf"smoke --results {re.escape(str(root))}/ray-results-cut --run-id \S+ "
+                     r"--resume$", out, re.M), out[-8000:]
     assert "stopped the head" in out
     assert not (root / ".ray-head" / "head.json").exists()
 
