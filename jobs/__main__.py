@@ -860,6 +860,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS)
     p.add_argument("--list", action="store_true", help="list the runs, newest first")
     p.add_argument("--all", action="store_true", help="every row, not only failing and timed ones")
+    _add_format_argument(p)
     p.set_defaults(func=_report)
     p = sub.add_parser("regress", help="regression detection for one run in the results")
     if full("regress"):
@@ -995,6 +996,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                             "bisect's own; on an emulated cluster a latency step keeps one per "
                             "commit across its runs) or off (started per run); a standing pool "
                             "runs its own tree's code and is refused")
+        _add_format_argument(p)
         _add_rule_arguments(p)
     p.set_defaults(func=_bisect)
     from jobs import pool
