@@ -8,8 +8,9 @@ and ``bisect``):
   value, NaN and +-Inf are ``null`` (strict JSON has no NaN);
 - ``md``: a GitHub Markdown table, ``|`` in a cell escaped.
 
-In csv, json and md the numbers are written in full (not rounded to the
-table's format), and only the table is written: the commands' prose
+In csv and json the numbers are written in full (not rounded to the
+table's format; md, for people, rounds as the table does), and only the
+table is written: the commands' prose
 (headings, repro commands) goes with ``table`` alone, so the output of the
 other three parses as it is.
 """
@@ -54,13 +55,15 @@ def write(fmt: str, cols: Sequence[Col], rows: Iterable[Sequence[Any]],
                   allow_nan=False)
         out.write("\n")
     elif fmt == "md":
-        def cell(x: Any) -> str:
+        def cell(c: Col, x: Any) -> str:
             v = _plain(x)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and c.fmt:
+                v = format(v, c.fmt)
             return "" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
         out.write("| " + " | ".join(names) + " |\n")
         out.write("|" + "|".join(" ---: " if c.fmt else " --- " for c in cols) + "|\n")
         for r in rows:
-            out.write("| " + " | ".join(cell(x) for x in r) + " |\n")
+            out.write("| " + " | ".join(cell(c, x) for c, x in zip(cols, r)) + " |\n")
     else:
         raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
     out.flush()

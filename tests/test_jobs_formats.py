@@ -34,7 +34,7 @@ def test_csv_json_md_and_table():
                                           {"name": "d", "us": None, "note": "y,z"}]
     md = _write("md").splitlines()
     assert md[:2] == ["| name | us | note |", "| --- | ---: | --- |"]
-    assert md[2] == "| a\\|b | 1.23456 | x |" and md[3] == "| c |  |  |"
+    assert md[2] == "| a\\|b | 1.23 | x |" and md[3] == "| c |  |  |"
     table = _write("table").splitlines()
     assert table[0].split() == ["name", "us", "note"] and "1.23" in table[2]
     with pytest.raises(ValueError, match="format 'xml'"):

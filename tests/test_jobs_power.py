@@ -42,7 +42,10 @@ def test_power_on_injected_noise_and_aa(history):
     assert inj["power"][0.03]["lookback"] == [0.0, 0.0, 0.0]   # under its 5 % floor
     # a one-night +-10 % jump: the lookback flags it, change points never
     assert inj["spikes"]["change points"] == 0.0 and inj["spikes"]["lookback"] == 1.0
-    assert inj["aa"]["change points"]["regressed"] == 0
+    aa = inj["aa"]["change points"]
+    assert aa["regressed"] == 0 and aa["nights"] == 24 * (10 + power.AA_NIGHTS - 5)
+    assert power.upper_per_1k(aa, "regressed") == pytest.approx(1000 * 2.9957 / aa["nights"],
+                                                                rel=1e-3)
     rec = report["recorded_aa"]["change points"]
     assert rec["nights"] == 4 * 5 and rec["any"] == 0
     met = dict(power.targets(report))
