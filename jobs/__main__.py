@@ -489,7 +489,9 @@ def _regression_part(run, rule, args) -> int:
         return 0
     regressed = regression.show(verdicts, rule, method=method)
     status = Counter(v.status for v in verdicts)
-    print(f"regression: {dict(status)}; {regressed} kernel case(s) regressed")
+    steps = Counter(v.cp_status for v in verdicts) if method is not None else None
+    print(f"regression: {dict(status)}" + (f"; change points: {dict(steps)}" if steps else "")
+          + f"; {regressed} kernel case(s) regressed")
     return regressed
 
 

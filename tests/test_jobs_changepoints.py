@@ -139,3 +139,14 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, argv, said):
     runs = _store(tmp_path, nights=3)
     assert cli.main(["regress", "--results", str(tmp_path), "--run", runs[-1], *argv]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_the_nightly_regression_part_fails_on_a_step_the_lookback_misses(tmp_path, capsys):
+    import types
+    from jobs.regression import Rule
+    runs = _store(tmp_path, step_at=11, nights=14)   # three nights in: the lookback says ok
+    run = types.SimpleNamespace(results=tmp_path, run_id=runs[-1], backend="gpu")
+    assert cli._regression_part(run, Rule(), None) == 1
+    out = capsys.readouterr().out
+    assert "regression: {'ok': 2}; change points: {'regressed': 1, 'ok': 1}; 1 kernel case(s) " \
+           "regressed" in out, out

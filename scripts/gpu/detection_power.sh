@@ -10,6 +10,8 @@
 # lookback rule and the change points, the steps injected multiplicatively
 # on the recorded nights' noise (jobs/power.py). No slowdown is planted on
 # the GPU (no kernel variant is built for it): the steps are injected.
+# KEEP=1 adds the nights to those already in /tmp/power-results (a second
+# call on the same warm machine: more nights than one 10-minute command holds).
 # Leaves under $OUT: power_results.tgz (the nights), night-N.log, power.md.
 # Where ruptures is not installed here the analysis is left to the CPU
 # machine: tar xzf power_results.tgz -C /tmp &&
@@ -19,7 +21,7 @@ source "$(dirname "$0")/env.sh"
 nights=${NIGHTS:-8}
 res=/tmp/power-results
 [[ $# -eq 0 ]] && set -- --ops all_reduce_norm --tp 1
-rm -rf "$res"
+[[ ${KEEP:-0} == 1 ]] || rm -rf "$res"
 for i in $(seq 1 "$nights"); do
   t0=$(date +%s)
   timeout "${NIGHT_TIMEOUT:-300}" python3 -m jobs profile --suite nightly --backend gpu \
