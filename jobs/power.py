@@ -254,6 +254,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", default="0.01,0.03,0.05,0.10", metavar="F,G",
                    help="step sizes, fractions (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--confirm", type=int, default=cp.DEFAULT_CONFIRM, metavar="K",
+                   help="change points: nights that confirm a step (default: %(default)s)")
+    p.add_argument("--alpha", type=float, default=cp.DEFAULT_ALPHA,
+                   help="change points: significance level (default: %(default)s)")
+    p.add_argument("--min-step", type=float, default=cp.DEFAULT_MIN_STEP,
+                   help="change points: smallest step, a fraction (default: %(default)s)")
     p.add_argument("--format", choices=("table", "md", "json"), default="table")
     try:
         args = p.parse_args(argv)
@@ -274,11 +280,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = cp.missing()
         if why:
             raise ConfigError(f"change points need ruptures: {why}")
+        rules = Rules(rg.Rule(), cp.Method(confirm=args.confirm, alpha=args.alpha,
+                                           min_step=args.min_step))
+        rules.method.validate()
     except ConfigError as err:
         print(f"python -m jobs.power: {err}", file=sys.stderr)
         return exits.USAGE
     report = analyse(args.results, ops=args.ops, tp=args.tp, trials=args.trials, steps=steps,
-                     seed=args.seed)
+                     seed=args.seed, rules=rules)
     if not report["cases"]:
         print(f"python -m jobs.power: no nightly timed kernel case in {args.results}"
               + (" with those filters" if args.ops or args.tp else ""), file=sys.stderr)

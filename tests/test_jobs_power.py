@@ -64,3 +64,10 @@ def test_filters_cli_and_formats(history, capsys):
     assert power.main(["--results", str(history), "--steps", "x"]) == 2
     assert "--steps 'x'" in capsys.readouterr().err
     assert power.main(["--results", str(history), "--ops", "indexer"]) == 1
+    assert power.main(["--results", str(history), "--confirm", "0"]) == 2
+    assert "--confirm 0: must be in [1, 1_000]" in capsys.readouterr().err
+    assert power.main(["--results", str(history), "--trials", "3", "--steps", "0.1",
+                       "--confirm", "3", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "confirmed by 3 consecutive nights" in report["rules"]["change points"]
+    assert report["injected"]["power"]["0.1"]["change points"][:2] == [0.0, 0.0]
