@@ -90,4 +90,32 @@ def judge_all(results: Results, rule: Rule = DEFAULT_RULE) -> dict[int, Verdict]
     return out
 
 
-__all__ = ["DEFAULT_RULE", "Rule", "STATUSES", "Verdict", "judge_all", "verdict"]
+@dataclass(frozen=True)
+class CaseSegments:
+    """A case's nightly history split by :mod:`jobs.changepoints`: ``nights``
+    (run start, run id, median latency), oldest first, and its
+    ``segmentation`` (segment and step indices are into ``nights``);
+    ``status`` is the newest night's change-point status."""
+    nights: list[tuple]
+    segmentation: object
+    status: str
+
+
+def segments_all(results: Results, method=None) -> dict[str, CaseSegments] | None:
+    """Per case id, its history's segments (the nightly runs that finished,
+    as the lookback rule's history); None where ruptures is not installed."""
+    from jobs import changepoints
+    if changepoints.missing():
+        return None
+    method = method or changepoints.Method(min_history=DEFAULT_RULE.min_history,
+                                           history=DEFAULT_RULE.history)
+    out = {}
+    for cid, nights in _nightly_medians(results).items():
+        values = [m for _, _, m in nights]
+        out[cid] = CaseSegments(nights, changepoints.segment(values, method),
+                                changepoints.status(values, method)[0])
+    return out
+
+
+__all__ = ["DEFAULT_RULE", "CaseSegments", "Rule", "STATUSES", "Verdict", "judge_all",
+           "segments_all", "verdict"]

@@ -111,6 +111,13 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
                         f"it accepts; e.g. finalize=true or path=fused")
 
 
+def _add_format_argument(p: argparse.ArgumentParser) -> None:
+    from jobs.formats import FORMATS
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="table (default: fixed width, with the prose), or csv, json, md: the "
+                        "table alone on stdout (json: NaN/Inf as null; md: a GitHub table)")
+
+
 def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
     from jobs import regression as rg
     r = p.add_argument_group("regression rule")
@@ -124,6 +131,30 @@ def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     r.add_argument("--threshold", type=number("threshold"), default=rg.DEFAULT_THRESHOLD,
                    help="and more than this fraction worse (default: %(default)s)")
+
+
+def _add_changepoint_arguments(p: argparse.ArgumentParser) -> None:
+    from jobs import changepoints as cp
+    g = p.add_argument_group("change points (jobs/changepoints.py)")
+    g.add_argument("--confirm", type=number("segment"), default=cp.DEFAULT_CONFIRM, metavar="K",
+                   help="a step counts after K consecutive nights at its new level "
+                        "(default: %(default)s)")
+    g.add_argument("--min-segment", type=number("segment"), default=cp.DEFAULT_MIN_SEGMENT,
+                   metavar="N", help="fewest nights in a segment: a one-night spike is never "
+                                     "one (default: %(default)s)")
+    g.add_argument("--alpha", type=number("alpha"), default=cp.DEFAULT_ALPHA,
+                   help="significance level of a step against the history's noise "
+                        "(default: %(default)s)")
+    g.add_argument("--min-step", type=number("threshold"), default=cp.DEFAULT_MIN_STEP,
+                   help="smallest step reported, a fraction (default: %(default)s)")
+
+
+def _method(args, rule):
+    from jobs.changepoints import Method
+    method = Method(min_segment=args.min_segment, confirm=args.confirm, alpha=args.alpha,
+                    min_step=args.min_step, min_history=rule.min_history, history=rule.history)
+    method.validate()
+    return method
 
 
 def _rule(args):
@@ -536,13 +567,21 @@ def _regression_part(run, rule, args) -> int:
     if run.results is None:
         print("\nregression: skipped (--no-results: no history to compare with)")
         return 0
-    verdicts = regression.detect(run.results, run.run_id, rule)
+    from jobs import changepoints
+    from jobs.changepoints import Method
+    why = changepoints.missing()
+    if why:
+        print(f"\nchange points: skipped ({why}); the lookback rule alone judges")
+    method = None if why else Method(min_history=rule.min_history, history=rule.history)
+    verdicts = regression.detect(run.results, run.run_id, rule, method)
     if not verdicts:
         print(f"\nregression: no timed case in this run (backend {run.backend}); nothing to compare")
         return 0
-    regressed = regression.show(verdicts, rule)
+    regressed = regression.show(verdicts, rule, method=method)
     status = Counter(v.status for v in verdicts)
-    print(f"regression: {dict(status)}; {regressed} kernel case(s) regressed")
+    steps = Counter(v.cp_status for v in verdicts) if method is not None else None
+    print(f"regression: {dict(status)}" + (f"; change points: {dict(steps)}" if steps else "")
+          + f"; {regressed} kernel case(s) regressed")
     return regressed
 
 
@@ -608,16 +647,42 @@ def _report(args) -> int:
 def _regress(args) -> int:
     from jobs import regression
     from jobs.report import _resolve
+    from jobs import changepoints
     rule = _rule(args)
+    method = _method(args, rule)
+    only = _only(args.only)
+    why = changepoints.missing()
+    if why:
+        raise ConfigError(f"regress: change points need ruptures: {why}")
     (run_id,) = _resolve(args.results, [args.run] if args.run else [])
-    verdicts = regression.detect(args.results, run_id, rule)
-    print(f"regression check of run {run_id} in {args.results}: {rule.describe()}")
-    if not verdicts:
-        print("no timed case in this run; nothing to compare")
+    say = print if args.format == "table" else (lambda *a: print(*a, file=sys.stderr))
+    say(f"regression check of run {run_id} in {args.results}: {rule.describe()}")
+    if args.segments:
+        regressed = regression.show_segments(args.results, run_id, method, fmt=args.format,
+                                             only=only)
+        say(f"\n{regressed} confirmed regressed step(s) in the history")
         return exits.OK
-    regressed = regression.show(verdicts, rule)
-    print(f"\n{regressed} kernel case(s) regressed")
+    verdicts = regression.detect(args.results, run_id, rule, method)
+    if not verdicts:
+        say("no timed case in this run; nothing to compare")
+        if args.format != "table":
+            regression.show([], rule, method=method, fmt=args.format, only=only)
+        return exits.OK
+    regressed = regression.show(verdicts, rule, method=method, fmt=args.format, only=only)
+    say(f"\n{regressed} kernel case(s) regressed")
     return exits.FAILED if regressed else exits.OK
+
+
+def _only(text: str | None) -> tuple[str, ...] | None:
+    from jobs.regression import STATUSES
+    if text is None:
+        return None
+    wanted = tuple(w.strip() for w in text.split(",") if w.strip())
+    bad = [w for w in wanted if w not in STATUSES]
+    if bad or not wanted:
+        raise ConfigError(f"--only {text!r}: each of a comma-separated list of "
+                          f"{', '.join(STATUSES)}")
+    return wanted
 
 
 def _compact(args) -> int:
@@ -953,12 +1018,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS)
     p.add_argument("--list", action="store_true", help="list the runs, newest first")
     p.add_argument("--all", action="store_true", help="every row, not only failing and timed ones")
+    _add_format_argument(p)
     p.set_defaults(func=_report)
     p = sub.add_parser("regress", help="regression detection for one run in the results")
     if full("regress"):
         p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS)
         p.add_argument("--run", default=None, help="run id (default: the latest run)")
+        p.add_argument("--segments", action="store_true",
+                       help="each case's nightly history up to the run, split into segments "
+                            "by change points: each step's size, confidence, commit range and "
+                            "the jobs bisect command that narrows it")
+        p.add_argument("--only", default=None, metavar="STATUS,...",
+                       help="only the cases with one of these statuses (by either rule; with "
+                            "--segments: the newest night's change-point status): "
+                            "regressed, improved, ok, insufficient-history")
+        _add_format_argument(p)
         _add_rule_arguments(p)
+        _add_changepoint_arguments(p)
     p.set_defaults(func=_regress)
     p = sub.add_parser("selfcheck", help="recompute every golden vector with the torch references")
     if full("selfcheck"):
@@ -1087,6 +1163,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                             "bisect's own; on an emulated cluster a latency step keeps one per "
                             "commit across its runs) or off (started per run); a standing pool "
                             "runs its own tree's code and is refused")
+        _add_format_argument(p)
         _add_rule_arguments(p)
     p.set_defaults(func=_bisect)
     from jobs import pool

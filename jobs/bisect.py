@@ -853,7 +853,35 @@ def probes(lo: int, hi: int, parts: int, skipped: set[int]) -> list[int]:
     return picks or [inside[len(inside) // 2]]
 
 
+VERDICT_COLS = (("commit", 40), ("subject", 40), ("step", 4, "d"), ("verdict", 7),
+                ("first_bad", 9), ("why", 40), ("values", 20), ("good_values", 20),
+                ("wall_s", 7, ".1f"))
+
+
 def run_bisect(args) -> int:
+    """The bisect (module docstring); with ``--format`` csv, json or md its
+    progress goes to stderr and stdout holds only the table of verdicts, one
+    row per commit tried (:mod:`jobs.formats`)."""
+    import contextlib
+    from jobs.formats import write
+    from jobs.table import Col
+    fmt = getattr(args, "format", "table")
+    if fmt == "table":
+        return _run_bisect(args, {})
+    verdicts: dict[str, Verdict] = {}
+    first_bad: list[str] = []
+    with contextlib.redirect_stdout(sys.stderr):
+        code = _run_bisect(args, verdicts, first_bad)
+    repo = Path(args.repo).resolve()
+    write(fmt, [Col(*c) for c in VERDICT_COLS],
+          ([v.sha, subject(repo, v.sha), v.step, v.verdict, v.sha in first_bad, v.why,
+            json.dumps(v.outcome.values) if v.outcome.values else None,
+            json.dumps(v.good_values) if v.good_values else None, v.outcome.wall_s]
+           for v in sorted(verdicts.values(), key=lambda v: v.step)))
+    return code
+
+
+def _run_bisect(args, verdicts: dict, first_bad: list | None = None) -> int:
     from jobs.session import ray_session
     from jobs.regression import Rule
     rule = Rule(history=args.history, min_history=args.min_history, sigmas=args.sigmas,
@@ -932,7 +960,6 @@ def run_bisect(args) -> int:
         print(f"kind: {kind}" + (f"; the rule: {rule.describe()}, applied to {bis.need} values "
                                  f"of good rerun beside the candidates of each step"
                                  if kind == "latency" else "; one run per commit"), flush=True)
-        verdicts: dict[str, Verdict] = {}
 
         def record(vs: list[Verdict]) -> None:
             for v in vs:
@@ -989,6 +1016,8 @@ def run_bisect(args) -> int:
               f"job bisect)", flush=True)
         if writer is not None:
             _row(writer, key, verdicts[sha], good, bad, kind, first_bad=True)
+        if first_bad is not None:
+            first_bad.append(sha)
         return exits.OK
 
 

@@ -82,7 +82,11 @@ LIMITS: dict[str, Limit] = {
     "parallel": Limit(1, 1_024, "", "bisect: candidates run at once (--parallel)",
                       integer=True),
     "sigmas": Limit(0, 1_000, "", "regression: standard deviations (--sigmas)", open_low=True),
-    "threshold": Limit(0, 1_000, "", "regression: fraction worse (--threshold)"),
+    "threshold": Limit(0, 1_000, "", "regression: fraction worse (--threshold, --min-step)"),
+    "segment": Limit(1, 1_000, "", "change points: nights per segment, nights to confirm a "
+                     "step (--min-segment, --confirm)", integer=True),
+    "alpha": Limit(0, 1, "", "change points: significance level of a step (--alpha)",
+                   open_low=True),
 }
 
 

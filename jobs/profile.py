@@ -205,9 +205,11 @@ def record_impls(run: Run, suite: Suite, case: Case, where: PlacementOffer, per_
                                                       for r in per_rank), 4),
                      rank_median_us=[s["t_median_us"] for s in ranks[name]],
                      rank_p99_us=[s["t_p99_us"] for s in ranks[name]])
+        bw = {}
         if first.get("bytes_moved"):
-            extra.update(bytes=first["bytes_moved"],
-                         **bandwidth(first["bytes_moved"], first["bus_factor"], t["t_median_us"]))
+            b = bandwidth(first["bytes_moved"], first["bus_factor"], t["t_median_us"])
+            bw = {"algbw_gbps": b["algbw_GBps"], "busbw_gbps": b["busbw_GBps"]}
+            extra.update(bytes=first["bytes_moved"], bus_factor=first["bus_factor"])
         cmp, note = {}, None
         if name == "fused" and base is not None:
             cmp = {"baseline": base, "baseline_median_us": timing[base]["t_median_us"],
@@ -219,7 +221,7 @@ def record_impls(run: Run, suite: Suite, case: Case, where: PlacementOffer, per_
             note = f"flashinfer {impl_extra['flashinfer_version']} {impl_extra['mode']}"
         run.record(_as(case, variant), suite, outcome="pass", started_at=started,
                    placement=where.name, t_max_over_ranks_median_us=t["t_median_us"], **t, **cmp,
-                   **gpu, extra=extra, note=note, progress=progress)
+                   **bw, **gpu, extra=extra, note=note, progress=progress)
 
 
 def _as(case: Case, variant: str) -> Case:

@@ -83,6 +83,10 @@ class Verdict:
     change: float | None  # current / mean - 1
     z: float | None
     history_runs: tuple[str, ...]
+    #: the change-point method's status of this night (jobs.changepoints.status;
+    #: None where it was not asked for) and the step that decides it
+    cp_status: str | None = None
+    cp_step: object | None = None
 
     @property
     def case(self) -> dict:
@@ -111,9 +115,13 @@ def timed_rows(table) -> list[dict]:
     return out
 
 
-def detect(results: str | Path, run_id: str, rule: Rule = Rule()) -> list[Verdict]:
+def detect(results: str | Path, run_id: str, rule: Rule = Rule(),
+           method=None) -> list[Verdict]:
     """Verdicts for every timed case of run ``run_id`` under ``results``;
-    history is earlier nightly runs that finished (never an incomplete one)."""
+    history is earlier nightly runs that finished (never an incomplete one).
+    With ``method`` (a :class:`jobs.changepoints.Method`) each verdict also
+    carries the change-point status of this night against the case's whole
+    nightly history."""
     from jobs.results import read_results
     from jobs.results.runs import BASELINE_STATUSES
     table = read_results(results)
@@ -129,10 +137,16 @@ def detect(results: str | Path, run_id: str, rule: Rule = Rule()) -> list[Verdic
             by_case[tuple(r[k] for k in KEY)][r["run_id"]].append((r["started_at"], r[METRIC]))
     verdicts = []
     for key, values in _per_case(current).items():
-        runs = sorted(by_case.get(key, {}).items(), key=lambda kv: min(t for t, _ in kv[1]))
-        runs = runs[-rule.history:]
+        every = sorted(by_case.get(key, {}).items(), key=lambda kv: min(t for t, _ in kv[1]))
+        runs = every[-rule.history:]
         history = [statistics.median(v for _, v in samples) for _, samples in runs]
-        verdicts.append(judge(key, values, history, tuple(r for r, _ in runs), rule))
+        v = judge(key, values, history, tuple(r for r, _ in runs), rule)
+        if method is not None:
+            from jobs import changepoints
+            whole = [statistics.median(x for _, x in samples) for _, samples in every]
+            cp, step = changepoints.status([*whole, values], method)
+            v = dataclasses.replace(v, cp_status=cp, cp_step=step)
+        verdicts.append(v)
     return verdicts
 
 
@@ -189,28 +203,119 @@ def repro(v: Verdict) -> str:
             f"--variant {c['variant']} --transport {c['transport']}")
 
 
-def show(verdicts: list[Verdict], rule: Rule) -> int:
-    """Print the verdicts as a table, the regressed kernel cases with the
-    command that re-measures them; returns how many kernel cases regressed.
+STATUSES = ("regressed", "improved", "ok", "insufficient-history")
+
+
+def flagged(v: Verdict) -> str:
+    """The verdict's status by either rule: regressed (by either) before
+    improved before the lookback rule's own status."""
+    both = (v.status, v.cp_status)
+    return next((s for s in ("regressed", "improved") if s in both), v.status)
+
+
+def show(verdicts: list[Verdict], rule: Rule, *, method=None, fmt: str = "table",
+         only: tuple[str, ...] | None = None) -> int:
+    """Print the verdicts as a table (``fmt``: :mod:`jobs.formats`), the
+    regressed kernel cases with the command that re-measures them; returns
+    how many kernel cases regressed (by the lookback rule or, with
+    ``method``, by change points). ``only``: the rows whose status by
+    either rule is one of these.
 
     Verdicts are printed, not written: the rows they judge are in the store
     already, and ``dashboards`` applies the same rule to them (writing
     verdict rows would count every timed case twice)."""
-    from jobs.table import Col, Table, op_col
-    print(f"\n== regression: {len(verdicts)} timed case(s); {rule.describe()} ==")
-    table = Table([Col("suite", 8), op_col(), Col("variant", 18), Col("tp", 3, "d"),
-                   Col("hidden", 6, "d"), Col("M", 4, "d"), Col("now_us", 9, ".2f"),
-                   Col("mean_us", 9, ".2f"), Col("stdev_us", 8, ".3f"), Col("n", 3, "d"),
-                   Col("change", 7, "+.1%"), Col("status", 20)])
-    regressed = []
+    import sys
+    from jobs import formats
+    from jobs.table import Col, op_col
+    say = print if fmt == "table" else (lambda *a: print(*a, file=sys.stderr))
+    say(f"\n== regression: {len(verdicts)} timed case(s); {rule.describe()}"
+        + (f"; and {method.describe()}" if method is not None else "") + " ==")
+    cols = [Col("suite", 8), op_col(), Col("variant", 18), Col("tp", 3, "d"),
+            Col("hidden", 6, "d"), Col("M", 4, "d"), Col("now_us", 9, ".2f"),
+            Col("mean_us", 9, ".2f"), Col("stdev_us", 8, ".3f"), Col("n", 3, "d"),
+            Col("change", 7, "+.1%"), Col("status", 20)]
+    if method is not None:
+        cols += [Col("cp_status", 20), Col("cp_step", 7, "+.1%"), Col("cp_conf", 7, ".4f")]
+    regressed, rows = [], []
     for v in sorted(verdicts, key=lambda v: tuple(str(x) for x in v.key)):
         c = v.case
-        table.row([c["suite"], c["op"], c["variant"], c["tp"], c["hidden"], c["tokens"],
-                   v.current_us, v.mean_us, v.stdev_us, v.n, v.change,
-                   v.status + (" (baseline)" if v.is_baseline and v.status == "regressed" else "")])
-        if v.status == "regressed" and not v.is_baseline:
+        status = flagged(v)
+        if status == "regressed" and not v.is_baseline:
             regressed.append(v)
+        if only is not None and v.status not in only and v.cp_status not in only:
+            continue
+        row = [c["suite"], c["op"], c["variant"], c["tp"], c["hidden"], c["tokens"],
+               v.current_us, v.mean_us, v.stdev_us, v.n, v.change,
+               v.status + (" (baseline)" if v.is_baseline and v.status == "regressed" else "")]
+        if method is not None:
+            step = v.cp_step
+            row += [v.cp_status + (" (baseline)" if v.is_baseline and v.cp_status == "regressed"
+                                   else ""),
+                    step.change if step else None, step.confidence if step else None]
+        rows.append(row)
+    formats.write(fmt, cols, rows)
     for v in regressed:
-        print(f"  [regressed] {v.case['op']} tp={v.case['tp']} hidden={v.case['hidden']} "
-              f"M={v.case['tokens']} {v.case['variant']}: {v.describe()}\n      {repro(v)}")
+        say(f"  [regressed] {v.case['op']} tp={v.case['tp']} hidden={v.case['hidden']} "
+            f"M={v.case['tokens']} {v.case['variant']}: {v.describe()}"
+            + (f"; change points: {v.cp_status} {v.cp_step.change:+.1%} "
+               f"(confidence {v.cp_step.confidence:.4f})" if v.cp_step is not None else "")
+            + f"\n      {repro(v)}")
     return len(regressed)
+
+
+def show_segments(results: str | Path, run_id: str | None, method, *, fmt: str = "table",
+                  only: tuple[str, ...] | None = None) -> int:
+    """Every timed case's nightly history (up to ``run_id``) split into
+    segments by :mod:`jobs.changepoints`: one row per segment with the step
+    into it (size, confidence, the commit range: the last night before and
+    the first after) and the ``jobs bisect`` command that narrows that
+    range. ``only``: the cases whose newest night's change-point status is
+    one of these. Returns how many confirmed regressed steps were shown."""
+    import sys
+    from jobs import changepoints, formats
+    from jobs.table import Col, op_col
+    say = print if fmt == "table" else (lambda *a: print(*a, file=sys.stderr))
+    hist = changepoints.histories(results, until=run_id)
+    say(f"\n== change points: {len(hist)} timed case(s) over their nightly history; "
+        f"{method.describe()} ==")
+    cols = [Col("suite", 8), op_col(), Col("variant", 18), Col("tp", 3, "d"),
+            Col("hidden", 6, "d"), Col("M", 4, "d"), Col("seg", 3, "d"), Col("from", 16),
+            Col("nights", 6, "d"), Col("mean_us", 9, ".3f"), Col("step", 7, "+.1%"),
+            Col("confidence", 10, ".4f"), Col("step_status", 11), Col("good", 12),
+            Col("bad", 12), Col("now", 20)]
+    if fmt != "table":
+        cols.append(Col("bisect", 0))
+    rows, commands, regressed = [], [], 0
+    for h in hist:
+        values = h.values
+        now, _ = changepoints.status(values, method)
+        if only is not None and now not in only:
+            continue
+        seg = changepoints.segment(values, method)
+        steps = {s.index: s for s in seg.steps}
+        c = h.case
+        for i, sg in enumerate(seg.segments):
+            step = steps.get(sg.start)
+            good = bad = cmd = None
+            if step is not None:
+                good = (h.nights[sg.start - 1].git_commit or "")[:12] or None
+                bad = (h.nights[sg.start].git_commit or "")[:12] or None
+                cmd = changepoints.bisect_command(h, step, results)
+                regressed += step.confirmed and step.direction == "regressed"
+                if cmd:
+                    commands.append(f"  {c['op']} tp={c['tp']} hidden={c['hidden']} "
+                                    f"M={c['tokens']} {c['variant']}: {step.change:+.1%} "
+                                    f"at segment {i}\n      {cmd}")
+            row = [c["suite"], c["op"], c["variant"], c["tp"], c["hidden"], c["tokens"], i,
+                   f"{h.nights[sg.start].started_at:%Y-%m-%d %H:%M}", sg.end - sg.start,
+                   sg.mean_us, step.change if step else None,
+                   step.confidence if step else None,
+                   (("confirmed" if step.confirmed else "pending") if step else None),
+                   good, bad, now if i == len(seg.segments) - 1 else None]
+            if fmt != "table":
+                row.append(cmd)
+            rows.append(row)
+    formats.write(fmt, cols, rows)
+    if commands:
+        say("\ncommands that narrow each step's commit range:\n" + "\n".join(commands))
+    return regressed

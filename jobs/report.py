@@ -4,6 +4,7 @@
     python -m jobs report RUN_ID                     # that run
     python -m jobs report RUN_A RUN_B                # B against A
     python -m jobs report --list                     # the runs, newest first
+    python -m jobs report --format csv               # the row table alone: csv, json, md
 
 A run prints its identity (trigger, commit, backend, GPUs), counts by suite,
 job and outcome, then the failing rows with their repro commands and the
@@ -25,6 +26,7 @@ from pathlib import Path
 from cluster.topology import brief
 from jobs import exits
 from jobs.config import ConfigError
+from jobs.formats import write
 from jobs.table import Col, Table, job_col, op_col
 
 IDENTITY = ("suite", "job", "op", "variant", "transport", "placement", "backend", "tp", "hidden",
@@ -64,18 +66,19 @@ def _resolve(results: Path, wanted: list[str]) -> list[str]:
     return out
 
 
-def list_runs_table(results: Path) -> None:
+def list_runs_table(results: Path, fmt: str = "table") -> None:
     from jobs.results import list_runs
-    table = Table([Col("run_id", 33), Col("status", 11), Col("trigger", 8), Col("started_at", 20),
-                   Col("rows", 6, "d"), Col("suites", 30)])
-    for r in list_runs(results).to_pylist():
-        table.row([r["run_id"], r["run_status"], r["trigger"],
-                   f"{r['started_at']:%Y-%m-%d %H:%M:%S}", r["rows"],
-                   ",".join(sorted(r["suites"]))])
+    write(fmt, [Col("run_id", 33), Col("status", 11), Col("trigger", 8), Col("started_at", 20),
+                Col("rows", 6, "d"), Col("suites", 30)],
+          ([r["run_id"], r["run_status"], r["trigger"],
+            f"{r['started_at']:%Y-%m-%d %H:%M:%S}", r["rows"], ",".join(sorted(r["suites"]))]
+           for r in list_runs(results).to_pylist()))
 
 
-def print_run(results: Path, run_id: str, *, show_all: bool = False) -> int:
+def print_run(results: Path, run_id: str, *, show_all: bool = False, fmt: str = "table") -> int:
     rows = _rows(results, run_id)
+    if fmt != "table":
+        return _write_run(rows, show_all, fmt)
     first = rows[0]
     backends = sorted({r["backend"] for r in rows if r["backend"]})
     print(f"run {run_id}  trigger={first['trigger']}  commit={first['git_commit'] or 'unknown'}  "
@@ -113,15 +116,39 @@ def print_run(results: Path, run_id: str, *, show_all: bool = False) -> int:
     return exits.FAILED if failing or status in ("incomplete", "interrupted") else exits.OK
 
 
-def compare(results: Path, run_a: str, run_b: str) -> int:
+def _failing(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["outcome"] in ("fail", "hang", "error")]
+
+
+def _write_run(rows: list[dict], show_all: bool, fmt: str) -> int:
+    """The run's row table alone in ``fmt`` (csv, json, md), with the
+    commit, run id and repro command of each row; the exit status as
+    :func:`print_run`'s."""
+    failing = _failing(rows)
+    shown = rows if show_all else failing + [r for r in rows if r["t_median_us"] is not None
+                                             and r["outcome"] not in ("fail", "hang", "error")]
+    cols = [Col("run_id", 0), Col("git_commit", 0), *ROW_COLS, Col("algbw_gbps", 0, ".1f"),
+            Col("busbw_gbps", 0, ".1f"), Col("repro_command", 0)]
+    write(fmt, cols, ([r["run_id"], r["git_commit"], r["suite"], r["job"], r["op"], r["variant"],
+                       r["tp"], r["hidden"], r["tokens"], r["what"], r["mismatches"],
+                       r["t_median_us"], r["t_p99_us"], r["outcome"], r["reason"],
+                       r.get("algbw_gbps"), r.get("busbw_gbps"), r["repro_command"]]
+                      for r in shown))
+    status = rows[0].get("run_status") or "unrecorded"
+    return exits.FAILED if failing or status in ("incomplete", "interrupted") else exits.OK
+
+
+def compare(results: Path, run_a: str, run_b: str, fmt: str = "table") -> int:
     a = {tuple(r[k] for k in IDENTITY): r for r in _rows(results, run_a)}
     b = {tuple(r[k] for k in IDENTITY): r for r in _rows(results, run_b)}
-    print(f"comparing B={run_b} against A={run_a}: {len(a)} / {len(b)} cases, "
-          f"{len(a.keys() & b.keys())} in both\n")
+    if fmt == "table":
+        print(f"comparing B={run_b} against A={run_a}: {len(a)} / {len(b)} cases, "
+              f"{len(a.keys() & b.keys())} in both\n")
     cols = [Col("suite", 8), job_col(), op_col(), Col("variant", 18), Col("tp", 3, "d"),
             Col("hidden", 6, "d"), Col("M", 4, "d"), Col("inputs/fault", 22), Col("A", 7),
             Col("B", 7), Col("A_us", 9, ".2f"), Col("B_us", 9, ".2f"), Col("B/A", 6, ".3f")]
-    table = Table(cols)
+    table = Table(cols) if fmt == "table" else None
+    out = []
     changed = 0
     for key in sorted(a.keys() | b.keys(), key=lambda k: tuple(str(x) for x in k)):
         ra, rb = a.get(key), b.get(key)
@@ -131,11 +158,15 @@ def compare(results: Path, run_a: str, run_b: str) -> int:
             continue
         changed += oa != ob
         r = rb or ra
-        table.row([r["suite"], r["job"], r["op"], r["variant"], r["tp"], r["hidden"], r["tokens"],
-                   r["what"], oa, ob, ta, tb, tb / ta if ta and tb else None])
-    if not table._printed_header:
+        row = [r["suite"], r["job"], r["op"], r["variant"], r["tp"], r["hidden"], r["tokens"],
+               r["what"], oa, ob, ta, tb, tb / ta if ta and tb else None]
+        table.row(row) if table is not None else out.append(row)
+    if table is None:
+        write(fmt, cols, out)
+    elif not table._printed_header:
         print("no case changed outcome and neither run has timings in common")
-    print(f"\n{changed} case(s) changed outcome")
+    if table is not None:
+        print(f"\n{changed} case(s) changed outcome")
     return exits.FAILED if any(r["outcome"] in ("fail", "hang", "error") for r in b.values()) else exits.OK
 
 
@@ -144,11 +175,11 @@ def main(args) -> int:
     if args.list:
         if not results.is_dir():
             raise ConfigError(f"--results {results}: no results directory")
-        list_runs_table(results)
+        list_runs_table(results, args.format)
         return exits.OK
     if len(args.runs) > 2:
         raise ConfigError(f"report takes at most two run ids, got {len(args.runs)}: {args.runs}")
     runs = _resolve(results, args.runs)
     if len(runs) == 2:
-        return compare(results, *runs)
-    return print_run(results, runs[0], show_all=args.all)
+        return compare(results, *runs, fmt=args.format)
+    return print_run(results, runs[0], show_all=args.all, fmt=args.format)

@@ -86,7 +86,11 @@ def test_every_page_loads_clean_and_renders_its_charts(browser, built):
             assert got == expected, f"{name} {chart_id}"
         if name == "trends-all_reduce_norm.html":
             assert len(report.charts) == 18 + sample.BASELINE_ROWS
-            shapes = [[(t["name"], t["points"]) for t in c["traces"]] for c in report.charts]
+            shapes = [[(t["name"], t["points"]) for t in c["traces"]
+                       if t["name"] not in ("segment mean", "step")] for c in report.charts]
+            # change points: every chart draws its history's segment means
+            assert all(any(t["name"] == "segment mean" for t in c["traces"])
+                       for c in report.charts)
             assert [("median", 6), ("p99", 6), ("baseline: nccl+torch", 6),
                     ("regressed", 1)] in shapes
             assert sum(s[0] == ("median", 5) for s in shapes) == 1
@@ -172,3 +176,20 @@ def test_repro_copy_button_and_topology_disclosure(browser, built):
         return [d.querySelector('summary').textContent, closed, d.open, shown()];
     }""")
     assert opened == [sample.TOPOLOGY_BRIEF, False, True, True]
+
+
+def test_status_filter_hides_the_other_rows(browser, built):
+    _, site, _ = built
+    shown = browser.evaluate((site / "trends.html").as_uri(), """() => {
+        const sel = document.querySelector('select.status-filter');
+        const rows = () => Array.from(document.querySelectorAll('#trend-cases tbody tr'))
+            .filter(tr => tr.style.display !== 'none')
+            .map(tr => tr.cells[0].textContent.trim());
+        const all = rows().length;
+        sel.value = 'regressed'; sel.dispatchEvent(new Event('change'));
+        const regressed = rows();
+        sel.value = ''; sel.dispatchEvent(new Event('change'));
+        return [all, regressed, rows().length];
+    }""")
+    all_rows, regressed, again = shown
+    assert regressed == ["regressed", "regressed"] and again == all_rows > 2

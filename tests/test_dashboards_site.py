@@ -227,15 +227,26 @@ def test_trends_mark_the_regression(site):
     assert len(statuses) == 22 + sample.BASELINE_ROWS
     specs = chart_specs(parse(site / "trends-all_reduce_norm.html"))
     assert len(specs) == 18 + sample.BASELINE_ROWS
-    shapes = sorted(tuple((t["name"], len(t["x"])) for t in s["data"]) for s in specs.values())
+    cp = ("segment mean", "step")
+    shapes = sorted(tuple((t["name"], len(t["x"])) for t in s["data"] if t["name"] not in cp)
+                    for s in specs.values())
     regressed = [s for s in shapes if s[-1][0] == "regressed"]
     assert sorted(regressed) == [
         (("median", 6), ("p99", 6), ("baseline: nccl+torch", 6), ("regressed", 1)),
         (("median", 6), ("p99", 6), ("regressed", 1))]
     failed = [s for s in shapes if s[0] == ("median", 5)]  # no timing in the latest run
     assert len(failed) == 1
-    median = next(s for s in specs.values() if s["data"][-1]["name"] == "regressed")["data"][0]
+    median = next(s for s in specs.values()
+                  if any(t["name"] == "regressed" for t in s["data"]))["data"][0]
     assert median["line"]["color"] == palette.op_colour("all_reduce_norm")
+    # change points: every chart draws its history's segments, first night to last; the
+    # one-night slowdown of the latest run is no step (a step needs two nights)
+    for spec in specs.values():
+        segs = [t for t in spec["data"] if t["name"] == "segment mean"]
+        nights = sorted({x for t in spec["data"] if t["name"] == "median" for x in t["x"]})
+        assert segs and segs[0]["x"][0] == nights[0] and segs[-1]["x"][-1] == nights[-1]
+        assert not [t for t in spec["data"] if t["name"] == "step"]
+    assert doc.find("select", cls="status-filter").attrs["data-table"] == "trend-cases"
 
 
 def test_latency_series_per_tp_and_transport_with_baselines_and_ratio(site):

@@ -140,7 +140,12 @@ def test_rows_take_the_max_over_ranks_per_iteration(tmp_path):
     assert extra["phases_s"] == acct["phases_s"]  # the case's, on its fused row
     assert extra["replays"] == 3  # the replays timed, not the suite's (min_replays may cut them)
     assert extra["collective_speed"] is True
-    assert extra["bytes"] == 8 * 5120 * 2 and extra["algbw_GBps"] == pytest.approx(81920 / 4e3)
+    # nccl-tests' algbw and busbw (all-reduce at tp 2: factor 2 (2 - 1) / 2 = 1), as columns
+    assert extra["bytes"] == 8 * 5120 * 2 and extra["bus_factor"] == 1.0
+    assert fused["algbw_gbps"] == pytest.approx(81920 / 4e3)
+    assert fused["busbw_gbps"] == pytest.approx(81920 / 4e3 * 1.0)
+    assert "algbw_GBps" not in extra
+    assert rows["baseline:symm_mem"]["algbw_gbps"] is None  # skipped: no timing
     assert extra["nvtx_range"] == "all_reduce_norm/fused tp=2 hidden=5120 M=8"
     assert fused["sm_clock_mhz_before"] == 1980 and fused["gpu_model"] == "NVIDIA H200"
     assert extra["ratios"]["flashinfer_oneshot"] == pytest.approx(4.0 / 5.0)  # max over ranks: 6, 5, 5

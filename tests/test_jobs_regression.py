@@ -81,7 +81,7 @@ def test_synthetic_history_flags_a_20_percent_slowdown_not_2(tmp_path, capsys, s
     assert cli.main(["regress", "--results", str(tmp_path), "--run", run_id]) == code
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("nightly ")]
-    status = {int(ln.split()[5]): ln.split()[-1] for ln in lines if "baseline" not in ln}
+    status = {int(ln.split()[5]): ln.split()[11] for ln in lines if "baseline" not in ln}
     assert status == {1: "regressed" if code else "ok", 8: "ok"}, out
     if code:
         assert "python -m jobs profile --suite nightly --backend gpu --ops all_reduce_norm " \

@@ -93,6 +93,26 @@
     }
   }
 
+  // ---- status filters (dashboards/pages/trends.py status_filter): show only
+  // the rows of a table whose cell in one of data-cols reads a chosen status.
+  function setupFilters() {
+    document.querySelectorAll("select.status-filter").forEach(function (sel) {
+      var table = document.getElementById(sel.getAttribute("data-table"));
+      if (!table) return;
+      var cols = sel.getAttribute("data-cols").split(",").map(Number);
+      sel.addEventListener("change", function () {
+        var wanted = sel.value ? sel.value.split(",") : null;
+        Array.prototype.forEach.call(table.tBodies[0].rows, function (tr) {
+          var hit = !wanted || cols.some(function (c) {
+            var td = tr.cells[c], b = td && td.querySelector(".badge");
+            return wanted.indexOf(((b || td || {}).textContent || "").trim()) >= 0;
+          });
+          tr.style.display = hit ? "" : "none";
+        });
+      });
+    });
+  }
+
   // ---- compare page
   // An environment value; the topology's summary opens onto its JSON.
   function envCell(run, field, text) {
@@ -247,6 +267,7 @@
     var n = renderCharts();
     document.querySelectorAll("table.sortable").forEach(makeSortable);
     setupCopy();
+    setupFilters();
     var compare = readJson("compare-data");
     if (compare) setupCompare(compare);
     document.body.setAttribute("data-charts-rendered", String(n));

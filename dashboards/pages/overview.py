@@ -119,7 +119,8 @@ def render(site: Site) -> dict[str, str]:
         h.section("Latest nightly run" if site.results.latest_is_nightly
                   else "Latest run (no nightly run yet: the latest of any trigger)", meta_html,
                   id="latest-run"),
-        h.section("Needs attention", att_table, skipped_html, id="attention-section",
+        h.section("Needs attention", trends.status_filter("attention", (0,)), att_table,
+                  skipped_html, id="attention-section",
                   note="Cases of the latest run that failed, hung, errored or regressed; each "
                        "links to its details."),
         h.section("By op", op_chart, op_table),

@@ -27,13 +27,16 @@ import pyarrow as pa
 
 from cluster.placement import Placement
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2: the ``job`` column. 3: files leave out ``suite`` (the partition key
 gives it) and the per-run facts (``runs.RUN_FACTS``, kept once in the run
 manifest); readers fill both in, so ``read_results`` returns the same
 columns as for version 2. 4: the straggler columns (``publish_skew_us``,
 ``publish_skew_max_us``, ``last_rank``, ``last_rank_share``,
-``publish_offsets_us``); null in the rows of older files."""
+``publish_offsets_us``); null in the rows of older files. 5: the bandwidth
+columns ``algbw_gbps`` and ``busbw_gbps`` (profile rows; before, in
+``extra`` as ``algbw_GBps`` / ``busbw_GBps``); null in the rows of older
+files."""
 SCHEMA_VERSION_KEY = b"lamport_lab.schema_version"
 
 OUTCOMES = ("pass", "fail", "hang", "error", "skipped")
@@ -106,6 +109,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("t_stdev_us", pa.float64(), "us", "sample standard deviation"),
     Column("t_max_over_ranks_median_us", pa.float64(), "us",
            "median over iterations of the slowest rank's time"),
+    # Bandwidth at t_median_us, as nccl-tests defines it: algbw = bytes / time, bytes
+    # the op's workload declares per call and rank (cluster/measure/workloads);
+    # busbw = algbw x the op's bus factor (docs/results-schema.md lists them).
+    Column("algbw_gbps", pa.float64(), "GB/s", "bytes per call / t_median_us (nccl-tests' "
+           "algbw; 1 GB = 1e9 bytes)"),
+    Column("busbw_gbps", pa.float64(), "GB/s", "algbw_gbps x the op's bus factor (nccl-tests' "
+           "busbw: 2 (tp - 1) / tp for the all-reduce ops, 1 for a local op)"),
     # Stragglers over the case's calls (cluster.stragglers): each rank's publish start
     # after the group's first rank's, from the mark its publish timing starts at.
     Column("publish_skew_us", pa.float64(), "us", "median over calls of the last rank's "
