@@ -217,9 +217,12 @@ def show(verdicts: list[Verdict], rule: Rule, *, method=None, fmt: str = "table"
          only: tuple[str, ...] | None = None) -> int:
     """Print the verdicts as a table (``fmt``: :mod:`jobs.formats`), the
     regressed kernel cases with the command that re-measures them; returns
-    how many kernel cases regressed (by the lookback rule or, with
-    ``method``, by change points). ``only``: the rows whose status by
-    either rule is one of these.
+    how many kernel cases the lookback rule found regressed. With ``method``
+    the change-point verdicts are shown beside it and the cases only they
+    find regressed are listed, but they do not count: the change-point
+    method reports without failing a run until its false-alarm rate on real
+    GPU noise is on record (docs/design.md, "Change points"). ``only``: the
+    rows whose status by either rule is one of these.
 
     Verdicts are printed, not written: the rows they judge are in the store
     already, and ``dashboards`` applies the same rule to them (writing
@@ -236,12 +239,14 @@ def show(verdicts: list[Verdict], rule: Rule, *, method=None, fmt: str = "table"
             Col("change", 7, "+.1%"), Col("status", 20)]
     if method is not None:
         cols += [Col("cp_status", 20), Col("cp_step", 7, "+.1%"), Col("cp_conf", 7, ".4f")]
-    regressed, rows = [], []
+    regressed, stepped, rows = [], [], []
     for v in sorted(verdicts, key=lambda v: tuple(str(x) for x in v.key)):
         c = v.case
-        status = flagged(v)
-        if status == "regressed" and not v.is_baseline:
-            regressed.append(v)
+        if not v.is_baseline:
+            if v.status == "regressed":
+                regressed.append(v)
+            elif flagged(v) == "regressed":
+                stepped.append(v)
         if only is not None and v.status not in only and v.cp_status not in only:
             continue
         row = [c["suite"], c["op"], c["variant"], c["tp"], c["hidden"], c["tokens"],
@@ -260,6 +265,11 @@ def show(verdicts: list[Verdict], rule: Rule, *, method=None, fmt: str = "table"
             + (f"; change points: {v.cp_status} {v.cp_step.change:+.1%} "
                f"(confidence {v.cp_step.confidence:.4f})" if v.cp_step is not None else "")
             + f"\n      {repro(v)}")
+    for v in stepped:
+        say(f"  [step, reported only] {v.case['op']} tp={v.case['tp']} "
+            f"hidden={v.case['hidden']} M={v.case['tokens']} {v.case['variant']}: change points "
+            f"{v.cp_step.change:+.1%} (confidence {v.cp_step.confidence:.4f}); the lookback "
+            f"rule: {v.status}\n      {repro(v)}")
     return len(regressed)
 
 

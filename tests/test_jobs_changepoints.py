@@ -120,13 +120,13 @@ def test_regress_segments_gives_the_commit_range_and_the_bisect_command(tmp_path
 def test_regress_only_and_csv(tmp_path, capsys):
     runs = _store(tmp_path, step_at=12)
     assert cli.main(["regress", "--results", str(tmp_path), "--run", runs[-1],
-                     "--only", "regressed", "--format", "csv"]) == 1
+                     "--only", "regressed", "--format", "csv"]) == 0  # reported, not failing
     captured = capsys.readouterr()
     rows = list(csv.DictReader(io.StringIO(captured.out)))
     assert [(r["M"], r["status"], r["cp_status"]) for r in rows] == [("1", "ok", "regressed")]
     assert "regression check" in captured.err
     assert cli.main(["regress", "--results", str(tmp_path), "--run", runs[-1],
-                     "--only", "improved", "--format", "csv"]) == 1
+                     "--only", "improved", "--format", "csv"]) == 0
     assert capsys.readouterr().out.splitlines()[1:] == []
 
 
@@ -141,12 +141,16 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, argv, said):
     assert said in capsys.readouterr().err
 
 
-def test_the_nightly_regression_part_fails_on_a_step_the_lookback_misses(tmp_path, capsys):
+def test_the_nightly_regression_part_reports_a_step_the_lookback_misses(tmp_path, capsys):
+    """A step only change points see is listed with its re-measure command
+    but does not fail the night (they report until their false-alarm rate on
+    GPU noise is on record)."""
     import types
     from jobs.regression import Rule
     runs = _store(tmp_path, step_at=11, nights=14)   # three nights in: the lookback says ok
     run = types.SimpleNamespace(results=tmp_path, run_id=runs[-1], backend="gpu")
-    assert cli._regression_part(run, Rule(), None) == 1
+    assert cli._regression_part(run, Rule(), None) == 0
     out = capsys.readouterr().out
-    assert "regression: {'ok': 2}; change points: {'regressed': 1, 'ok': 1}; 1 kernel case(s) " \
+    assert "regression: {'ok': 2}; change points: {'regressed': 1, 'ok': 1}; 0 kernel case(s) " \
            "regressed" in out, out
+    assert "[step, reported only] all_reduce_norm tp=1 hidden=7168 M=1" in out, out
