@@ -6,6 +6,8 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobs import __main__ as cli
 from jobs import regression as rg
@@ -121,3 +123,42 @@ def test_rows_without_profile_timing_are_not_history(tmp_path):
     writer.append(make_row(started_at=when, outcome="pass", extra={"job": "correctness"},
                            t_median_us=5.0, **CASE, tokens=1))
     assert rg.detect(tmp_path, writer.run_id) == []
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 0.0, -1.0])
+def test_a_timing_that_is_no_number_is_no_history_and_no_verdict(tmp_path, capsys, bad):
+    """A night whose kernel wrote an Inf or NaN median (or nothing positive)
+    neither crashes the rule nor poisons the history of the nights after it."""
+    after = _history(tmp_path, runs=6)
+    _run(tmp_path, {1: bad, 8: bad}, when=after)  # a bad night in the history
+    run_id = _run(tmp_path, {1: 10.0, 8: 20.0}, when=after + dt.timedelta(days=1))
+    verdicts = {v.case["tokens"]: v for v in rg.detect(tmp_path, run_id)
+                if not v.is_baseline}
+    assert {t: (v.status, v.n) for t, v in verdicts.items()} == {1: ("ok", 6), 8: ("ok", 6)}
+    bad_run = _run(tmp_path, {1: bad, 8: 20.0}, when=after + dt.timedelta(days=2))
+    assert [v.case["tokens"] for v in rg.detect(tmp_path, bad_run) if not v.is_baseline] == [8]
+    assert cli.main(["regress", "--results", str(tmp_path), "--run", bad_run]) == 0
+    capsys.readouterr()
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=0, max_size=12),
+       st.floats(allow_nan=True, allow_infinity=True))
+def test_the_rule_is_total_over_any_float_history(history, current):
+    """judge never raises on what timed_rows lets through (is_timing), for
+    values of any size: 5e-324 up to the ceiling, with NaN, infinities and
+    1e308 dropped."""
+    timings = [x for x in history if rg.is_timing(x)]
+    if not rg.is_timing(current):
+        return
+    v = rg.judge(("k",), current, timings, tuple(str(i) for i in range(len(timings))), rg.Rule())
+    assert v.status in ("regressed", "improved", "ok", "insufficient-history")
+
+
+def test_huge_tiny_and_broken_timings_are_sorted_by_is_timing():
+    assert [rg.is_timing(t) for t in (None, float("nan"), float("inf"), -1.0, 0.0, 5e-324, 3.2,
+                                      rg.MAX_TIMING_US, 1e308)] == \
+        [False, False, False, False, False, True, True, True, False]
+    v = rg.judge(("k",), rg.MAX_TIMING_US, [rg.MAX_TIMING_US, 5e-324, 5.0, 6.0, 7.0],
+                 ("a",) * 5, rg.Rule())
+    assert v.status in ("ok", "regressed")
