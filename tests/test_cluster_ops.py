@@ -251,3 +251,18 @@ def test_one_set_of_inputs_checks_every_rank_of_a_call(op, fields, device):
         outputs[name].flat[0] ^= 0x4000  # an exponent bit: beyond any ULP bound
         assert not check_outputs(case, tp=tp, hidden=hidden, outputs=outputs, rank=rank,
                                  inputs=shared)["ok"]
+
+
+def test_no_op_module_imports_the_case_layer():
+    """cluster.cases imports the op registry; an op module importing
+    cluster.cases back, even inside a function, is a loop that only the
+    registry's importlib hides. The bit helpers they need are in the leaf
+    module cluster.bits, which imports nothing of cluster."""
+    from tests.test_import_cycles import import_graph
+
+    eager, lazy = import_graph()
+    edges = {m: eager[m] | lazy[m] for m in eager}
+    ops_modules = [m for m in edges if m.startswith("cluster.ops")]
+    assert ops_modules and not [m for m in ops_modules if "cluster.cases" in edges[m]], \
+        {m: sorted(edges[m]) for m in ops_modules if "cluster.cases" in edges[m]}
+    assert not [t for t in edges["cluster.bits"] if t.startswith("cluster")], edges["cluster.bits"]
