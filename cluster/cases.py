@@ -36,6 +36,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from cluster import ops
+# The bit helpers live in the leaf module cluster.bits; importers of cluster.cases
+# still find them here.
+from cluster.bits import bf16_from_bits, bits_from_bf16, from_bits, tensor_bits  # noqa: F401
 from kernels.lamport.protocol import DEFAULT_BUDGET_NS
 from kernels.validation import require_int, require_number
 
@@ -86,33 +89,6 @@ def case_inputs(case: Mapping, *, tp: int, hidden: int, tokens: int | None = Non
     return inputs
 
 
-def bf16_from_bits(a: np.ndarray) -> torch.Tensor:
-    """BF16 tensor (a copy) from a uint16 array of bit patterns."""
-    import torch
-    return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(torch.bfloat16)
-
-
-def bits_from_bf16(t: torch.Tensor) -> np.ndarray:
-    """uint16 array of the bit patterns of a BF16 tensor."""
-    import torch
-    return t.contiguous().view(torch.int16).numpy().view(np.uint16).copy()
-
-
-def tensor_bits(t: torch.Tensor) -> np.ndarray:
-    """The raw bits of any tensor as an unsigned numpy array of its width
-    (BF16 -> uint16, FP32 -> uint32, FP8 -> uint8)."""
-    from kernels.reference import numerics
-    width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[t.element_size()]
-    return numerics.bits(t.detach().contiguous().cpu()).numpy().view(width).copy()
-
-
-def _from_bits(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    import torch
-    signed = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[like.element_size()]
-    raw = torch.from_numpy(np.ascontiguousarray(a).copy()).view(signed)
-    return raw.view(like.dtype)
-
-
 def compare(name: str, got_bits: np.ndarray | None, ref: torch.Tensor, bound: int) -> dict:
     """One output against its reference: ``bound`` 0 = bit for bit, n = within
     n BF16 ULP (BF16 outputs only); NaN never passes. ``got_bits`` None: the
@@ -126,7 +102,7 @@ def compare(name: str, got_bits: np.ndarray | None, ref: torch.Tensor, bound: in
         return {"elements": ref.numel(), "mismatches": ref.numel(), "max_ulp": float("inf"),
                 "nan": False, "bound_ulp": bound, "ok": False,
                 "error": f"{name}: shape {list(got_bits.shape)}, expected {list(ref.shape)}"}
-    got = _from_bits(got_bits, ref)
+    got = from_bits(got_bits, ref)
     if ref.dtype == torch.bfloat16:
         cmp = numerics.Comparison(got, ref)
         mismatches, max_ulp = cmp.mismatches, cmp.max_ulp

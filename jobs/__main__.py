@@ -1043,6 +1043,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         from jobs import selfcheck
         selfcheck.add_arguments(p)
     p.set_defaults(func=_selfcheck)
+    from jobs import ops_cmd
+    ops_cmd.add_ops_parser(sub)
     p = sub.add_parser("compact", help="copy a results dataset as one Parquet file per run")
     p.add_argument("--results", type=path_arg, default=DEFAULT_RESULTS)
     p.add_argument("--out", type=path_arg, required=True,

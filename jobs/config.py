@@ -36,6 +36,10 @@ A suite is ``jobs/suites/<name>.toml`` (``--suite NAME``) or any file
                                   # the kernels' unit: no conversion from suite to kernel)
     timeout_s = 10                # host deadline per call (--timeout overrides)
 
+    [[correctness]]               # every registered op no other [[correctness]] sweep of
+    op = "*"                      # this suite names (an op from an installed package, a new
+    exclude_named = true          # module): what any op takes; none left: no case
+
     [[faults]]                    # sweep keys as above, plus
     kinds = "all"                 # or names from cluster.faults.FAULT_KINDS
     rank = "last"                 # the faulty rank: "last" (tp - 1) or an int
@@ -110,6 +114,11 @@ EVERY_OP = "*"
 """``op = "*"`` in a sweep, ``ops = "*"`` in ``[compile_check]``: every
 registered op the job applies to (:func:`job_ops`), read from the registry
 when the suite is loaded, so a newly registered op joins without an edit."""
+EXCLUDE_NAMED = "exclude_named"
+"""A sweep key: ``exclude_named = true`` beside ``op = "*"`` leaves out the
+ops another sweep of the same job in the suite names (a name, or in a
+list), so a suite's per-op sweeps keep their shapes and the ``*`` sweep
+takes every other registered op; it may select none (then no case)."""
 
 
 def job_ops(job: str) -> tuple[str, ...]:
@@ -362,8 +371,11 @@ def load_suite(path: str | Path) -> Suite:
         sweeps = data.get(job, [])
         if not isinstance(sweeps, list) or not all(isinstance(s, dict) for s in sweeps):
             raise ConfigError(f"{where}: {job} must be an array of tables ([[{job}]])")
+        named = {op for s in sweeps if s.get("op") != EVERY_OP
+                 for op in ([s["op"]] if isinstance(s.get("op"), str) else s.get("op") or [])
+                 if isinstance(op, str)}
         for index, sweep in enumerate(sweeps, 1):
-            cases += _expand(job, sweep, f"{where}: [[{job}]] #{index}")
+            cases += _expand(job, sweep, f"{where}: [[{job}]] #{index}", named=named)
     return Suite(name=name, version=version, description=str(data.get("description", "")),
                  path=path, selfcheck=selfcheck, compile_check=compile_check, cases=tuple(cases),
                  memory_limit_gb=memory_limit_gb)
@@ -521,15 +533,27 @@ def _refuse_retired(sweep: Mapping, where: str) -> None:
                               f"budget_ns, in integer nanoseconds: write {hint}")
 
 
-def _expand(job: str, sweep: Mapping, where: str) -> list[Case]:
+def _expand(job: str, sweep: Mapping, where: str, *, named: Iterable[str] = ()) -> list[Case]:
+    """The cases of one sweep; ``named``: the ops the job's other sweeps
+    name (what ``exclude_named`` leaves out)."""
     scalars = _SCALAR_KEYS[job]
     _refuse_retired(sweep, where)
-    _no_unknown(sweep, [*_SWEEP_KEYS, *scalars, *op_field_names()], where)
+    _no_unknown(sweep, [*_SWEEP_KEYS, *scalars, *op_field_names(), EXCLUDE_NAMED], where)
     for required in ("op", "tp", "hidden", "tokens"):
         if required not in sweep:
             raise ConfigError(f"{where}: {required} is required")
+    exclude = sweep.get(EXCLUDE_NAMED, False)
+    if not isinstance(exclude, bool):
+        raise ConfigError(f"{where}: {EXCLUDE_NAMED} = {exclude!r} must be true or false")
+    if exclude and sweep["op"] != EVERY_OP:
+        raise ConfigError(f"{where}: {EXCLUDE_NAMED} = true applies to op = {EVERY_OP!r} only; "
+                          f"got op = {sweep['op']!r}")
+    none_left = False
     if sweep["op"] == EVERY_OP:
-        sweep = {**sweep, "op": list(job_ops(job))}
+        chosen = [op for op in job_ops(job) if not (exclude and op in named)]
+        # Every op has a sweep of its own: no case, the sweep's keys checked all the same.
+        none_left = exclude and not chosen and bool(job_ops(job))
+        sweep = {**sweep, "op": chosen or list(job_ops(job))}
         if not sweep["op"]:
             raise ConfigError(f"{where}: op = {EVERY_OP!r} selects no registered op "
                               f"({job} applies to none)")
@@ -581,7 +605,7 @@ def _expand(job: str, sweep: Mapping, where: str) -> list[Case]:
             cases += [Case(**base, fault=k, rank=rank) for k in params["kinds"]]
         else:
             cases.append(Case(**base))
-    return cases
+    return [] if none_left else cases
 
 
 def _fault_kinds(value, where: str) -> list[str]:

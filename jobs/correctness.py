@@ -88,6 +88,9 @@ def skip_reason(case: Case, backend: str, placement: str | None = None) -> str |
     spec = ops.get(case.op)
     if spec.needs_gpu and backend == "emulated":
         return f"op {case.op}: {spec.needs_gpu}"
+    lacking = ops.contract.lacking(spec, backend, placement)
+    if lacking:
+        return lacking
     if placement == Placement.VIRTUAL_RANKS and not spec.virtual_ranks:
         return (f"op {case.op} is not a collective: virtual ranks add nothing to it; it runs "
                 f"on each rank actor's GPU (process-per-gpu, shared-gpu)")

@@ -77,6 +77,7 @@ class Skip:
 
 
 README_RAY = "README Ray block"
+GUIDE_TEST = "tests/test_adding_an_op_guide.py"
 DASHBOARD_BUILD = ".venv/bin/python -m dashboards build --results results --out site   # site/index.html"
 
 STRAGGLERS_RUN = (".venv/bin/python -m jobs correctness --suite smoke --ops "
@@ -256,6 +257,13 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
         Run(needs_results=True),
     ".venv/bin/python -m jobs report --results results --list   # every run":
         Run(needs_results=True),
+    # docs/adding-an-op.md: its package's commands, run on it as written by the test that
+    # writes the package from the guide (pip into a temporary --target).
+    "LAMPORT_UPDATE_GOLDEN=1 python -m all_reduce_sum.reference": Covered(GUIDE_TEST),
+    "python -m pip install --no-deps --no-build-isolation .": Covered(GUIDE_TEST),
+    "python -m jobs check-op all_reduce_sum": Covered(GUIDE_TEST),
+    "python -m jobs nightly --suite smoke --jobs correctness,faults --ops all_reduce_sum "
+    "--backend emulated": Covered(GUIDE_TEST),
 }
 
 
@@ -278,8 +286,9 @@ def test_covered_commands_are_run_where_they_say():
             assert text in block, text  # tests/readme_ray.py runs the block line by line
         elif by == ".ci/run":
             assert text.split("#")[0].strip() in ci, text
-        elif by is not None:
-            assert (REPO / by).is_file() and by in text, (text, by)
+        elif by is not None:  # the test is named in the command, or holds it verbatim
+            assert (REPO / by).is_file() and (by in text or text in (REPO / by).read_text()), \
+                (text, by)
     assert "scripts/setup --dev" in ci  # the first command's setup half (Run.covered)
 
 

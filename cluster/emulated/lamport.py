@@ -52,7 +52,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from cluster.cases import bf16_from_bits, bits_from_bf16
+from cluster.bits import bf16_from_bits, bits_from_bf16
 from cluster.emulated.segment import HEADER_EMPTY, HostMailbox
 from kernels.lamport.protocol import (ACTIVE_STAGE, ERR_DEFAULT_RECORDS, LAMPORT_GENERATIONS,
                                       MODES, NEXT_STAGE, SENTINEL_BF16, VEC_BF16, owned_tokens,

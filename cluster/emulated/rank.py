@@ -7,7 +7,8 @@ import os
 import time
 
 from cluster import ops
-from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs, check_outputs
+from cluster.bits import bf16_from_bits, bits_from_bf16
+from cluster.cases import case_inputs, check_outputs
 from cluster.emulated.lamport import consume, launch, publish
 from cluster.emulated.segment import HostMailbox, segment_name
 from cluster.injection import validate_injection

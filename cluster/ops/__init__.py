@@ -7,11 +7,21 @@ variants, baselines, applicable fault kinds, the timed workload's name).
 Adding an op is one module in this package with its declaration (``SPEC``),
 plus its kernel and reference (docs/adding-an-op.md): every module here
 that defines ``SPEC`` is registered on import, in module-name order;
-:func:`register` adds one at run time (tests, plug-ins). An op declared
-outside this package reaches every process of a run (the driver and its
-rank actors, which import this package anew) through
-``LAMPORT_OP_MODULES``: comma-separated module names, imported after the
-package's own ops, each of which calls :func:`register` on import.
+:func:`register` adds one at run time (tests, plug-ins). Ops from other
+installed packages come through the entry-point group ``lamport_lab.ops``
+(:data:`ENTRY_POINTS`: each entry point names an ``OpSpec``, e.g.
+``scaled_allreduce = "scaled_allreduce.op:SPEC"`` in the package's
+pyproject.toml; examples/scaled_allreduce/), registered after the built-in
+ops, in entry-point name order; every process of a run (the driver and its
+rank actors, which import this package anew) finds them the same way. A
+module not installed as a package reaches them through
+``LAMPORT_OP_MODULES``: comma-separated module names, imported last, each
+of which calls :func:`register` on import.
+
+Every op is held to the typed contract when it registers
+(:func:`cluster.ops.contract.check`: a ContractError naming the missing
+attribute), and a name taken by another op is refused, naming both
+origins (:data:`ORIGINS`).
 
 Importing this package imports no torch: declarations are plain data, and
 the torch-side functions live behind ``OpSpec.module()``.
@@ -20,25 +30,45 @@ the torch-side functions live behind ``OpSpec.module()``.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import pkgutil
 
+from cluster.ops import contract
 from cluster.ops.spec import Field, OpSpec, import_if_present
 
 OPS: dict[str, OpSpec] = {}
+ORIGINS: dict[str, str] = {}
+"""Where each registered op comes from: ``built-in <module>``, ``entry
+point <name> = <value> (<distribution> <version>)`` or ``registered by
+<module>`` (:func:`register` called at run time)."""
+
+ENTRY_POINTS = "lamport_lab.ops"
+"""The entry-point group of ops from other installed packages."""
 
 
-def register(spec: OpSpec) -> OpSpec:
-    """Add ``spec`` to :data:`OPS`; ValueError if the name is taken."""
+def register(spec: OpSpec, *, origin: str | None = None) -> OpSpec:
+    """Add ``spec`` to :data:`OPS` once it meets the op contract
+    (:func:`cluster.ops.contract.check`, ContractError naming what is
+    missing). ValueError naming both origins if another op has the name;
+    registering the same declaration again from the same origin is a no-op
+    (a plug-in module that registers itself and is also an entry point)."""
+    origin = origin or f"registered by {spec.impl}"
     if spec.name in OPS:
-        raise ValueError(f"op {spec.name!r} is already registered")
+        if OPS[spec.name] is spec:
+            return spec
+        raise ValueError(f"op {spec.name!r} is already registered ({ORIGINS[spec.name]}); "
+                         f"refused from {origin}: rename one")
+    contract.check(spec)
     OPS[spec.name] = spec
+    ORIGINS[spec.name] = origin
     return spec
 
 
 def unregister(name: str) -> None:
     """Remove a registered op (tests)."""
     OPS.pop(name, None)
+    ORIGINS.pop(name, None)
 
 
 def get(name: str) -> OpSpec:
@@ -70,9 +100,8 @@ def golden_cases() -> dict:
     once each registered op's ``golden`` module is imported (torch: the
     references); ValueError naming the op when its module does not exist."""
     from kernels.reference.cases import GOLDEN_CASES
-    for name, spec in OPS.items():
-        if spec.golden and import_if_present(spec.golden) is None:
-            raise ValueError(f"op {name}: golden = {spec.golden!r} is no module")
+    for spec in OPS.values():
+        contract.golden_cases(spec)
     return GOLDEN_CASES
 
 
@@ -109,9 +138,29 @@ def _plugins() -> None:
                               f"on PYTHONPATH?)")
 
 
+def _entry_points() -> None:
+    """Register the op each :data:`ENTRY_POINTS` entry point names (an
+    ``OpSpec``, or a module whose ``SPEC`` is one), in name order; an entry
+    point that fails to load raises, naming it and its distribution."""
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+        dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "no distribution"
+        where = f"entry point {ep.name} = {ep.value!r} ({dist})"
+        try:
+            found = ep.load()
+        except (ImportError, AttributeError) as err:
+            raise ImportError(f"{ENTRY_POINTS}: {where} does not load: "
+                              f"{type(err).__name__}: {err}") from err
+        spec = getattr(found, "SPEC", found)
+        if not isinstance(spec, OpSpec):
+            raise TypeError(f"{ENTRY_POINTS}: {where} is a {type(spec).__name__}, not an "
+                            f"OpSpec (name the declaration, e.g. 'package.module:SPEC')")
+        register(spec, origin=where)
+
+
 for _spec in _declared():
-    register(_spec)
+    register(_spec, origin=f"built-in {_spec.impl}")
+_entry_points()
 _plugins()
 
-__all__ = ["Field", "OPS", "OpSpec", "collective", "compiled", "get", "golden_cases", "names",
+__all__ = ["ENTRY_POINTS", "Field", "OPS", "ORIGINS", "OpSpec", "collective", "compiled", "get", "golden_cases", "names",
            "profiled", "register", "unregister"]

@@ -127,7 +127,7 @@ def _outs(tokens: int, hc: int, hidden: int, device):
 
 
 def _bits(out) -> dict:
-    from cluster.cases import bits_from_bf16
+    from cluster.bits import bits_from_bf16
 
     return {"sum": None, "residual_out": bits_from_bf16(out[0].cpu()),
             "layer_input": bits_from_bf16(out[1].cpu())}

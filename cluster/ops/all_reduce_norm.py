@@ -206,7 +206,7 @@ class RankKernel:
         self.kernel.consume(self.residual, self.weight, self.out, tokens=self.tokens)
 
     def outputs(self) -> dict:
-        from cluster.cases import bits_from_bf16
+        from cluster.bits import bits_from_bf16
 
         norm, residual = (bits_from_bf16(t.cpu()) for t in self.out)
         zeros = self.case.get("residual") == "zeros"
@@ -258,7 +258,7 @@ class VirtualKernel:
         self.group(b["xs"], b["residuals"], b["weight"], outs=b["outs"])
 
     def outputs(self, rank: int) -> dict:
-        from cluster.cases import bits_from_bf16
+        from cluster.bits import bits_from_bf16
 
         norm, residual = (bits_from_bf16(t.cpu()) for t in self.buffers["outs"][rank])
         zeros = self.case.get("residual") == "zeros"

@@ -101,7 +101,7 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
 
 
 def _split(out):
-    from cluster.cases import bits_from_bf16
+    from cluster.bits import bits_from_bf16
 
     h = out.shape[1] // 2
     return {"sum": None, "embedding": bits_from_bf16(out[:, :h].cpu()),

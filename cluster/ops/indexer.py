@@ -167,7 +167,7 @@ class RankKernel:
 
     def outputs(self) -> dict:
         """Bits of every output (what the rows count); the check is :meth:`check`."""
-        from cluster.cases import tensor_bits
+        from cluster.bits import tensor_bits
 
         if self.path == "stage":
             got = self.result[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -31,6 +32,9 @@ class GoldenCase:
     #: Makes (inputs, params) deterministically; None where the case's inputs
     #: are crafted in its op's test file, which pins them with check_golden.
     make: Callable[[], tuple[Tensors, dict]] | None = None
+    #: The folder of its golden file; None: the repository's tests/golden/
+    #: (an op from another package keeps its files in that package).
+    directory: Path | None = None
 
 
 GOLDEN_CASES: dict[str, GoldenCase] = {}

@@ -42,7 +42,12 @@ def tensor_from_json(d: dict) -> torch.Tensor:
 
 
 def golden_path(name: str) -> Path:
-    return GOLDEN_DIR / f"{name}.json"
+    """The file of golden case ``name``: in its registered case's
+    ``directory`` (an op from another package), else under :data:`GOLDEN_DIR`."""
+    from kernels.reference.cases import GOLDEN_CASES
+    case = GOLDEN_CASES.get(name)
+    directory = case.directory if case is not None and case.directory is not None else GOLDEN_DIR
+    return Path(directory) / f"{name}.json"
 
 
 def save_golden(name: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor],
