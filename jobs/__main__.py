@@ -29,6 +29,12 @@ from collections import Counter
 from pathlib import Path
 
 from jobs import exits, limits
+
+try:  # first: an installed op that cannot register is one line, not a traceback
+    import cluster.ops  # noqa: F401
+except (ImportError, TypeError, ValueError) as _err:
+    print(f"python -m jobs: an op cannot be registered: {_err}", file=sys.stderr)
+    sys.exit(exits.USAGE)
 from jobs.config import ConfigError, Filters, bundled_suites, load_suite, select, suite_path
 from jobs.exits import InfraError, Interrupted
 from jobs.head import DASHBOARD_MODES, DEFAULT_HEAD_DIR, HEAD_DIR_ENV
