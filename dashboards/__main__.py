@@ -22,17 +22,18 @@ DEFAULT_SITE = Path("site")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jobs.options import path_arg  # ~ expanded, names too long refused, as for the jobs
     parser = argparse.ArgumentParser(prog="python -m dashboards", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the static site from a results dataset")
-    b.add_argument("--results", type=Path, required=True, help="results dataset directory")
-    b.add_argument("--out", type=Path, default=DEFAULT_SITE, help="site directory "
+    b.add_argument("--results", type=path_arg, required=True, help="results dataset directory")
+    b.add_argument("--out", type=path_arg, default=DEFAULT_SITE, help="site directory "
                    "(replaced whole when it is a site built here, i.e. holds the .lamport-lab-site "
                    "marker; a new or empty directory otherwise; default: %(default)s)")
     s = sub.add_parser("serve", help="serve a built site on 127.0.0.1 for a while")
-    s.add_argument("--site", type=Path, default=DEFAULT_SITE, help="default: %(default)s")
-    s.add_argument("--results", type=Path, help="build the site from this dataset first")
+    s.add_argument("--site", type=path_arg, default=DEFAULT_SITE, help="default: %(default)s")
+    s.add_argument("--results", type=path_arg, help="build the site from this dataset first")
     s.add_argument("--port", type=int, default=8765, help="default: %(default)s (0: any free)")
     s.add_argument("--seconds", type=float, default=900.0,
                    help="stop after this long, at most a week (default: %(default)s)")

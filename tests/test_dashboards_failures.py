@@ -215,3 +215,16 @@ def test_cli_in_a_subprocess_has_no_traceback(tmp_path):
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_path_options_expand_the_home_folder_and_refuse_names_too_long(tmp_path, monkeypatch,
+                                                                        capsys):
+    home = tmp_path / "home"
+    sample.write_sample(home / "results")
+    monkeypatch.setenv("HOME", str(home))
+    assert cli(["build", "--results", "~/results", "--out", "~/site"]) == 0
+    assert (home / "site" / "index.html").is_file() and not (tmp_path / "~").exists()
+    with pytest.raises(SystemExit) as exit_:
+        cli(["build", "--results", str(tmp_path / ("a" * 300)), "--out", "~/site"])
+    assert exit_.value.code == 2
+    assert "a component of 300 bytes" in capsys.readouterr().err
