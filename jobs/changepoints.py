@@ -217,13 +217,13 @@ class Night:
 
 @dataclasses.dataclass(frozen=True)
 class History:
-    key: tuple                      # jobs.regression.KEY values
+    key: tuple                      # jobs.timings.KEY values
     nights: tuple[Night, ...]
     case_key: str | None            # extra.case_key: what ``jobs bisect --case`` takes
 
     @property
     def case(self) -> dict:
-        from jobs.regression import KEY
+        from jobs.timings import KEY
         return dict(zip(KEY, self.key))
 
     @property
@@ -234,7 +234,7 @@ class History:
 def histories(results: str | Path, *, until: str | None = None) -> list[History]:
     """Every timed case's nightly history in ``results`` (finished nightly
     runs, oldest first; with ``until``, up to and including that run)."""
-    from jobs.regression import KEY, METRIC, timed_rows
+    from jobs.timings import KEY, METRIC, timed_rows
     from jobs.results import read_results
     from jobs.results.runs import BASELINE_STATUSES
     import json

@@ -30,11 +30,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from jobs.results.schema import row_job
+from jobs.timings import KEY, MAX_TIMING_US, METRIC, is_timing, timed_rows  # noqa: F401 (re-exported)
 
-KEY = ("suite", "op", "variant", "transport", "placement", "backend", "tp", "hidden", "tokens",
-       "top_k", "hc", "dtype", "gpu_model")
-METRIC = "t_median_us"
 
 DEFAULT_HISTORY = 10
 DEFAULT_MIN_HISTORY = 5
@@ -102,29 +99,6 @@ class Verdict:
         return (f"{self.current_us:.2f} us vs mean {self.mean_us:.2f} us (stdev {self.stdev_us:.3f}) "
                 f"over {self.n} nightly runs: {self.change:+.1%}"
                 + ("" if self.z is None or math.isinf(self.z) else f", {self.z:+.1f} sigma"))
-
-
-MAX_TIMING_US = 1e9
-"""No kernel call takes 1,000 s: a median beyond it is a broken measurement."""
-
-
-def is_timing(t: float | None) -> bool:
-    """``t`` (microseconds) is a timing the rule can judge: a number in
-    (0, :data:`MAX_TIMING_US`]. A NaN, an infinity, a zero or a huge value
-    is none, and would poison a history's mean and stdev (``fsum``
-    overflows past 1e308)."""
-    return t is not None and 0 < t <= MAX_TIMING_US
-
-
-def timed_rows(table) -> list[dict]:
-    """Rows of the profile job that carry a passing timing (:func:`is_timing`)."""
-    out = []
-    for row in table.to_pylist():
-        if row.get("outcome") != "pass" or not is_timing(row.get(METRIC)):
-            continue
-        if row_job(row) == "profile":
-            out.append(row)
-    return out
 
 
 def detect(results: str | Path, run_id: str, rule: Rule = Rule(),
