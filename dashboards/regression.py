@@ -18,12 +18,12 @@ writes one).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
 from jobs.regression import Rule, judge
+from jobs.timings import is_timing
 
 from dashboards.model import Results
 
@@ -45,17 +45,13 @@ class Verdict:
 def verdict(value: float | None, history: list[float], rule: Rule = DEFAULT_RULE) -> Verdict:
     """Judge one latency against its per-run history (oldest first; only the
     last ``rule.history`` values count) with ``jobs.regression.judge``.
-    A latency that is not a finite number (NaN, inf), or one the rule's
-    arithmetic cannot hold (a history summing beyond the largest float), is
-    ``no-timing``: there is nothing to judge; non-finite history values are
-    left out."""
-    if value is None or not math.isfinite(value):
+    A latency that is no timing (:func:`jobs.timings.is_timing`: NaN, inf,
+    zero, beyond any kernel's) is ``no-timing``: there is nothing to judge;
+    such history values are left out (``_nightly_medians`` already drops
+    them)."""
+    if not is_timing(value):
         return Verdict("no-timing", value)
-    recent = [m for m in history if math.isfinite(m)][-rule.history:]
-    try:
-        v = judge((), value, recent, (), rule)
-    except OverflowError:
-        return Verdict("no-timing", value)
+    v = judge((), value, [m for m in history if is_timing(m)][-rule.history:], (), rule)
     threshold = None
     if v.mean_us is not None:
         threshold = max(v.mean_us + rule.sigmas * v.stdev_us, v.mean_us * (1 + rule.threshold))
@@ -70,7 +66,7 @@ def _nightly_medians(results: Results) -> dict[str, list[tuple]]:
     clean = {run.run_id for run in results.runs if run.baseline}
     for row in results.rows:
         if row["trigger"] == "nightly" and row["outcome"] == "pass" and row["run_id"] in clean \
-                and row.get("t_median_us") is not None and math.isfinite(row["t_median_us"]):
+                and is_timing(row.get("t_median_us")):
             samples[row["_case"]][row["run_id"]].append(row["t_median_us"])
     starts = {run.run_id: run.started_at for run in results.runs}
     return {cid: sorted((starts[rid], rid, statistics.median(v)) for rid, v in per_run.items())
