@@ -371,9 +371,9 @@ def load_suite(path: str | Path) -> Suite:
         sweeps = data.get(job, [])
         if not isinstance(sweeps, list) or not all(isinstance(s, dict) for s in sweeps):
             raise ConfigError(f"{where}: {job} must be an array of tables ([[{job}]])")
-        named = {op for s in sweeps if s.get("op") != EVERY_OP
-                 for op in ([s["op"]] if isinstance(s.get("op"), str) else s.get("op") or [])
-                 if isinstance(op, str)}
+        named = {op for s in sweeps
+                 for op in (s["op"] if isinstance(s.get("op"), list) else [s.get("op")])
+                 if isinstance(op, str) and op != EVERY_OP}  # a bad `op` is _expand's to refuse
         for index, sweep in enumerate(sweeps, 1):
             cases += _expand(job, sweep, f"{where}: [[{job}]] #{index}", named=named)
     return Suite(name=name, version=version, description=str(data.get("description", "")),

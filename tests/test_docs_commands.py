@@ -216,8 +216,11 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
                                                                "(ssh)"),
     # docs/hardening.md: each reproduces a figure of a test that runs in the suite.
     "export PYTHONPATH=$PWD": Run(),
-    "timeout 300 .venv/bin/python -m pytest tests/test_fuzz_inputs.py -q -s -p no:randomly \\| "
+    "timeout 600 .venv/bin/python -m pytest tests/test_fuzz_inputs.py -q -s -p no:randomly \\| "
     "grep figure": Covered("tests/test_fuzz_inputs.py"),
+    "timeout 300 .venv/bin/python -m pytest tests/test_run_lease.py -q -s -k racing \\| "
+    "grep figure": Covered("tests/test_run_lease.py"),
+    "python -m jobs schema | head -1": Covered("tests/test_jobs_dataset.py"),
     "timeout 300 .venv/bin/python -m pytest tests/test_jobs_sizing.py -q":
         Covered("tests/test_jobs_sizing.py"),
     "timeout 300 .venv/bin/python -m pytest tests/test_results_readers.py -q -s -k status \\| "

@@ -57,6 +57,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jobs.results.schema import SCHEMA_VERSION
+
 pytestmark = pytest.mark.timeout(300)
 
 HANG_S = 10.0
@@ -731,14 +733,16 @@ RESULTS_FOLDERS = [*(f"link to {p}" for p in _SYSTEM),
                                              "huge", "deep")),
                    *(f"{where} file {v}" for where in ("legacy", "marked")
                      for v in ("newer", "99", "none", "x", "40 nines"))]
-_MARKERS = {"newer": json.dumps({"schema_version": 5}), "99": '{"schema_version": 99}',
+_MARKERS = {"newer": json.dumps({"schema_version": SCHEMA_VERSION + 1}),
+            "99": '{"schema_version": 99}',
             "1e9": '{"schema_version": 1000000000}', "not json": "{", "a list": "[]",
             "a string version": '{"schema_version": "4"}',
             "a float version": '{"schema_version": 4.0}',
             "a null version": '{"schema_version": null}', "empty object": "{}",
             "binary": bytes(range(256)).decode("latin-1"), "huge": " " * 70_000 + "{}",
             "deep": "[" * 100_000 + "]" * 100_000}
-_VERSIONS = {"newer": b"5", "99": b"99", "none": None, "x": b"x", "40 nines": b"9" * 40}
+_VERSIONS = {"newer": str(SCHEMA_VERSION + 1).encode(), "99": b"99", "none": None, "x": b"x",
+             "40 nines": b"9" * 40}
 
 
 def _results_folder(kind: str, place: Path) -> str:
