@@ -46,6 +46,7 @@ NOT_ON_CPU = {
     # Timings and GPU state: the profile job records `skipped` off GPUs.
     "t_n", "t_min_us", "t_median_us", "t_mean_us", "t_p90_us", "t_p99_us", "t_stdev_us",
     "t_max_over_ranks_median_us", "baseline", "baseline_median_us", "ratio",
+    "algbw_gbps", "busbw_gbps",
     "sm_clock_mhz_before", "sm_clock_mhz_after", "mem_clock_mhz", "temp_c_before",
     "temp_c_after", "gpu_model", "driver", "cuda",
     # Finalize / mHC ops only, and failing cases only.
