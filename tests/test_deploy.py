@@ -1,8 +1,9 @@
 """deploy/: the nightly on a real GPU cluster (docs/deploy.md), checked
 without a cluster. Every Kubernetes manifest under deploy/ (and the RayJob
 the fallback CronJob creates) validates against its schema with unknown
-fields refused: KubeRay's CRD schemas vendored in deploy/schemas/ and a
-strict hand-written subset for the core kinds (deploy/schemas/README.md).
+fields refused: KubeRay's CRD schemas (from the steering repo's shared/,
+skipped where missing) and a strict hand-written subset for the core kinds
+(deploy/schemas/README.md).
 Then their structure: the job command is one this checkout accepts, writes
 where the head mounts the volume the site server reads, as the image's
 user, alerts through a webhook from a Secret, asks Ray for the GPUs the
@@ -35,7 +36,11 @@ REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 KUBERAY = DEPLOY / "kuberay"
 SCHEMAS = DEPLOY / "schemas"
-CRD_DIR = SCHEMAS / "kuberay-v1.7.0"
+CRD_DIR = Path(os.environ.get("LAMPORT_KUBERAY_CRDS", REPO.parent / "shared" / "kuberay-crds"
+                              / "v1.7.0"))
+"""KubeRay v1.7.0's CRD schemas (deploy/schemas/README.md): public material
+kept only in the steering repo's shared/ (beside every checkout and CI's
+clone), never in this repo."""
 CRDS = {"ray.io/v1/RayJob": "ray.io_rayjobs.v1.json",
         "ray.io/v1/RayCronJob": "ray.io_raycronjobs.v1.json"}
 CRON = re.compile(r"^(\S+\s+){4}\S+$")
@@ -99,16 +104,28 @@ def _strict(schema):
     return out
 
 
+def _have_crds() -> bool:
+    return all((CRD_DIR / name).is_file() for name in CRDS.values())
+
+
+NO_CRDS = (f"KubeRay's CRD schemas are not in {CRD_DIR} (deploy/schemas/README.md says "
+           f"what goes there); RayJob, RayCronJob and pod templates go unchecked")
+needs_crds = pytest.mark.skipif(not _have_crds(), reason=NO_CRDS)
+
+
 @functools.cache
 def _validators() -> dict[str, jsonschema.protocols.Validator]:
-    """A strict validator per ``apiVersion/kind``: the vendored KubeRay CRD
+    """A strict validator per ``apiVersion/kind``: KubeRay's CRD
     schemas and deploy/schemas/core.yaml, each object's metadata checked as
     core.yaml's ObjectMeta, pods as the CRDs' PodTemplateSpec."""
     core = yaml.safe_load((SCHEMAS / "core.yaml").read_text())
-    crds = {kind: json.loads((CRD_DIR / name).read_text()) for kind, name in CRDS.items()}
-    cluster = crds["ray.io/v1/RayJob"]["properties"]["spec"]["properties"]["rayClusterSpec"]
-    defs = {**core["$defs"],
-            "PodTemplateSpec": cluster["properties"]["headGroupSpec"]["properties"]["template"]}
+    if _have_crds():
+        crds = {kind: json.loads((CRD_DIR / name).read_text()) for kind, name in CRDS.items()}
+        cluster = crds["ray.io/v1/RayJob"]["properties"]["spec"]["properties"]["rayClusterSpec"]
+        pods = cluster["properties"]["headGroupSpec"]["properties"]["template"]
+    else:  # pods unchecked (open), the KubeRay kinds skipped (NO_CRDS)
+        crds, pods = {}, {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    defs = {**core["$defs"], "PodTemplateSpec": pods}
     validators = {}
     for kind, schema in {**core["kinds"], **crds}.items():
         group_version, name = kind.rsplit("/", 1)
@@ -168,6 +185,9 @@ def test_every_manifest_under_deploy_matches_its_schema_unknown_fields_refused()
     kinds = {f"{doc['apiVersion']}/{doc['kind']}" for doc in manifests.values()}
     assert {"ray.io/v1/RayCronJob", "ray.io/v1/RayJob", "batch/v1/CronJob",
             "networking.k8s.io/v1/Ingress"} <= kinds
+    if not _have_crds():
+        manifests = {k: d for k, d in manifests.items()
+                     if f"{d['apiVersion']}/{d['kind']}" not in CRDS}
     bad = {key: errors for key, doc in manifests.items() if (errors := _errors(doc))}
     assert not bad, "\n".join(f"{key}: {line}" for key, errors in bad.items() for line in errors)
 
@@ -202,12 +222,15 @@ def _plant(doc: dict, path: str, wrong: str) -> dict:
     ("site.yaml", "PersistentVolumeClaim", "spec.storageClassName", "storageClass"),
 ])
 def test_a_planted_wrong_field_fails_the_check(file, kind, path, wrong):
+    if not _have_crds() and (kind.startswith("Ray") or ".template." in f".{path}."):
+        pytest.skip(NO_CRDS)
     doc = _load_all(KUBERAY / file)[kind]
     assert not _errors(doc)
     errors = _errors(_plant(doc, path, wrong))
     assert any(f"'{wrong}' was unexpected" in line for line in errors), errors
 
 
+@needs_crds
 def test_the_fallbacks_planted_rayjob_field_fails_the_check():
     (cm,) = [doc for doc in yaml.safe_load_all((KUBERAY / "nightly-cronjob.yaml").read_text())
              if doc["kind"] == "ConfigMap"]
@@ -217,7 +240,8 @@ def test_the_fallbacks_planted_rayjob_field_fails_the_check():
     assert errors == ["spec: Additional properties are not allowed ('entrypont' was unexpected)"]
 
 
-def test_the_vendored_crd_schemas_are_the_ones_their_readme_names():
+@needs_crds
+def test_the_crd_schemas_are_the_ones_the_readme_names():
     readme = (SCHEMAS / "README.md").read_text()
     assert "v1.7.0" in readme and "59d663aeec13760646da3db9c1cf8cfe883e30b7" in readme
     for name in CRDS.values():
