@@ -39,12 +39,15 @@ class NormConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SingleNormConfig:
-    """:class:`kernels.lamport.norm_single.SingleNormKernel` (one-shot only)."""
+    """:class:`kernels.lamport.norm_single.SingleNormKernel` (one-shot only).
+    ``plant_delay_cycles`` > 0: the test-only slowed build (its docstring);
+    a field, so the compile cache keys it apart."""
     hidden: int
     tp: int
     budget_ns: int = 0
     transport: str = "unicast"
     arch: str = ""
+    plant_delay_cycles: int = 0
 
 
 _cache: dict[Any, Any] = {}
@@ -100,7 +103,8 @@ def compile_single_norm(config: SingleNormConfig, *, dump_dir: str | None = None
     from .norm_single import SingleNormKernel
 
     kernel = SingleNormKernel(hidden=config.hidden, tp=config.tp, budget_ns=config.budget_ns,
-                              transport=config.transport)
+                              transport=config.transport,
+                              plant_delay_cycles=config.plant_delay_cycles)
     return cute.compile(kernel, *([Int64(0)] * 9), Int32(1), Int32(1), Float32(1e-6),
                         Int32(1), Int32(0), Int32(0), Int32(1), make_fake_stream(),
                         options=_options(config.arch, dump_dir))

@@ -56,10 +56,10 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Boolean, Float32, Int32, Int64, Uint32
 import cuda.bindings.driver as cuda
 
-from kernels.validation import require_choice
+from kernels.validation import require_choice, require_int
 
 from . import primitives as prim
 from .norm import NormKernel
@@ -67,6 +67,9 @@ from .protocol import (ACTIVE_STAGE, ARRIVALS, ERR_BAD_STAGE, LAMPORT_GENERATION
                        NEXT_STAGE, SINGLE_SYNCS, VEC_BF16)
 from .publish import TRANSPORTS, load_peers, store_payload
 
+
+PLANT_MAX_CYCLES = 10_000_000
+"""About 5 ms at 2 GHz: far beyond any step the detection-power script plants."""
 
 SYNC_COUNTER = SINGLE_SYNCS.index("counter")
 SYNC_CLUSTER = SINGLE_SYNCS.index("cluster")
@@ -79,11 +82,19 @@ class SingleNormKernel(NormKernel):
     :class:`kernels.lamport.publish.PublishKernel` takes: the peer table
     (unicast) or the multicast base address."""
 
+    plant_delay_cycles = 0
+    """Test-only, a planted slowdown for scripts/gpu/detection_power.sh alone
+    (:mod:`jobs.plant`): SM cycles every thread spins before its payload
+    stores (:meth:`_plant_spin`). 0, the default and every other caller's,
+    builds the kernel without a trace of it (the same PTX)."""
+
     def __init__(self, *, hidden: int, tp: int, budget_ns: int = 0,
-                 transport: str = "unicast") -> None:
+                 transport: str = "unicast", plant_delay_cycles: int = 0) -> None:
         super().__init__(hidden=hidden, tp=tp, budget_ns=budget_ns)
         require_choice("transport", transport, TRANSPORTS)
+        require_int("plant_delay_cycles", plant_delay_cycles, low=0, high=PLANT_MAX_CYCLES)
         self.transport = transport
+        self.plant_delay_cycles = plant_delay_cycles
 
     @cute.jit
     def __call__(self, x: Int64, mailbox: Int64, destination: Int64, residual: Int64,
@@ -153,6 +164,8 @@ class SingleNormKernel(NormKernel):
         # (summed from registers); multicast stores it there too, so it is
         # read back and reset like a peer's.
         unicast = self.transport == "unicast"
+        if cutlass.const_expr(self.plant_delay_cycles > 0):
+            self._plant_spin()
         store_payload(self, payload, stage, stage_ok, peers, destination, rank, capacity,
                       token, Int64(hidden), column, skip_own=unicast)
         reduced = cute.make_rmem_tensor(cute.make_layout((VEC_BF16,)), Float32)
@@ -160,6 +173,25 @@ class SingleNormKernel(NormKernel):
                                token, tidx, column, reduced, Int64(0), stage=stage,
                                own=payload if unicast else None, rank=rank)
         return reduced, failed
+
+    @cute.jit
+    def _plant_spin(self) -> None:
+        """Spin :attr:`plant_delay_cycles` SM cycles (a planted slowdown).
+
+        ``%clock64``, not ``%globaltimer``: the global timer ticks about once
+        a microsecond on these GPUs (:func:`kernels.lamport.primitives.globaltimer_ns`),
+        coarser than the whole kernel (2-4 us) and 30-100 times coarser than
+        a 1-3 % step, so a wait on it would be 0 or about 1 us depending on
+        where in a tick the thread starts. ``%clock64`` counts every SM cycle
+        (0.5 ns at 2 GHz), so the wait is exact in cycles; in ns it is cycles
+        / SM clock, which the caller fixes from the SM clock the rows
+        recorded (:mod:`jobs.plant`); the measured step (``python -m
+        jobs.power``) shows what it came to.
+        """
+        start = prim.clock64()
+        waiting = Boolean(True)
+        while waiting:
+            waiting = prim.clock64() - start < Int64(self.plant_delay_cycles)
 
     @cute.jit
     def _advance(self, stage, stage_state: Int64, error: Int64, m: Int32, sync: Int32, token,
@@ -205,3 +237,4 @@ class SingleNormKernel(NormKernel):
                     prim.store_u32(error + ERR_BAD_STAGE * 4, stage + Uint32(1))
                 if counted:
                     prim.store_u32(stage_state + ARRIVALS * 4, Uint32(0))
+

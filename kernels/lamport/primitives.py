@@ -193,6 +193,15 @@ def globaltimer_ns(*, loc=None, ip=None) -> Int64:
     return Int64(value)
 
 
+@dsl_user_op
+def clock64(*, loc=None, ip=None) -> Int64:
+    """``%clock64``: this SM's cycle counter (one count a cycle of the SM
+    clock; volatile, so never hoisted out of a loop)."""
+    (value,) = _inline_asm([T.i64()], [], "mov.u64 $0, %clock64;", "=l",
+                           clobber_memory=False, loc=loc, ip=ip)
+    return Int64(value)
+
+
 # ---------------------------------------------------------------- packed BF16
 def _sanitize_asm(w, *, loc=None, ip=None) -> Uint32:
     (out,) = _inline_asm(
