@@ -73,6 +73,8 @@ def _add_sweep_arguments(p: argparse.ArgumentParser, *, suite: str, trigger: str
     p.add_argument("--timeout", type=number("timeout_s"), default=None, metavar="S",
                    help="host deadline per collective call in seconds (default: the suite's "
                         "timeout_s); must exceed the watchdog budget")
+    from jobs.plant import add_argument as add_plant_argument
+    add_plant_argument(p)  # hidden, test-only: scripts/gpu/detection_power.sh
     p.add_argument("--allow-empty", action="store_true",
                    help="exit 0 when no case ran (every one skipped, or none selected on this "
                         "cluster); without it such a run exits 1: a job that tests nothing "
@@ -241,6 +243,8 @@ def _plan(args, jobs: tuple[str, ...]):
         except ConfigError as err:
             raise ConfigError(f"--pool {args.pool}: {err}; or --pool job for a pool of this "
                               f"run's own") from None
+    from jobs.plant import calibrate
+    args.plant = calibrate(args, plan)  # {} without --plant-slowdown
     if getattr(args, "cmd", None) == "trace":
         from jobs.trace import check_one_group
         if len(plan) != 1:
@@ -433,6 +437,8 @@ def _sweep_run(args, jobs: tuple[str, ...], plan, rule, how: str, *, nightly: bo
     from jobs.session import resolve_backend, worker_pool
 
     runners = {"correctness": correctness.run, "faults": faults.run, "profile": profile.run}
+    if getattr(args, "plant", None):
+        runners["profile"] = functools.partial(profile.run, plant=args.plant)
     if args.cmd == "trace":
         from jobs import trace
         runners["correctness"] = functools.partial(trace.run, out=args.trace_out)

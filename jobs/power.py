@@ -17,6 +17,15 @@ lookback rule of :mod:`jobs.regression` (``judge`` against the last
   (a step: power) or only the first by ``1 +- 10 %`` (a one-night jump that
   returns: it must not be reported), or nothing (A/A: false alarms).
 
+- ``planted on the GPU``: nights that ``scripts/gpu/detection_power.sh``
+  recorded with a calibrated slowdown built into the kernel
+  (:mod:`jobs.plant`: rows with ``extra.planted_pct``, trigger ``adhoc``,
+  never part of a nightly history). Each step's first three planted nights
+  of a case are appended to that case's recorded A/A nights and judged
+  night by night; reported per step: the measured step (the planted
+  nights' median over the A/A median, minus 1: the calibration as it came
+  out) and the share of cases caught (``regressed``) within 1, 2, 3 nights.
+
 Reported: false alarms per 1,000 case-nights (regressed, with its 95 %
 upper bound, and regressed or improved), the share of one-night jumps flagged on any of their three
 nights, and per step the probability of catching it (``regressed``) within
@@ -139,6 +148,75 @@ def injected(histories: Sequence[Sequence[float]], rules: Rules, *, trials: int,
             "trials": trials}
 
 
+def planted_nights(results: str | Path, *, ops: Sequence[str] | None = None,
+                   tp: Sequence[int] | None = None) -> dict[tuple, dict[float, list[dict]]]:
+    """The planted nights of ``results`` (:mod:`jobs.plant`'s rows, kernel
+    cases only): case key (:data:`jobs.timings.KEY`) -> planted % -> its
+    nights, oldest first, each ``{"run_id", "started_at", "median_us",
+    "delay_ns"}``."""
+    from jobs.results import read_results
+    from jobs.timings import KEY, METRIC, timed_rows
+    per: dict[tuple, dict[float, dict[str, list[dict]]]] = {}
+    for r in timed_rows(read_results(results)):
+        extra = json.loads(r.get("extra") or "{}")
+        if extra.get("planted_pct") is None or str(r["variant"]).startswith("baseline:") or \
+                (ops and r["op"] not in ops) or (tp and r["tp"] not in tp):
+            continue
+        r["_extra"] = extra
+        key = tuple(r[k] for k in KEY)
+        per.setdefault(key, {}).setdefault(float(extra["planted_pct"]), {}).setdefault(
+            r["run_id"], []).append(r)
+    return {key: {pct: sorted(({"run_id": rid, "started_at": min(x["started_at"] for x in rs),
+                                "median_us": statistics.median(x[METRIC] for x in rs),
+                                "delay_ns": rs[0]["_extra"].get("plant_delay_ns")}
+                               for rid, rs in runs.items()), key=lambda n: n["started_at"])
+                  for pct, runs in pcts.items()}
+            for key, pcts in per.items()}
+
+
+def planted(hist: Sequence, nights: dict[tuple, dict[float, list[dict]]],
+            rules: Rules) -> dict[float, dict]:
+    """Per planted %: each case's first ``len(WITHIN)`` planted nights
+    appended to its recorded A/A nights (``hist``: :class:`jobs.changepoints.History`)
+    and judged night by night (module docstring). ``power[rule][i]``: the
+    share of the cases with at least ``WITHIN[i]`` planted nights caught
+    within them (None: no such case)."""
+    by_key = {h.key: h for h in hist}
+    out = {}
+    for pct in sorted({p for pcts in nights.values() for p in pcts}):
+        cases = []
+        for key, pcts in sorted(nights.items(), key=lambda kv: tuple(map(str, kv[0]))):
+            h = by_key.get(key)
+            if pct not in pcts or h is None or len(h.values) < rules.rule.min_history:
+                continue
+            vals = [n["median_us"] for n in pcts[pct][:len(WITHIN)]]
+            first = dict.fromkeys(NAMES)
+            for k in range(1, len(vals) + 1):
+                for name, status in rules.judge([*h.values, *vals[:k]]).items():
+                    if first[name] is None and status == "regressed":
+                        first[name] = k
+            aa = statistics.median(h.values)
+            cases.append({"case": {k: h.case[k] for k in ("op", "variant", "tp", "hidden",
+                                                          "tokens")},
+                          "aa_median_us": aa, "planted_median_us": statistics.median(vals),
+                          "measured": statistics.median(vals) / aa - 1, "nights": len(vals),
+                          "delay_ns": pcts[pct][0]["delay_ns"], "first": first})
+        if not cases:
+            continue
+        power = {}
+        for name in NAMES:
+            power[name] = []
+            for k in WITHIN:
+                judged = [c for c in cases if c["nights"] >= k]
+                power[name].append(sum(c["first"][name] is not None and c["first"][name] <= k
+                                       for c in judged) / len(judged) if judged else None)
+        measured = sorted(c["measured"] for c in cases)
+        out[pct] = {"cases": len(cases), "measured_median": statistics.median(measured),
+                    "measured_min": measured[0], "measured_max": measured[-1],
+                    "power": power, "per_case": cases}
+    return out
+
+
 def analyse(results: str | Path, *, ops: Sequence[str] | None = None,
             tp: Sequence[int] | None = None, trials: int = 200,
             steps: Sequence[float] = DEFAULT_STEPS, seed: int = 0,
@@ -158,6 +236,7 @@ def analyse(results: str | Path, *, ops: Sequence[str] | None = None,
             "rules": {"lookback": rules.rule.describe(), "change points": rules.method.describe()},
             "recorded_aa": recorded_aa(values, rules),
             "injected": injected(values, rules, trials=trials, steps=steps, seed=seed),
+            "planted": planted(hist, planted_nights(results, ops=ops, tp=tp), rules),
             "seed": seed}
 
 
@@ -191,6 +270,14 @@ def targets(report: dict) -> list[tuple[str, bool | None]]:
             out.append((f"a {step:.0%} step within {nights} nights with p >= {p} "
                         f"(got {got[nights - 1]:.3f})" if got else f"{step:.0%}: not run",
                         None if got is None else got[nights - 1] >= p))
+        for step, nights, p in TARGETS:
+            done = report.get("planted", {}).get(round(100 * step, 6), {})
+            got = done.get("power", {}).get("change points")
+            if got and got[nights - 1] is not None:
+                out.append((f"planted on the GPU: a {step:.0%} step within {nights} nights "
+                            f"with p >= {p} (got {got[nights - 1]:.3f} over "
+                            f"{done['cases']} cases)",
+                            got[nights - 1] >= p))
         spike = inj["spikes"]["change points"]
         out.append((f"a one-night +-{SPIKE:.0%} jump that returns is not a step (flagged "
                     f"{spike:.3f})", spike == 0))
@@ -237,6 +324,19 @@ def show(report: dict, fmt: str = "table", out=None) -> None:
         formats.write(fmt, [Col("step", 5), Col("rule", 13), Col("p_within_1", 10, ".3f"),
                             Col("p_within_2", 10, ".3f"), Col("p_within_3", 10, ".3f")],
                       prow, out)
+    plant = report.get("planted") or {}
+    if plant:
+        say("\nplanted on the GPU (jobs/plant.py: the kernel spins a calibrated delay; "
+            "measured = median planted / median A/A - 1; p = share of cases caught as "
+            "regressed within 1, 2, 3 planted nights):")
+        prow = [[f"+{pct:g}%", plant[pct]["cases"], plant[pct]["measured_median"],
+                 plant[pct]["measured_min"], plant[pct]["measured_max"], name,
+                 *plant[pct]["power"][name]] for pct in plant for name in NAMES]
+        formats.write(fmt, [Col("planted", 7), Col("cases", 5, "d"),
+                            Col("measured", 8, "+.2%"), Col("min", 7, "+.2%"),
+                            Col("max", 7, "+.2%"), Col("rule", 13),
+                            Col("p_within_1", 10, ".3f"), Col("p_within_2", 10, ".3f"),
+                            Col("p_within_3", 10, ".3f")], prow, out)
     say("\ntargets (issue 66), change points:")
     for text, met in targets(report):
         say(f"  [{'met' if met else 'NOT met' if met is False else '-'}] {text}")

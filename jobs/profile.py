@@ -58,7 +58,14 @@ LOCAL_OPS = {"indexer": "the indexer is not a collective (the same kernel runs o
 
 
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
-        timeout_s: float | None = None) -> None:
+        timeout_s: float | None = None, plant: dict | None = None) -> None:
+    """``plant``: test-only, ``case.key() -> jobs.plant.Plant`` (the
+    detection-power script's ``--plant-slowdown``): those cases' fused
+    kernel slowed on purpose, every row of theirs marked."""
+    plant = plant or {}
+    if plant:
+        from jobs.plant import describe
+        print(describe(plant), flush=True)
     with run.section(f"profile: suite {suite.name} v{suite.version}, {len(cases)} case(s), "
                      f"backend {run.backend}", len(cases)):
         groups: OrderedDict[tuple, list[Case]] = OrderedDict()
@@ -71,7 +78,7 @@ def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
             where = view.resolve(members[0])
             assert isinstance(where, PlacementOffer)
             _measure_group(run, suite, members, where, timeout_s or members[0].param("timeout_s"),
-                           pool=view.pool)
+                           pool=view.pool, plant=plant)
 
 
 def skip_reason(backend: str, case: Case, where: PlacementOffer | str) -> str | None:
@@ -102,10 +109,11 @@ def _placement(run: Run, suite: Suite, case: Case, view: ClusterView) -> Placeme
     return None
 
 
-def timing_spec(case: Case) -> dict:
-    """The harness spec of a case (:data:`cluster.measure.workload.SPEC_KEYS`)."""
+def timing_spec(case: Case, plant=None) -> dict:
+    """The harness spec of a case (:data:`cluster.measure.workload.SPEC_KEYS`);
+    ``plant`` (a :class:`jobs.plant.Plant`): its delay too."""
     from cluster.cases import DEFAULTS
-    return {"op": case.op, "hidden": case.hidden, "tokens": case.tokens, "hc": case.hc,
+    return {**({"plant_delay_cycles": plant.delay_cycles} if plant else {}),"op": case.op, "hidden": case.hidden, "tokens": case.tokens, "hc": case.hc,
             "top_k": case.top_k, "calls": case.param("calls"), "replays": case.param("replays"),
             "min_replay_ms": case.param("min_replay_ms"), "min_replays": case.param("min_replays"),
             "rotate_mb": case.param("rotate_mb"),
@@ -115,7 +123,7 @@ def timing_spec(case: Case) -> dict:
 
 
 def _measure_group(run: Run, suite: Suite, members: list[Case], where: PlacementOffer,
-                   timeout_s: float, pool=None) -> None:
+                   timeout_s: float, pool=None, plant: dict | None = None) -> None:
     """One rank actor per GPU: the cases on one TP group (capacity:
     their largest M), every rank timing each case's graphs at once; after a
     case that does not pass, a fresh group for the rest (a timed call cut
@@ -130,15 +138,17 @@ def _measure_group(run: Run, suite: Suite, members: list[Case], where: Placement
             while pending:
                 case, started = pending.pop(0), now()
                 try:
-                    per_rank = group.time(timing_spec(case), timeout_s)
+                    planted = (plant or {}).get(case.key())
+                    per_rank = group.time(timing_spec(case, planted), timeout_s)
                 except Exception as err:  # a broken case is a result, not a crash
                     kind = "hang" if isinstance(err, TimeoutError) else (
                         "fail" if isinstance(getattr(err, "cause", None), AssertionError)
                         else "error")
                     run.record(case, suite, outcome=kind, started_at=started,
-                               placement=where.name, reason=error_text(err, limit=300))
+                               placement=where.name, reason=error_text(err, limit=300),
+                               extra=planted.extra() if planted else None)
                     break
-                record_impls(run, suite, case, where, per_rank, started)
+                record_impls(run, suite, case, where, per_rank, started, planted)
         run.add_build(group.build_s)
 
 
@@ -150,11 +160,12 @@ def _gpu_columns(first: dict) -> dict:
 
 
 def record_impls(run: Run, suite: Suite, case: Case, where: PlacementOffer, per_rank: list[dict],
-                 started) -> None:
+                 started, planted=None) -> None:
     """One row per implementation from every rank's harness result
     (:func:`cluster.measure.timing.time_case`): the timing columns are those
     of the per-iteration max over ranks; per-rank medians and p99 go to
-    ``extra``; the fused row carries the first baseline's median and the ratio."""
+    ``extra``; the fused row carries the first baseline's median and the ratio.
+    ``planted`` (a :class:`jobs.plant.Plant`): every row carries its mark."""
     from cluster.measure.nvtx import NVTX_DOMAIN, range_name
     from cluster.measure.stats import bandwidth, max_over_ranks, stats
     from cluster.phases import add as add_phases
@@ -189,7 +200,8 @@ def record_impls(run: Run, suite: Suite, case: Case, where: PlacementOffer, per_
                                           tokens=case.tokens),
                  "calls_per_graph": first["impls"][name].get("calls", calls),
                  "rotation_sets": first.get("sets"),
-                 "replays": len(first["impls"][name].get("times_us") or ()) or None}
+                 "replays": len(first["impls"][name].get("times_us") or ()) or None,
+                 **(planted.extra() if planted else {})}
         if name not in timing:
             impls = [r["impls"][name] for r in per_rank]
             failed = next((i["failed"] for i in impls if "failed" in i), None)

@@ -67,6 +67,9 @@ class Spec:
     """Where a graph holds more than ``calls`` calls, it is replayed
     proportionally fewer times, down to this many
     (:func:`cluster.measure.graph.scaled_replays`); 0: always ``replays``."""
+    plant_delay_cycles: int = 0
+    """Test-only (:mod:`jobs.plant`, the detection-power script alone): SM
+    cycles the fused all_reduce_norm's single kernel spins on purpose; 0: none."""
 
     def fields(self) -> dict[str, Any]:
         """The op fields a kernel builder reads (:mod:`cluster.ops.kernel`):
@@ -74,6 +77,8 @@ class Spec:
         has them."""
         out: dict[str, Any] = {"eps": self.eps, "mode": self.mode, "form": self.form}
         out.update({k: getattr(self, k) for k in ("hc", "top_k") if getattr(self, k) is not None})
+        if self.plant_delay_cycles:
+            out["plant_delay_cycles"] = self.plant_delay_cycles
         return out
 
     @classmethod
@@ -83,7 +88,8 @@ class Spec:
         if missing:
             raise ValueError(f"timing spec lacks {missing}; got {sorted(spec)}")
         unknown = set(spec) - set(SPEC_KEYS) - {"hc", "top_k", "transport", "variant", "mode",
-                                                 "form", "min_replay_ms", "min_replays"}
+                                                 "form", "min_replay_ms", "min_replays",
+                                                 "plant_delay_cycles"}
         if unknown:
             raise ValueError(f"timing spec has unknown keys {sorted(unknown)}")
         out = cls(op=str(spec["op"]), hidden=int(spec["hidden"]), tokens=int(spec["tokens"]),
@@ -97,11 +103,15 @@ class Spec:
                   mode=str(spec.get("mode") or "one_shot"),
                   form=str(spec.get("form") or "auto"),
                   min_replay_ms=float(spec.get("min_replay_ms") or 0.0),
-                  min_replays=int(spec.get("min_replays") or 0))
+                  min_replays=int(spec.get("min_replays") or 0),
+                  plant_delay_cycles=int(spec.get("plant_delay_cycles") or 0))
         if out.min_replay_ms < 0:
             raise ValueError(f"timing spec: min_replay_ms must be >= 0, got {out.min_replay_ms}")
         if out.min_replays < 0:
             raise ValueError(f"timing spec: min_replays must be >= 0, got {out.min_replays}")
+        if out.plant_delay_cycles < 0 or (out.plant_delay_cycles and out.op != "all_reduce_norm"):
+            raise ValueError(f"timing spec: plant_delay_cycles must be >= 0 and only for "
+                             f"all_reduce_norm, got {out.plant_delay_cycles} for {out.op}")
         from kernels.lamport.protocol import MODES
         if out.mode not in MODES:
             raise ValueError(f"timing spec: mode must be one of {list(MODES)}, got {out.mode!r}")

@@ -143,7 +143,9 @@ def kernel(fields, *, top_k: int | None = None, **where):
     virtual ranks always run two kernels, so a single form there is a
     ValueError); ``top_k``
     (routes per token) makes the publish a MoE finalize
-    (:func:`cluster.ops.finalize_publish.kernel` passes it)."""
+    (:func:`cluster.ops.finalize_publish.kernel` passes it);
+    ``plant_delay_cycles`` (a timing spec's, test-only: :mod:`jobs.plant`)
+    slows the single kernel on purpose, one rank of its own process only."""
     from kernels.lamport.all_reduce_norm import AllReduceNorm
     from kernels.lamport.norm_tuning import forced
 
@@ -156,6 +158,11 @@ def kernel(fields, *, top_k: int | None = None, **where):
                              f"two-kernel form only (kernels.lamport.norm_single)")
     elif tuning is not None:
         options["norm_tuning"] = tuning
+    if fields.get("plant_delay_cycles"):
+        if where.get("tp") is not None:
+            raise ValueError(f"plant_delay_cycles: tp = {where['tp']} virtual ranks run the "
+                             f"two-kernel form, which carries no planted delay")
+        options["plant_delay_cycles"] = int(fields["plant_delay_cycles"])
     return lamport(AllReduceNorm, eps=float(fields["eps"]),
                    mode=fields.get("mode") or "one_shot", top_k=top_k, **where, **options)
 

@@ -298,7 +298,10 @@ class AllReduceNorm(LamportGroupMember):
                  error_records: int = ERR_DEFAULT_RECORDS, top_k: int | None = None,
                  routed_scaling_factor: float = 1.0,
                  finalize_tuning: FinalizeTuning | None = None, mode: str = "one_shot",
-                 norm_tuning: NormTuning | None = None) -> None:
+                 norm_tuning: NormTuning | None = None, plant_delay_cycles: int = 0) -> None:
+        """``plant_delay_cycles`` > 0: test-only, the single kernel slowed on
+        purpose (:attr:`kernels.lamport.norm_single.SingleNormKernel.plant_delay_cycles`;
+        ValueError where this instance never launches the single kernel)."""
         finalize_tuning = FinalizeTuning() if finalize_tuning is None else finalize_tuning
         if top_k is not None:
             finalize_tuning.validate(top_k)
@@ -349,8 +352,14 @@ class AllReduceNorm(LamportGroupMember):
         self.norm_tuning = norm_tuning if norm_tuning is not None else \
             norm_tuning_for(hidden=hidden_size, tp=self.tp) if mode == "one_shot" else \
             NormTuning(0, source="owner mode: two kernels always")
+        require_int("plant_delay_cycles", plant_delay_cycles, low=0)
+        if plant_delay_cycles and not self.norm_tuning.single_max_tokens:
+            raise ValueError(f"plant_delay_cycles={plant_delay_cycles}: only the single kernel "
+                             f"carries a planted delay, and norm_tuning={self.norm_tuning!r} "
+                             f"never launches it")
         self._single = cached(SingleNormConfig(hidden=hidden_size, tp=self.tp,
-                                               budget_ns=self.budget_ns, transport=transport)) \
+                                               budget_ns=self.budget_ns, transport=transport,
+                                               plant_delay_cycles=plant_delay_cycles)) \
             if self.norm_tuning.single_max_tokens else None
         # MoE finalize publish: one compile per (weight dtype, shared expert or not).
         self.top_k, self.routed_scaling_factor = top_k, float(routed_scaling_factor)

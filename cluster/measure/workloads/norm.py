@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from cluster.measure.graph import rotation_sets
-from cluster.measure.workload import Call, RankContext, Spec, Workload
+from cluster.measure.workload import Call, RankContext, Spec, Unavailable, Workload
 from cluster.measure.workloads.common import (BF16, all_reduce_baselines, all_reduce_factor,
                                               check_capacity, generators, host_kernel, randn)
 from kernels.reference.numerics import NORM_MAX_ULP, assert_bit_exact, assert_within_ulp
@@ -81,6 +81,9 @@ def all_reduce_norm_workload(ctx: RankContext, spec: Spec) -> Workload:
 
     def fused() -> Call:
         op = host_kernel(ctx, spec)
+        if spec.plant_delay_cycles and op.form(xs[0]) != "single":
+            raise Unavailable(f"plant_delay_cycles: M={m} runs the {op.form(xs[0])}-kernel "
+                              f"form here, and only the single kernel carries a planted delay")
         return Call(lambda i: op(xs[i], residuals[i], weight, out=(outs[0, i], outs[1, i])),
                     {"mode": spec.mode, "form": op.form(xs[0]),
                      "variant": op.variant(xs[0])})
