@@ -1,8 +1,10 @@
 """Which compile-check variants' PTX a change touches, without a GPU.
 
-    python scripts/ptx_diff.py [REF] [--ops indexer] [--arch sm_90a] [--expect-identical]
+    python scripts/ptx_diff.py [REF] [--ops indexer] [--arch sm_90a] [--hidden N,M] [--tp N,M]
+                               [--expect-identical]
 
 Compiles every ``jobs compile-check`` variant of ``--ops`` for ``--arch``
+(at ``--hidden`` and ``--tp`` where given, else compile-check's defaults)
 twice, from a detached worktree of ``REF`` (default ``HEAD``) and from this
 working tree (uncommitted changes included), with the compile cache off, and
 compares each variant's PTX with its ``//`` comment lines (build paths and
@@ -35,10 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 _DUMP = re.compile(r"^\d+_(.+)$")
 
 
-def _compile(tree: Path, dump: Path, ops: str, arch: str) -> None:
+def _compile(tree: Path, dump: Path, ops: str, arch: str, shape: list[str] = ()) -> None:
     env = dict(os.environ, PYTHONPATH=str(tree), LAMPORT_COMPILE_CACHE="off")
     cmd = [sys.executable, "-m", "jobs", "compile-check", "--no-results", "--all",
-           "--ops", ops, "--arch", arch, "--dump-dir", str(dump)]
+           "--ops", ops, "--arch", arch, *shape, "--dump-dir", str(dump)]
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
@@ -87,6 +89,9 @@ def main(argv=None) -> int:
     p.add_argument("ref", nargs="?", default="HEAD", help="the commit to compare against")
     p.add_argument("--ops", default="indexer", help="compile-check --ops (default indexer)")
     p.add_argument("--arch", default="sm_90a", help="compile-check --arch (default sm_90a)")
+    p.add_argument("--hidden", default=None, metavar="N,M",
+                   help="compile-check --hidden (default: its own)")
+    p.add_argument("--tp", default=None, metavar="N,M", help="compile-check --tp (default: its own)")
     p.add_argument("--expect-identical", action="store_true",
                    help="exit 1 if a variant of REF differs or is gone")
     args = p.parse_args(argv)
@@ -102,8 +107,10 @@ def main(argv=None) -> int:
         try:
             print(f"ptx_diff: compiling {args.ops} for {args.arch} at {args.ref} "
                   f"({rev.stdout.strip()[:9]}) and in the working tree", flush=True)
-            _compile(tree, tmp / "old", args.ops, args.arch)
-            _compile(ROOT, tmp / "new", args.ops, args.arch)
+            shape = [w for flag in ("hidden", "tp") if getattr(args, flag)
+                     for w in (f"--{flag}", getattr(args, flag))]
+            _compile(tree, tmp / "old", args.ops, args.arch, shape)
+            _compile(ROOT, tmp / "new", args.ops, args.arch, shape)
             rows = compare(_ptx(tmp / "old"), _ptx(tmp / "new"))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
