@@ -74,8 +74,15 @@ class Plant:
                 "plant_sm_clock_mhz": self.sm_clock_mhz}
 
 
-def calibrate(args, plan) -> dict[str, Plant]:
-    """``case.key() -> Plant`` for every case of ``plan`` (the sweep's
+def key(case) -> tuple:
+    """A case's identity for its plant: the A/A rows' timing identity,
+    placement left out (the sweep makes an ``auto`` placement concrete after
+    the calibration, which changes ``case.key()``)."""
+    return (case.op, case.variant, case.transport, case.tp, case.hidden, case.tokens)
+
+
+def calibrate(args, plan) -> dict[tuple, Plant]:
+    """:func:`key` ``-> Plant`` for every case of ``plan`` (the sweep's
     ``(suite, cases)`` pairs), or {} without the option; ConfigError
     (naming :data:`OPTION`) on any use but the script's."""
     from jobs.config import ConfigError
@@ -104,7 +111,7 @@ def calibrate(args, plan) -> dict[str, Plant]:
 
 
 def aa_calibration(results, cases: Sequence[tuple], pct: float, *,
-                   said: str) -> dict[str, Plant]:
+                   said: str) -> dict[tuple, Plant]:
     """Each ``(suite name, case)``'s :class:`Plant` from its nightly (A/A)
     rows in ``results``."""
     from jobs import regression as rg
@@ -147,13 +154,13 @@ def aa_calibration(results, cases: Sequence[tuple], pct: float, *,
         aa = statistics.median(medians)
         clock = float(statistics.median(clocks))
         delay_ns = pct / 100 * aa * 1000
-        out[case.key()] = Plant(pct=pct, aa_median_us=aa, aa_nights=len(runs),
+        out[key(case)] = Plant(pct=pct, aa_median_us=aa, aa_nights=len(runs),
                                 sm_clock_mhz=clock, delay_ns=delay_ns,
                                 delay_cycles=max(1, round(delay_ns * clock / 1000)))
     return out
 
 
-def describe(plants: dict[str, Plant]) -> str:
+def describe(plants: dict[tuple, Plant]) -> str:
     """One line for the run's log."""
     if not plants:
         return ""

@@ -46,6 +46,7 @@ from cluster.errors import error_text
 from cluster.placement import Placement
 from jobs.config import Case, Suite
 from jobs.cluster_view import ClusterView, PlacementOffer
+from jobs.plant import key as plant_key
 from jobs.recorder import Run, now
 
 EMULATED_REASON = ("profile needs GPUs: on the emulated backend (numpy on CPU actors) there "
@@ -59,7 +60,7 @@ LOCAL_OPS = {"indexer": "the indexer is not a collective (the same kernel runs o
 
 def run(run: Run, suite: Suite, cases: Sequence[Case], *, view: ClusterView,
         timeout_s: float | None = None, plant: dict | None = None) -> None:
-    """``plant``: test-only, ``case.key() -> jobs.plant.Plant`` (the
+    """``plant``: test-only, ``jobs.plant.key(case) -> jobs.plant.Plant`` (the
     detection-power script's ``--plant-slowdown``): those cases' fused
     kernel slowed on purpose, every row of theirs marked."""
     plant = plant or {}
@@ -138,7 +139,7 @@ def _measure_group(run: Run, suite: Suite, members: list[Case], where: Placement
             while pending:
                 case, started = pending.pop(0), now()
                 try:
-                    planted = (plant or {}).get(case.key())
+                    planted = (plant or {}).get(plant_key(case))
                     per_rank = group.time(timing_spec(case, planted), timeout_s)
                 except Exception as err:  # a broken case is a result, not a crash
                     kind = "hang" if isinstance(err, TimeoutError) else (
