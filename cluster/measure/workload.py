@@ -69,9 +69,9 @@ class Spec:
     (:func:`cluster.measure.graph.scaled_replays`); 0: always ``replays``."""
 
     def fields(self) -> dict[str, Any]:
-        """The op fields a kernel builder reads (:mod:`cluster.ops.kernel`):
+        """The fields a kernel builder reads (:mod:`cluster.ops.kernel`):
         ``eps``, ``mode`` and ``form``, and ``hc`` / ``top_k`` where the spec
-        has them."""
+        has them (``OpSpec.make_params`` takes the op's own of them)."""
         out: dict[str, Any] = {"eps": self.eps, "mode": self.mode, "form": self.form}
         out.update({k: getattr(self, k) for k in ("hc", "top_k") if getattr(self, k) is not None})
         return out
