@@ -21,12 +21,16 @@ import gc
 import os
 import socket
 import time
+from typing import TYPE_CHECKING
 
 import ray
 
 from cluster.backend import make_backend, require_backend
 from cluster.backend import release_rank as backend_release
 from cluster.procs import one_at_a_time, settle_heap, started_at
+
+if TYPE_CHECKING:
+    from cluster.cases import Case
 
 CONTEXT_TURN_TIMEOUT_S = 60.0
 """Longest a warm-up waits for its turn to make its CUDA context (then it goes ahead)."""
@@ -159,13 +163,13 @@ class RankActor:
             out.update(device_memory(torch.cuda.current_device()))
         return out
 
-    def prepare(self, case: dict) -> dict:
+    def prepare(self, case: Case) -> dict:
         return self._joined().prepare(case)
 
-    def run_case(self, case: dict) -> dict:
+    def run_case(self, case: Case) -> dict:
         if self._tracer is None:
             return self._joined().run_case(case)
-        with self._tracer.call(case.get("seq", 0)):
+        with self._tracer.call(case.seq):
             return self._joined().run_case(case)
 
     def trace_start(self) -> None:
@@ -183,7 +187,7 @@ class RankActor:
             raise RuntimeError(f"actor pid {os.getpid()}: trace_stop without trace_start")
         return tracer.stop()
 
-    def run_cases(self, batch: list[dict], barrier=None, key: str = ""):
+    def run_cases(self, batch: list[Case], barrier=None, key: str = ""):
         """A batch of calls in one Ray call, streamed (a generator method:
         the caller gets each result as its call ends). Each result carries
         its ``check`` (cluster.cases.check_outputs, made here unless the

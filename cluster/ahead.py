@@ -21,7 +21,7 @@ default stream, which would order it against a spinning consumer.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -30,27 +30,26 @@ class Ahead:
     """Host work of planned calls, one helper thread, in plan order.
 
     ``make(case)`` is the work (it runs on the helper thread); :meth:`plan`
-    queues it for a case dict, :meth:`take` returns its result for an equal
-    case dict (waiting for it), or None where that case was not planned, so
+    queues it for a case (a frozen :class:`cluster.cases.Case`, held as
+    given), :meth:`take` returns its result for an equal case (waiting for it), or None where that case was not planned, so
     the caller makes it itself. An exception raised by ``make`` is raised
     by :meth:`take`. Planned cases a :meth:`take` skips over are dropped."""
 
-    def __init__(self, make: Callable[[Mapping], Any] | None = None) -> None:
+    def __init__(self, make: Callable[[Any], Any] | None = None) -> None:
         self._make = make
         self._pool: ThreadPoolExecutor | None = None
-        self._planned: list[tuple[dict, Future]] = []
+        self._planned: list[tuple[Any, Future]] = []
 
-    def plan(self, case: Mapping, make: Callable[[Mapping], Any] | None = None) -> None:
+    def plan(self, case: Any, make: Callable[[Any], Any] | None = None) -> None:
         """Queue ``make(case)`` (default: the constructor's ``make``), once
         per equal case."""
-        case = dict(case)
         if any(c == case for c, _ in self._planned):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ahead")
         self._planned.append((case, self._pool.submit(make or self._make, case)))
 
-    def take(self, case: Mapping) -> Any | None:
+    def take(self, case: Any) -> Any | None:
         """``make(case)``'s result if ``case`` was planned, else None."""
         for i, (planned, future) in enumerate(self._planned):
             if planned == case:

@@ -72,7 +72,10 @@ residual); the check then reports it as not observed.
 from __future__ import annotations
 
 import importlib
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from cluster.cases import Case
 
 BACKENDS = {"emulated": "cluster.emulated", "gpu": "cluster.gpu"}
 """Backend name -> module exporting ``Backend`` (a RankBackend class) and
@@ -91,13 +94,13 @@ class RankBackend(Protocol):
         (gpu: master_addr, master_port, placement, transport); unknown names
         are a ValueError."""
 
-    def prepare(self, case: dict) -> dict:
+    def prepare(self, case: Case) -> dict:
         """Build (compile) what ``case`` needs before any rank's call starts;
         the group calls it on every rank once per new (budget_ns, eps)."""
 
-    def run_case(self, case: dict) -> dict:
-        """One call of ``case["op"]`` (publish + watchdog consume + epilogue
-        for a collective), with ``case["fault"]`` (None or an injection
+    def run_case(self, case: Case) -> dict:
+        """One call of ``case.op`` (publish + watchdog consume + epilogue
+        for a collective), with ``case.fault`` (None or an injection
         dict, cluster.faults) applied."""
 
     def recover(self) -> dict:

@@ -1,7 +1,8 @@
-"""The case dict a TP group runs, its inputs and its check: a thin generic
+"""The case a TP group runs, its inputs and its check: a thin generic
 layer over the op registry (:mod:`cluster.ops`).
 
-A case is a plain dict (it crosses process boundaries through Ray):
+A case is one frozen, typed value, :class:`Case` (it crosses process
+boundaries through Ray as itself: no field travels as a dict key):
 
 ``op``        a registered op (``cluster.ops.OPS``)
 ``tokens``    M, 1..capacity: every rank publishes and consumes M tokens
@@ -12,8 +13,17 @@ A case is a plain dict (it crosses process boundaries through Ray):
 ``eps``       RMSNorm epsilon, > 0
 ``budget_ns`` the consumer watchdog's budget for the whole consume, > 0
               (see below)
-plus the op's own fields (``OpSpec.fields``: ``residual``, ``top_k``,
-``hc``, ``finalize``, ...), defaults filled in.
+``params``    the op's own fields, one frozen dataclass per op
+              (``OpSpec.params``, derived from ``OpSpec.fields``:
+              ``case.params.residual``, ``.top_k``, ``.hc``, ``.finalize``,
+              ...), defaults filled in
+``seq``       the call's sequence number in its group (the group sets it)
+``fault``     None, or the injection this rank applies (``cluster.injection``;
+              the group sets it per rank)
+
+:func:`make_case` is the one validating constructor; :meth:`Case.to_fields`
+gives back the flat fields it was made from (the op's fields beside the
+common ones, as a suite, a row and a repro command name them).
 
 Every rank regenerates the group's inputs from these fields
 (:func:`case_inputs`) and takes its own share, so no tensor is shipped; the
@@ -31,11 +41,14 @@ by 1e9 at the comparison.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from cluster import ops
+from cluster.ops.spec import GENERIC_FIELDS
 # The bit helpers live in the leaf module cluster.bits; importers of cluster.cases
 # still find them here.
 from cluster.bits import bf16_from_bits, bits_from_bf16, from_bits, tensor_bits  # noqa: F401
@@ -46,9 +59,48 @@ DEFAULTS = {"op": "all_reduce_norm", "seed": 0, "eps": 1e-6, "budget_ns": DEFAUL
 """Generic field defaults (``inputs`` defaults to the op's first kind)."""
 
 
-def make_case(*, capacity: int, **fields) -> dict:
-    """A validated case dict: DEFAULTS and the op's field defaults overlaid
-    with ``fields``; ValueError names any unknown field or bad value."""
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One call's case (the module docstring); made by :func:`make_case`."""
+    op: str
+    tokens: int
+    inputs: str
+    seed: int
+    eps: float
+    budget_ns: int
+    params: Any
+    """The op's :attr:`cluster.ops.spec.OpSpec.params` value."""
+    seq: int = 0
+    fault: Mapping | None = None
+
+    def to_fields(self) -> dict[str, Any]:
+        """The flat fields :func:`make_case` takes to make this case again:
+        the common ones and the op's own (not ``seq`` or ``fault``)."""
+        return {"op": self.op, "tokens": self.tokens, "inputs": self.inputs,
+                "seed": self.seed, "eps": self.eps, "budget_ns": self.budget_ns,
+                **{f.name: getattr(self.params, f.name)
+                   for f in dataclasses.fields(self.params)}}
+
+    def replace(self, **changes) -> "Case":
+        """This case with ``changes`` (``seq``, ``fault``, ``tokens``, ...)."""
+        return dataclasses.replace(self, **changes)
+
+    def __reduce__(self):
+        # the op's params class is made at run time (OpSpec.params): a
+        # process unpickling a case takes it from its own registry
+        return _unpickle, (self.to_fields(), self.seq, self.fault)
+
+
+def _unpickle(fields: dict, seq: int, fault: Mapping | None) -> Case:
+    spec = ops.get(fields["op"])
+    common = {k: fields[k] for k in GENERIC_FIELDS}
+    return Case(**common, params=spec.make_params(fields), seq=seq, fault=fault)
+
+
+def make_case(*, capacity: int, **fields) -> Case:
+    """A validated :class:`Case`: DEFAULTS and the op's field defaults
+    overlaid with ``fields``; ValueError names any unknown field or bad
+    value."""
     spec = ops.get(fields.get("op", DEFAULTS["op"]))
     known = set(DEFAULTS) | {"tokens", "inputs"} | set(spec.fields)
     unknown = set(fields) - known
@@ -56,24 +108,26 @@ def make_case(*, capacity: int, **fields) -> dict:
         raise ValueError(f"unknown case fields {sorted(unknown)} for op {spec.name}; "
                          f"known: {sorted(known)}")
     require_int("capacity", capacity, low=1)
-    case = {**DEFAULTS, "inputs": spec.inputs[0], **fields, "op": spec.name}
-    case.update(spec.case_fields(fields))
-    if case["inputs"] not in spec.inputs:
-        raise ValueError(f"op {spec.name}: unknown inputs {case['inputs']!r}; "
+    common = {**DEFAULTS, "inputs": spec.inputs[0],
+              **{k: v for k, v in fields.items() if k not in spec.fields}, "op": spec.name}
+    params = spec.make_params(fields)
+    if common["inputs"] not in spec.inputs:
+        raise ValueError(f"op {spec.name}: unknown inputs {common['inputs']!r}; "
                          f"known: {list(spec.inputs)}")
-    if "tokens" not in case:
+    if "tokens" not in common:
         raise ValueError(f"tokens must be in 1..capacity={capacity}, got None")
     try:
-        require_int("tokens", case["tokens"], low=1, high=capacity)
+        common["tokens"] = require_int("tokens", common["tokens"], low=1, high=capacity)
     except ValueError:
-        raise ValueError(f"tokens must be in 1..capacity={capacity}, got {case['tokens']}") from None
-    require_int("seed", case["seed"], low=0, high=2**31 - 2)
-    require_number("eps", case["eps"], positive=True)
-    require_int("budget_ns", case["budget_ns"], low=1, high=2**63 - 1)
-    return case
+        raise ValueError(f"tokens must be in 1..capacity={capacity}, "
+                         f"got {common['tokens']}") from None
+    common["seed"] = require_int("seed", common["seed"], low=0, high=2**31 - 2)
+    require_number("eps", common["eps"], positive=True)
+    common["budget_ns"] = require_int("budget_ns", common["budget_ns"], low=1, high=2**63 - 1)
+    return Case(**common, params=params)
 
 
-def case_inputs(case: Mapping, *, tp: int, hidden: int, tokens: int | None = None,
+def case_inputs(case: Case, *, tp: int, hidden: int, tokens: int | None = None,
                 reference_device=None) -> dict:
     """Every input tensor of the group's call (the op's ``make_inputs``), BF16
     / FP32 / int on CPU, deterministic in the case's fields; ``tokens``
@@ -82,8 +136,8 @@ def case_inputs(case: Mapping, *, tp: int, hidden: int, tokens: int | None = Non
     the parts proven bit-identical to the CPU's there (the finalize payloads:
     :func:`cluster.ops.finalize_publish.payloads`); its results come back to
     the CPU, and everything else of the reference stays on the CPU."""
-    m = int(case["tokens"] if tokens is None else tokens)
-    inputs = ops.get(case["op"]).module().make_inputs(case, tp=tp, hidden=hidden, tokens=m)
+    m = int(case.tokens if tokens is None else tokens)
+    inputs = ops.get(case.op).module().make_inputs(case, tp=tp, hidden=hidden, tokens=m)
     if reference_device is not None:
         inputs["reference_device"] = reference_device
     return inputs
@@ -117,7 +171,7 @@ def compare(name: str, got_bits: np.ndarray | None, ref: torch.Tensor, bound: in
             "nan": nan, "bound_ulp": bound, "ok": ok}
 
 
-def reference(case: Mapping, *, tp: int, hidden: int, inputs: dict | None = None,
+def reference(case: Case, *, tp: int, hidden: int, inputs: dict | None = None,
               facts: Mapping | None = None, rank: int | None = None) -> dict:
     """One rank's expected outputs: output name -> ``(tensor, bound)`` (the
     op's ``expected``; bound 0 = bit for bit, n = within n BF16 ULP).
@@ -129,14 +183,14 @@ def reference(case: Mapping, *, tp: int, hidden: int, inputs: dict | None = None
     every rank shares in it, e.g. the finalize payloads, so tp checks
     compute it once); else made here. Depends on the case alone, never on
     a kernel's outputs (:mod:`cluster.ahead` makes it ahead of the call)."""
-    module = ops.get(case["op"]).module()
+    module = ops.get(case.op).module()
     if inputs is None:
-        inputs = module.make_inputs(case, tp=tp, hidden=hidden, tokens=int(case["tokens"]))
+        inputs = module.make_inputs(case, tp=tp, hidden=hidden, tokens=case.tokens)
     facts = dict(facts or {}) | ({} if rank is None else {"rank": int(rank)})
     return module.expected(case, inputs, tp=tp, facts=facts)
 
 
-def check_outputs(case: Mapping, *, tp: int, hidden: int, outputs: Mapping[str, np.ndarray | None],
+def check_outputs(case: Case, *, tp: int, hidden: int, outputs: Mapping[str, np.ndarray | None],
                   facts: Mapping | None = None, rank: int | None = None,
                   inputs: dict | None = None, expected: Mapping | None = None) -> dict:
     """Compare one rank's outputs (bit arrays, by output name) with the op's

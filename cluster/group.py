@@ -1,7 +1,7 @@
 """TPGroup: tp rank actors in one placement group, driven as one Lamport group.
 
 Hang handling in layers (docs/design.md, Hang detection):
-1. every consumer has a watchdog (``case["budget_ns"]``) and still returns;
+1. every consumer has a watchdog (``case.budget_ns``) and still returns;
 2. the host deadline ``call_timeout_s`` bounds every rank's call, moved
    later by the time its ranks on this host waited for a CPU (at most
    ``STARVED_STRETCH`` times more);
@@ -59,7 +59,7 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
 from cluster.actors import RankActor, release_rank
 from cluster.backend import actor_env, needs_rendezvous, require_backend, suspect_after_a_kill
 from cluster.barrier import call_barrier
-from cluster.cases import check_outputs, make_case
+from cluster.cases import Case, check_outputs, make_case
 from cluster.errors import error_text
 from kernels.lamport.diagnosis import (GroupDiagnosis, MailboxCheck, RankReport, diagnose,
                                diagnose_start)
@@ -529,23 +529,23 @@ class TPGroup:
         ray.get(refs, timeout=CONTROL_TIMEOUT_S)
 
     # -- calls
-    def case(self, **fields) -> dict:
-        """A validated case dict for this group (cluster.cases.make_case)."""
+    def case(self, **fields) -> Case:
+        """A validated case for this group (cluster.cases.make_case)."""
         return make_case(capacity=self.capacity, **fields)
 
-    def prepare(self, case: Mapping) -> list[dict]:
+    def prepare(self, case: Case) -> list[dict]:
         """Every rank builds (compiles) what ``case`` needs, bounded by
         ``setup_timeout_s``; :meth:`run` does this once per
         :func:`prepare_key` and build, before any rank's watchdog starts."""
         self._require_open()
-        case = make_case(capacity=self.capacity, **{k: v for k, v in case.items() if k != "seq"})
+        case = self.case(**case.to_fields())
         started = time.monotonic()
         try:
             return self._prepare(case)
         finally:
             self.prepare_s += time.monotonic() - started
 
-    def _prepare(self, case: dict) -> list[dict]:
+    def _prepare(self, case: Case) -> list[dict]:
         refs = [a.prepare.remote(case) for a in self._actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.setup_timeout_s)
         if len(ready) < len(refs):
@@ -601,14 +601,14 @@ class TPGroup:
                   for r, m in enumerate(self.metadata)]
         return merge(traces, labels)
 
-    def run(self, case: Mapping, faults: Mapping[int, Mapping] | None = None) -> GroupCall:
+    def run(self, case: Case, faults: Mapping[int, Mapping] | None = None) -> GroupCall:
         """One collective call: the same case (same seq, same M) on every rank,
         ``faults[rank]`` injected into that rank's call (cluster.injection).
         Collects every rank's result by the host deadline, diagnoses, then
         recovers or rebuilds the group unless the call passed."""
         return next(self.run_batch([case], [faults]))
 
-    def run_batch(self, cases: Sequence[Mapping],
+    def run_batch(self, cases: Sequence[Case],
                   faults: Sequence[Mapping[int, Mapping] | None] | None = None
                   ) -> Iterator[GroupCall]:
         """The calls ``cases`` (each as in :meth:`run`, ``faults[i]`` into
@@ -630,7 +630,7 @@ class TPGroup:
         seq0 = self._seq
         barrier = call_barrier() if self.tp > 1 and len(calls) > 1 else None
         key = f"{self.group_id}/{self.builds}/{seq0}"
-        streams = [a.run_cases.remote([{**case, "seq": seq0 + i + 1, "fault": f.get(r)}
+        streams = [a.run_cases.remote([case.replace(seq=seq0 + i + 1, fault=f.get(r))
                                        for i, (case, f) in enumerate(calls)], barrier, key)
                    for r, a in enumerate(self._actors)]
         ended = [False] * self.tp
@@ -654,15 +654,15 @@ class TPGroup:
                 if late:
                     self._rebuild(late)
 
-    def _validated(self, case: Mapping, faults: Mapping | None) -> tuple[dict, dict]:
-        case = make_case(capacity=self.capacity, **{k: v for k, v in case.items() if k != "seq"})
+    def _validated(self, case: Case, faults: Mapping | None) -> tuple[Case, dict]:
+        case = self.case(**case.to_fields())
         faults = {int(r): validate_injection(f) for r, f in (faults or {}).items()}
         if not set(faults) <= set(range(self.tp)):
             raise ValueError(f"fault ranks {sorted(faults)} outside 0..{self.tp - 1}")
         delay_s = max((f.get("delay_ns", 0) for f in faults.values()), default=0) / 1e9
-        if self.call_timeout_s <= case["budget_ns"] / 1e9 + delay_s:
+        if self.call_timeout_s <= case.budget_ns / 1e9 + delay_s:
             raise ValueError(f"call_timeout_s={self.call_timeout_s} must exceed the watchdog budget "
-                             f"{case['budget_ns'] / 1e9} s plus injected delays {delay_s} s")
+                             f"{case.budget_ns / 1e9} s plus injected delays {delay_s} s")
         return case, faults
 
     def _collect(self, streams, ended, started: float):
@@ -746,7 +746,7 @@ class TPGroup:
                   ended) -> GroupCall:
         reports = [RankReport.from_result(x) for x in results if x is not None]
         diagnosis = diagnose(reports, tp=self.tp, absent=absent,
-                             expected=(self._seq, int(case["tokens"])))
+                             expected=(self._seq, case.tokens))
         checks = tuple(None if x is None else x["check"] if x.get("check") is not None else
                        check_outputs(case, tp=self.tp, hidden=self.hidden, outputs=x["outputs"],
                                      rank=x["rank"])
@@ -831,9 +831,9 @@ class BatchedGroup:
     there) the next planned call starts a new batch. Other attributes are
     the group's."""
 
-    def __init__(self, group: TPGroup, planned: Sequence[Mapping]) -> None:
+    def __init__(self, group: TPGroup, planned: Sequence[Case]) -> None:
         self._group = group
-        self._planned = [group.case(**{k: v for k, v in c.items() if k != "seq"}) for c in planned]
+        self._planned = [group.case(**c.to_fields()) for c in planned]
         self._pos = 0
         self._stream = None
         self.batches = 0
@@ -852,8 +852,8 @@ class BatchedGroup:
             stream, self._stream = self._stream, None
             stream.close()
 
-    def run(self, case: Mapping, faults: Mapping[int, Mapping] | None = None) -> GroupCall:
-        case = self._group.case(**{k: v for k, v in case.items() if k != "seq"})
+    def run(self, case: Case, faults: Mapping[int, Mapping] | None = None) -> GroupCall:
+        case = self._group.case(**case.to_fields())
         if faults:
             self._end()
             return self._group.run(case, faults)
@@ -888,10 +888,11 @@ PER_CALL_FIELDS = ("tokens", "inputs", "seed", "seq", "fault", "residual")
 """Case fields that change data, not the kernel a rank builds."""
 
 
-def prepare_key(case: Mapping) -> tuple:
+def prepare_key(case: Case) -> tuple:
     """What decides the kernels a rank builds for ``case``: the op, the
     watchdog budget, eps and the op's fields (top_k, hc, finalize, ...)."""
-    return tuple(sorted((k, v) for k, v in case.items() if k not in PER_CALL_FIELDS))
+    return tuple(sorted((k, v) for k, v in case.to_fields().items()
+                        if k not in PER_CALL_FIELDS))
 
 
 def _outcome(diagnosis: GroupDiagnosis, results, checks, errors, hung) -> str:

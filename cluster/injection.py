@@ -1,7 +1,7 @@
 """Rank-side fault injections: what one rank does wrong in one call.
 
 An injection is a plain dict ``{"kind": ..., **params}`` sent with the case
-to one rank (``case["fault"]``); every backend applies the same vocabulary.
+to one rank (``case.fault``, :class:`cluster.cases.Case`); every backend applies the same vocabulary.
 The fault campaign (:mod:`cluster.faults`) maps the fault table (docs/design.md) onto
 these.
 

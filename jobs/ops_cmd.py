@@ -160,12 +160,13 @@ def emulated(spec, tp: int, *, fault: bool) -> list[str]:
     out: list[str] = []
     seq = 0
 
-    def call(case: dict, pool) -> list[dict]:
-        """One call of every rank; ``case["fault"]``, if any, on the last rank only."""
+    def call(case, pool) -> list[dict]:
+        """One call of every rank (``case``: a cluster.cases.Case);
+        ``case.fault``, if any, on the last rank only."""
         nonlocal seq
         seq += 1
-        case = {**case, "seq": seq}
-        clean = {k: v for k, v in case.items() if k != "fault"}
+        case = case.replace(seq=seq)
+        clean = case.replace(fault=None)
         return list(pool.map(lambda r: ranks[r].run_case(
             case if r == tp - 1 else clean), range(tp)))
 
@@ -185,7 +186,7 @@ def emulated(spec, tp: int, *, fault: bool) -> list[str]:
             if fault:
                 case = make_case(capacity=TOKENS, tokens=TOKENS, op=spec.name,
                                  inputs=spec.inputs[0], budget_ns=BUDGET_NS)
-                got = call({**case, "fault": {"kind": "skip_publish"}}, pool)
+                got = call(case.replace(fault={"kind": "skip_publish"}), pool)
                 seen = diagnose([RankReport.from_result(r) for r in got], tp=tp,
                                 expected=(seq, TOKENS))
                 if seen.missing_ranks != {tp - 1}:

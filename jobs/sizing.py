@@ -125,9 +125,8 @@ def _routes(case: Case) -> int:
     if "top_k" not in ops.get(case.op).fields:
         return 0
     if case.op == "all_reduce_mhc":
-        from cluster.ops.all_reduce_mhc import top_k
-        return top_k({"top_k": case.top_k,
-                      "finalize": case.op_fields().get("finalize", False)}) or 0
+        from cluster.ops.all_reduce_mhc import SPEC, top_k
+        return top_k(SPEC.make_params({**case.op_fields(), "top_k": case.top_k})) or 0
     return case.top_k or 0
 
 

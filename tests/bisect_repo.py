@@ -52,8 +52,8 @@ _SLOW_GPU = ('    def publish(self) -> None:\n'
              f'        torch.cuda._sleep({GPU_SLEEP_CYCLES})  # the injected slowdown, on the GPU\n'
              '        self.kernel.publish(self.xd)\n')
 _WRONG = ('    return {"sum": reduced, "embedding": rms_norm(embedding, inputs["enorm"], '
-          'case["eps"]),\n',
-          '    embedded = rms_norm(embedding, inputs["enorm"], case["eps"]).clone()\n'
+          'case.eps),\n',
+          '    embedded = rms_norm(embedding, inputs["enorm"], case.eps).clone()\n'
           '    embedded[0, 0] = embedded[0, 0] * 2 + 1  # the injected wrong element\n'
           '    return {"sum": reduced, "embedding": embedded,\n')
 

@@ -76,13 +76,18 @@ class _Backend:
         self.events: list[tuple[str, int]] = []
         self.dirty_at = dirty_at
 
-    def plan(self, case: dict) -> None:
-        self.events.append(("plan", case["seq"]))
+    def plan(self, case) -> None:
+        self.events.append(("plan", case.seq))
 
-    def run_case(self, case: dict) -> dict:
-        self.events.append(("run", case["seq"]))
-        return {"rank": 0, "outputs": {}, "mailbox_clean": case["seq"] != self.dirty_at,
+    def run_case(self, case) -> dict:
+        self.events.append(("run", case.seq))
+        return {"rank": 0, "outputs": {}, "mailbox_clean": case.seq != self.dirty_at,
                 "check": {"ok": True}}
+
+
+def _batch(*seqs):
+    from cluster.cases import make_case
+    return [make_case(capacity=1, tokens=1).replace(seq=s) for s in seqs]
 
 
 def _actor(backend):
@@ -98,7 +103,7 @@ def _actor(backend):
 
 def test_the_rank_actor_tells_its_backend_each_call_before_running_the_one_ahead_of_it():
     backend = _Backend()
-    results = list(_actor(backend).run_cases([{"seq": s} for s in (1, 2, 3)]))
+    results = list(_actor(backend).run_cases(_batch(1, 2, 3)))
     assert len(results) == 3
     runs = [i for i, (what, _) in enumerate(backend.events) if what == "run"]
     for n, at in enumerate(runs):
@@ -108,6 +113,6 @@ def test_the_rank_actor_tells_its_backend_each_call_before_running_the_one_ahead
 
 def test_a_batch_that_stops_early_runs_nothing_it_planned_beyond():
     backend = _Backend(dirty_at=2)
-    results = list(_actor(backend).run_cases([{"seq": s} for s in (1, 2, 3)]))
+    results = list(_actor(backend).run_cases(_batch(1, 2, 3)))
     assert len(results) == 2
     assert [seq for what, seq in backend.events if what == "run"] == [1, 2]

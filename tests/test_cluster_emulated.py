@@ -42,7 +42,7 @@ def ranks(request):
 def run_all(ranks, case, faults=None):
     with ThreadPoolExecutor(len(ranks)) as pool:
         return list(pool.map(lambda r: ranks[r].run_case(
-            {**case, "fault": (faults or {}).get(r)}), range(len(ranks))))
+            case.replace(fault=(faults or {}).get(r))), range(len(ranks))))
 
 
 def test_slot_layout_is_the_protocol_index():
@@ -62,10 +62,10 @@ def test_calls_match_reference_and_rotate_stages(ranks):
     for seq, (tokens, inputs) in enumerate([(1, "random"), (3, "order_sensitive"),
                                             (8, "sentinel_pattern"), (2, "random")]):
         case = make_case(capacity=CAPACITY, tokens=tokens, inputs=inputs, seed=seq)
-        results = run_all(ranks, {**case, "seq": seq})
+        results = run_all(ranks, case.replace(seq=seq))
         i = case_inputs(case, tp=len(ranks), hidden=HIDDEN)
         partials, residual, weight = i["partials"], i["residual"], i["norm_weight"]
-        norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, case["eps"])
+        norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, case.eps)
         for res in results:
             assert res["consumed_stage"] == seq % 3 and res["record_count"] == 0
             assert res["mailbox_clean"] and not res["header_mismatch"]
@@ -94,7 +94,7 @@ def test_every_collective_op_matches_its_reference(ranks, op, fields, kinds):
     for seq, (tokens, kind) in enumerate(zip((1, 5, 8, 2, 3), kinds)):
         case = make_case(capacity=CAPACITY, op=op, tokens=tokens, inputs=kind, seed=seq,
                          **fields)
-        results = run_all(ranks, {**case, "seq": seq})
+        results = run_all(ranks, case.replace(seq=seq))
         for res in results:
             assert res["record_count"] == 0 and res["mailbox_clean"]
             report = check_outputs(case, tp=len(ranks), hidden=HIDDEN, outputs=res["outputs"])
@@ -114,7 +114,7 @@ def test_case_fields_are_validated_per_op():
         make_case(capacity=8, tokens=1, op="embed_norm", inputs="order_sensitive")
     with pytest.raises(ValueError, match="unknown op 'nope'; known"):
         make_case(capacity=8, tokens=1, op="nope")
-    assert make_case(capacity=8, tokens=1, op="finalize_publish")["top_k"] == 8
+    assert make_case(capacity=8, tokens=1, op="finalize_publish").params.top_k == 8
 
 
 def test_publish_sanitizes_and_keeps_negative_subnormals():
@@ -161,7 +161,7 @@ def test_out_of_range_stage_stores_nothing(two_boxes):
 @pytest.mark.parametrize("ranks", [2], indirect=True)
 def test_watchdog_records_missing_source_and_writes_nan(ranks):
     case = make_case(capacity=CAPACITY, tokens=2, budget_ns=50_000_000)
-    results = run_all(ranks, {**case, "seq": 1}, faults={1: {"kind": "skip_publish"}})
+    results = run_all(ranks, case.replace(seq=1), faults={1: {"kind": "skip_publish"}})
     r0 = results[0]
     assert r0["missing_sources"] == [1] and r0["record_count"] == 2 * HIDDEN // 8
     token, source, fragment, stage, words = r0["records"][0]
@@ -181,12 +181,12 @@ def test_host_start_skew_beyond_the_budget_is_not_a_timeout(ranks):
     left 200 ms, and two threads of one process beside a busy core and
     another test worker once needed more."""
     budget_ns = 1_000_000_000
-    case = {**make_case(capacity=CAPACITY, tokens=2, budget_ns=budget_ns), "seq": 1}
+    case = make_case(capacity=CAPACITY, tokens=2, budget_ns=budget_ns).replace(seq=1)
 
     def late(r):
         if r == 1:
             time.sleep(1.2 * budget_ns / 1e9)
-        return ranks[r].run_case({**case, "fault": None})
+        return ranks[r].run_case(case.replace(fault=None))
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(late, range(2)))
     assert all(res["missing_sources"] == [] and not res["header_mismatch"] for res in results)
@@ -206,7 +206,7 @@ def test_launch_waits_for_every_peer_and_is_bounded(two_boxes):
 @pytest.mark.parametrize("ranks", [2], indirect=True)
 def test_token_count_mismatch_is_never_a_silent_answer(ranks):
     case = make_case(capacity=CAPACITY, tokens=4, budget_ns=50_000_000)
-    results = run_all(ranks, {**case, "seq": 1}, faults={1: {"kind": "tokens_delta", "delta": 1}})
+    results = run_all(ranks, case.replace(seq=1), faults={1: {"kind": "tokens_delta", "delta": 1}})
     for res in results:
         assert res["header_mismatch"]
         assert torch.isnan(bf16_from_bits(res["outputs"]["sum"]).float()).all()

@@ -66,7 +66,7 @@ def test_a_failed_setup_fails_fast_and_its_peers_die_with_the_group(cluster, mon
 def assert_matches_reference(call, tp):
     i = case_inputs(call.case, tp=tp, hidden=HIDDEN)
     partials, residual, weight = i["partials"], i["residual"], i["norm_weight"]
-    norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, call.case["eps"])
+    norm_ref, residual_ref = all_reduce_norm(partials, residual, weight, call.case.eps)
     for r, res in enumerate(call.results):
         out = res["outputs"]
         assert_bit_exact(bf16_from_bits(out["sum"]), all_reduce_sum(partials), f"rank {r} sum")

@@ -101,7 +101,7 @@ def test_every_op_names_its_timed_workload():
 # ------------------------------------------------------------ a sixth op
 def make_inputs(case, *, tp, hidden, tokens):
     from cluster.ops.all_reduce_norm import partials
-    return {"partials": partials(case["inputs"], tp, tokens, hidden, int(case["seed"]))}
+    return {"partials": partials(case.inputs, tp, tokens, hidden, case.seed)}
 
 
 def payload(case, inputs, rank):
@@ -110,14 +110,14 @@ def payload(case, inputs, rank):
 
 def epilogue(case, inputs, reduced, rank):
     import torch
-    return {"scaled": (reduced.float() * case["scale"]).to(torch.bfloat16)}
+    return {"scaled": (reduced.float() * case.params.scale).to(torch.bfloat16)}
 
 
 def expected(case, inputs, *, tp, facts):
     import torch
 
     from kernels.reference.allreduce import all_reduce_sum
-    return {"scaled": ((all_reduce_sum(inputs["partials"]).float() * case["scale"])
+    return {"scaled": ((all_reduce_sum(inputs["partials"]).float() * case.params.scale)
                        .to(torch.bfloat16), 0)}
 
 
@@ -169,8 +169,8 @@ def test_a_sixth_op_is_one_declaration(toy, tmp_path):
         try:
             case = make_case(capacity=4, tokens=2, **cases[2].op_fields(), op="scaled_sum",
                              inputs="order_sensitive", budget_ns=10**9)
-            assert case["scale"] == 5
-            results = list(pool.map(lambda r: ranks[r].run_case({**case, "seq": 1}), range(tp)))
+            assert case.params.scale == 5
+            results = list(pool.map(lambda r: ranks[r].run_case(case.replace(seq=1)), range(tp)))
         finally:
             for r in ranks:
                 r.close()
@@ -185,11 +185,13 @@ def test_static_buffers_follow_the_structure_of_moe_inputs():
     (another input kind or M) is seen as such."""
     import torch
 
+    from cluster.cases import make_case
     from cluster.ops.all_reduce_norm import copy_into, shapes
     from cluster.ops.finalize_publish import make_inputs, moe_output
 
     def moe(kind, seed):
-        case = {"inputs": kind, "seed": seed, "top_k": 3, "residual": "random"}
+        case = make_case(capacity=4, tokens=4, op="finalize_publish", inputs=kind, seed=seed,
+                         top_k=3)
         return moe_output(make_inputs(case, tp=2, hidden=16, tokens=4)["moes"][1], "cpu")
 
     static, new = moe("random", 1), moe("random", 2)

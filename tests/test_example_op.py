@@ -25,9 +25,9 @@ EXAMPLE = REPO / "examples" / "scaled_allreduce"
 OP = "scaled_allreduce"
 ORIGIN = ("entry point scaled_allreduce = 'scaled_allreduce.op:SPEC' "
           "(lamport-lab-scaled-allreduce 0.1.0)")
-EPILOGUE = '    return {"out": scale_sum(reduced, case["scale"])}\n'
+EPILOGUE = '    return {"out": scale_sum(reduced, case.params.scale)}\n'
 PLANTED = ('    import torch\n'
-           '    out = scale_sum(reduced, case["scale"])\n'
+           '    out = scale_sum(reduced, case.params.scale)\n'
            '    out.view(torch.int16)[0, 0] ^= 1  # planted: one wrong element (its lowest bit)\n'
            '    return {"out": out}\n')
 

@@ -110,9 +110,13 @@ def test_calibrated_from_the_aa_median(tmp_path):
     assert plant.calibrate(argparse.Namespace(plant_slowdown=None), plan) == {}
 
 
-def test_the_timing_spec_carries_it_to_the_builder():
+def test_the_timing_spec_carries_it_to_the_builder(monkeypatch):
+    import types
+
+    from cluster import ops
     from cluster.measure.workload import Spec
-    from cluster.ops.all_reduce_norm import kernel
+    from cluster.measure.workloads import common
+    from cluster.ops import all_reduce_norm as arn
     from jobs.profile import timing_spec
     _, plan = plan_of(PROFILE)
     case = plan[0][1][0]
@@ -120,12 +124,20 @@ def test_the_timing_spec_carries_it_to_the_builder():
                     delay_ns=100.0, delay_cycles=198)
     assert "plant_delay_cycles" not in timing_spec(case)
     spec = Spec.of(timing_spec(case, p))
-    assert spec.plant_delay_cycles == 198 and spec.fields()["plant_delay_cycles"] == 198
-    assert "plant_delay_cycles" not in Spec.of(timing_spec(case)).fields()
+    assert spec.plant_delay_cycles == 198 and Spec.of(timing_spec(case)).plant_delay_cycles == 0
+    # the workload's one builder call hands it to the kernel's constructor
+    # (outside the op's typed params, which a test-only knob is not)
+    built = {}
+    monkeypatch.setattr(arn, "lamport", lambda cls, **kw: built.update(kw) or "kernel")
+    ctx = types.SimpleNamespace(capacity=64, mailbox=None, device=None)
+    assert common.host_kernel(ctx, spec) == "kernel" and built["plant_delay_cycles"] == 198
+    built.clear()
+    common.host_kernel(ctx, Spec.of(timing_spec(case)))
+    assert built and "plant_delay_cycles" not in built
     with pytest.raises(ValueError, match="only for all_reduce_norm"):
         Spec.of({**timing_spec(case, p), "op": "indexer"})
     with pytest.raises(ValueError, match="virtual ranks run the two-kernel form"):
-        kernel({"eps": 1e-6, "plant_delay_cycles": 198}, tp=2, hidden=7168, capacity=8,
-               budget_ns=0)
+        arn.kernel(ops.get("all_reduce_norm").make_params({}), eps=1e-6, plant_delay_cycles=198,
+                   tp=2, hidden=7168, capacity=8, budget_ns=0)
     with pytest.raises(ConfigError):
         plant.pct("-1")

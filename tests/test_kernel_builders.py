@@ -129,17 +129,19 @@ def test_every_placement_builds_the_same_kernel(recorded, op, fields):
         module.VirtualKernel(tp=2, hidden=64, capacity=8, budget_ns=7, case=case)
         assert recorded[-1]["tp"] == 2 and recorded[-1].get("mailbox") is None
         built.append(recorded[-1])
-    if spec.collective and not case.get("finalize"):  # the mHC workload times no finalize
+    finalize = getattr(case.params, "finalize", False)
+    if spec.collective and not finalize:  # the mHC workload times no finalize
         timing = Spec.of({"op": op, "hidden": 64, "tokens": 4, "calls": 1, "replays": 1,
                           "rotate_mb": 1, "eps": 1e-5, "baselines": [], "seed": 0,
-                          "budget_ns": 7, "hc": case.get("hc"), "top_k": case.get("top_k"),
-                          "mode": case.get("mode", "one_shot")})
+                          "budget_ns": 7, "hc": getattr(case.params, "hc", None),
+                          "top_k": getattr(case.params, "top_k", None),
+                          "mode": getattr(case.params, "mode", "one_shot")})
         ctx = RankContext(rank=0, tp=1, device="cpu", capacity=8, dist=False, mailbox=mailbox)
         host_kernel(ctx, timing)
         built.append(recorded[-1])
     assert all(what(kw) == what(rank) for kw in built), built
-    if op in ("finalize_publish",) or case.get("finalize"):
-        assert rank["top_k"] == int(case["top_k"])
+    if op in ("finalize_publish",) or finalize:
+        assert rank["top_k"] == case.params.top_k
     elif op != "indexer":
         assert rank.get("top_k") is None
 
@@ -150,12 +152,12 @@ def test_builders_refuse_what_they_cannot_build(recorded):
     with pytest.raises(ValueError, match="tp = 2 ranks in one process make their own mailboxes"):
         kernel.lamport(Recorder, hidden=64, capacity=8, budget_ns=0, tp=2, mailbox=object())
     with pytest.raises(ValueError, match="indexer: not a collective.*got tp = 2"):
-        ops.get("indexer").build_kernel({"heads": 32}, hidden=64, tp=2)
-    with pytest.raises(ValueError, match="finalize_publish: the kernel needs top_k"):
-        ops.get("finalize_publish").build_kernel({"eps": 1e-5}, hidden=64, capacity=8,
-                                                 budget_ns=0)
+        indexer = ops.get("indexer")
+        indexer.build_kernel(indexer.make_params({"heads": 32}), eps=1e-6, hidden=64, tp=2)
+    with pytest.raises(ValueError, match="op finalize_publish: top_k = None is not valid"):
+        ops.get("finalize_publish").make_params({"top_k": None})  # params never lack top_k
     assert not recorded, "nothing built after a refusal"
     bare = ops.OpSpec(name="bare", summary="", collective=False, impl=__name__,
                       inputs=("random",))
     with pytest.raises(ValueError, match="op bare declares no kernel builder"):
-        bare.build_kernel({}, hidden=64)
+        bare.build_kernel(bare.params(), eps=1e-6, hidden=64)

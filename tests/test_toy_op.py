@@ -32,7 +32,7 @@ from cluster.ops.spec import OpSpec
 
 def make_inputs(case, *, tp, hidden, tokens):
     from cluster.ops.all_reduce_norm import partials
-    return {"partials": partials(case["inputs"], tp, tokens, hidden, int(case["seed"]))}
+    return {"partials": partials(case.inputs, tp, tokens, hidden, case.seed)}
 
 
 def payload(case, inputs, rank):

@@ -8,7 +8,7 @@ import time
 
 from cluster import ops
 from cluster.bits import bf16_from_bits, bits_from_bf16
-from cluster.cases import case_inputs, check_outputs
+from cluster.cases import Case, case_inputs, check_outputs
 from cluster.emulated.lamport import consume, launch, publish
 from cluster.emulated.segment import HostMailbox, segment_name
 from cluster.injection import validate_injection
@@ -84,42 +84,42 @@ class EmulatedRank:
             self._mailboxes = []
         return {"reusable": True, "why": ""}
 
-    def prepare(self, case: dict) -> dict:
+    def prepare(self, case: Case) -> dict:
         """Nothing to compile; warm the op's reference up (its imports and a
         one-token payload and epilogue), so that the first timed call of a
         rank is not late by what its peers did not have to do."""
-        spec = ops.get(case["op"])
+        spec = ops.get(case.op)
         if not spec.needs_gpu:
             module = spec.module()
-            one = {**case, "tokens": 1}
+            one = case.replace(tokens=1)
             inputs = case_inputs(one, tp=self._tp, hidden=self._hidden)
             module.epilogue(one, inputs, module.payload(one, inputs, self._rank), self._rank)
         return {"rank": self._rank}
 
     # -- one call
-    def run_case(self, case: dict) -> dict:
-        """One call of ``case["op"]``: the op's payload (its torch reference,
+    def run_case(self, case: Case) -> dict:
+        """One call of ``case.op``: the op's payload (its torch reference,
         :mod:`cluster.ops`) through the emulated Lamport publish and watchdog
         consume, then the op's epilogue on the reduced sum."""
         own = self._own()
-        spec = ops.get(case["op"])
+        spec = ops.get(case.op)
         if spec.needs_gpu:
             raise ValueError(f"op {spec.name} on the emulated backend: {spec.needs_gpu}")
         module = spec.module()
-        fault = validate_injection(case.get("fault")) or {"kind": None}
+        fault = validate_injection(case.fault) or {"kind": None}
         kind = fault["kind"]
-        tokens = int(case["tokens"]) + (fault["delta"] if kind == "tokens_delta" else 0)
+        tokens = case.tokens + (fault["delta"] if kind == "tokens_delta" else 0)
         if not 1 <= tokens <= own.capacity:
             raise ValueError(f"tokens must be in 1..capacity={own.capacity}, got {tokens}")
         clock = PhaseClock()
         inputs = case_inputs(case, tp=self._tp, hidden=self._hidden, tokens=tokens)
         payload = bits_from_bf16(module.payload(case, inputs, self._rank))
         clock.mark("inputs")
-        seq = int(case["seq"])
+        seq = int(case.seq)
         expected_stage = self._calls % LAMPORT_GENERATIONS
         self._calls += 1
 
-        launch(self._mailboxes, rank=self._rank, seq=seq, wait_ns=int(case["budget_ns"]))
+        launch(self._mailboxes, rank=self._rank, seq=seq, wait_ns=case.budget_ns)
         started = time.monotonic_ns()
         bypass = ()
         if kind == "hang":
@@ -134,7 +134,7 @@ class EmulatedRank:
         if kind == "unsanitized_lane":
             payload[fault["token"], fault["column"]] = SENTINEL_BF16
             bypass = ((fault["token"], fault["column"]),)
-        mode = case.get("mode", "one_shot")  # AllReduceNorm's mode (ops that declare it)
+        mode = getattr(case.params, "mode", "one_shot")  # AllReduceNorm's (ops that declare it)
         published = None
         if kind != "skip_publish":
             published = publish(self._mailboxes, rank=self._rank, seq=seq, payload=payload,
@@ -142,7 +142,7 @@ class EmulatedRank:
         if kind == "die_after_publish":
             os._exit(1)
         consume_from = time.monotonic_ns()
-        got = consume(own, seq=seq, tokens=tokens, budget_ns=int(case["budget_ns"]), mode=mode,
+        got = consume(own, seq=seq, tokens=tokens, budget_ns=case.budget_ns, mode=mode,
                       rank=self._rank)
         done = time.monotonic_ns()
         outputs = module.epilogue(case, inputs, bf16_from_bits(got.sum_bits), self._rank)
@@ -152,7 +152,7 @@ class EmulatedRank:
         clock.mark("readback")
         check = check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
                               rank=self._rank,
-                              inputs=inputs if tokens == int(case["tokens"]) else None)
+                              inputs=inputs if tokens == case.tokens else None)
         clock.mark("check")
         return {
             "rank": self._rank, "seq": seq, "tokens": tokens, "expected_stage": expected_stage,

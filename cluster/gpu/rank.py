@@ -45,7 +45,7 @@ from collections.abc import Mapping
 
 from cluster import ops
 from cluster.ahead import Ahead, side_stream
-from cluster.cases import case_inputs, check_outputs, reference
+from cluster.cases import Case, case_inputs, check_outputs, reference
 from kernels.lamport.diagnosis import MailboxCheck
 from cluster.gpu import ALL_GPUS_VISIBLE, UNSUPPORTED_INJECTIONS
 from cluster.gpu.ipc import (check_handles, export_buffer, exports_for_peers, handles_for,
@@ -241,7 +241,7 @@ class GpuRank:
         return verdict
 
     # -- kernels
-    def prepare(self, case: Mapping) -> dict:
+    def prepare(self, case: Case) -> dict:
         """Build (and compile) the kernels ``case`` needs, before any rank's
         watchdog starts; returns what it took."""
         started = time.monotonic()
@@ -249,11 +249,11 @@ class GpuRank:
         return {"rank": self._rank, "prepare_s": time.monotonic() - started,
                 "kernels": len(self._kernels)}
 
-    def _op_kernel(self, case: Mapping):
+    def _op_kernel(self, case: Case):
         """The op's RankKernel for ``case`` on this rank's mailbox (cached by
         its key)."""
-        kind = ops.get(case["op"]).module().RankKernel
-        budget = int(case["budget_ns"])
+        kind = ops.get(case.op).module().RankKernel
+        budget = case.budget_ns
         key = kind.key(case, budget)
         if key not in self._kernels:
             self._kernels[key] = kind(self._own(), hidden=self._hidden, capacity=self._capacity,
@@ -261,13 +261,13 @@ class GpuRank:
         return self._kernels[key]
 
     # -- one call
-    def plan(self, case: dict) -> None:
+    def plan(self, case: Case) -> None:
         """Start making ``case``'s inputs and reference on the helper thread
         (:mod:`cluster.ahead`): a call planned after the running one
         (``RankActor.run_cases``). Only a call without a fault whose kernel
         is built (the group prepares a batch's kernels before it starts)."""
-        if case.get("fault") is None and self._mailbox is not None:
-            key = ops.get(case["op"]).module().RankKernel.key(case, int(case["budget_ns"]))
+        if case.fault is None and self._mailbox is not None:
+            key = ops.get(case.op).module().RankKernel.key(case, case.budget_ns)
             if key in self._kernels:
                 self._ahead.plan(case)
 
@@ -276,32 +276,32 @@ class GpuRank:
         # time slice among its peers', and took longer than on the CPU there
         return None if self._placement == Placement.SHARED_GPU else self._device
 
-    def _host_work(self, case: dict) -> tuple[dict, dict | None]:
+    def _host_work(self, case: Case) -> tuple[dict, dict | None]:
         """``case``'s inputs and, for a collective, this rank's reference
         (on the helper thread; its GPU work on a side stream)."""
         device = self._reference_device()
         with side_stream(device):
             inputs = case_inputs(case, tp=self._tp, hidden=self._hidden,
                                  reference_device=device)
-            if not ops.get(case["op"]).collective:
+            if not ops.get(case.op).collective:
                 return inputs, None
             kernel = self._op_kernel(case)
             return inputs, reference(case, tp=self._tp, hidden=self._hidden, inputs=inputs,
                                      facts=kernel.facts(), rank=self._rank)
 
-    def run_case(self, case: dict) -> dict:
+    def run_case(self, case: Case) -> dict:
         import torch
 
         box = self._own()
-        spec = ops.get(case["op"])
-        fault = validate_injection(case.get("fault")) or {"kind": None}
+        spec = ops.get(case.op)
+        fault = validate_injection(case.fault) or {"kind": None}
         kind = fault["kind"]
         if kind in UNSUPPORTED_INJECTIONS:
             raise ValueError(f"fault injection {kind!r} is not supported by the gpu backend "
                              f"({UNSUPPORTED_INJECTIONS[kind]})")
         if kind is not None and not spec.collective:
             raise ValueError(f"fault injection {kind!r}: op {spec.name} is not a collective")
-        tokens = int(case["tokens"]) + (fault["delta"] if kind == "tokens_delta" else 0)
+        tokens = case.tokens + (fault["delta"] if kind == "tokens_delta" else 0)
         if not 1 <= tokens <= self._capacity:
             raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")
         kernel = self._op_kernel(case)
@@ -313,7 +313,7 @@ class GpuRank:
                                     None)
         clock.mark("inputs")
         kernel.load(case, inputs, self._rank, self._device)
-        seq = int(case["seq"])
+        seq = int(case.seq)
         if not spec.collective:
             return self._run_local(case, kernel, seq=seq, tokens=tokens, clock=clock)
         expected_stage = self._calls % LAMPORT_GENERATIONS
@@ -359,13 +359,13 @@ class GpuRank:
         clock.mark("readback")
         result["check"] = check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
                                         facts=kernel.facts(), rank=self._rank,
-                                        inputs=inputs if tokens == int(case["tokens"]) else None,
+                                        inputs=inputs if tokens == case.tokens else None,
                                         expected=expected)
         clock.mark("check")
         result["host_ns"] = clock.ns
         return result
 
-    def _run_local(self, case: dict, kernel, *, seq: int, tokens: int,
+    def _run_local(self, case: Case, kernel, *, seq: int, tokens: int,
                    clock: PhaseClock) -> dict:
         """An op that is no collective (the indexer) on this rank's GPU: no
         publish, no stage; the result says the protocol was not touched (in

@@ -113,7 +113,7 @@ def run_group(spec: Mapping) -> dict:
     op = ops.get(spec.get("op", "all_reduce_norm"))
     group_fields = {"op": op.name, "eps": float(spec["eps"]), **dict(spec.get("fields", {}))}
     kernels: dict[tuple, object] = {}  # one VirtualKernel (own mailboxes) per kernel-only fields
-    work = []  # (kernel key, kernel fields, the case's call dicts)
+    work = []  # (kernel key, kernel fields, the case's calls: cluster.cases.Case)
     for c in spec["cases"]:
         fields = {**group_fields, **dict(c.get("fields", {}))}
         work.append((tuple(sorted(fields.items())), fields,
@@ -143,14 +143,14 @@ def run_group(spec: Mapping) -> dict:
                         or not all(c["ok"] for c in call["checks"]):
                     kernel.group.recover()  # the next case starts from clean mailboxes
                     break
-            results.append({"tokens": int(cases[0]["tokens"]), "calls": calls})
+            results.append({"tokens": cases[0].tokens, "calls": calls})
     finally:
         ahead.close()
     return {"device": torch.cuda.get_device_name(), "entered_unix": entered_unix,
             "setup_s": setup_s, "cases": results}
 
 
-def host_work(kernel, case: dict, *, tp: int, hidden: int) -> tuple[dict, list[dict]]:
+def host_work(kernel, case, *, tp: int, hidden: int) -> tuple[dict, list[dict]]:
     """``case``'s inputs and every rank's reference (cluster.cases), its GPU
     work on the kernel's device (a side stream off the caller's thread:
     cluster.ahead)."""
@@ -169,9 +169,9 @@ def _ahead_work(kernel, *, tp: int, hidden: int):
     return make
 
 
-def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int, ahead: Ahead,
+def _calls(kernel, cases: Sequence, *, tp: int, hidden: int, ahead: Ahead,
            after: tuple | None = None):
-    """Yield one result per case dict (the first eager, then graph replays).
+    """Yield one result per case (a :class:`cluster.cases.Case`; the first eager, then graph replays).
     Each call's inputs and references are made on ``ahead``'s helper thread
     during the call before (the first while nothing runs); ``after``: (case,
     its kernel) of the next case's first call, planned during the last. No
@@ -182,7 +182,7 @@ def _calls(kernel, cases: Sequence[dict], *, tp: int, hidden: int, ahead: Ahead,
     from cluster.cases import check_outputs
     from cluster.phases import PhaseClock
 
-    m = int(cases[0]["tokens"])
+    m = cases[0].tokens
     dev = kernel.group.device
     make = _ahead_work(kernel, tp=tp, hidden=hidden)
     graph = None

@@ -72,13 +72,11 @@ class Spec:
     cycles the fused all_reduce_norm's single kernel spins on purpose; 0: none."""
 
     def fields(self) -> dict[str, Any]:
-        """The op fields a kernel builder reads (:mod:`cluster.ops.kernel`):
+        """The fields a kernel builder reads (:mod:`cluster.ops.kernel`):
         ``eps``, ``mode`` and ``form``, and ``hc`` / ``top_k`` where the spec
-        has them."""
+        has them (``OpSpec.make_params`` takes the op's own of them)."""
         out: dict[str, Any] = {"eps": self.eps, "mode": self.mode, "form": self.form}
         out.update({k: getattr(self, k) for k in ("hc", "top_k") if getattr(self, k) is not None})
-        if self.plant_delay_cycles:
-            out["plant_delay_cycles"] = self.plant_delay_cycles
         return out
 
     @classmethod

@@ -29,9 +29,10 @@ DEFAULT_TOP_K = 8
 """The finalize's routes per token when the case gives none."""
 
 
-def top_k(fields) -> int | None:
-    """Routes per token of the finalize publish, None without finalize."""
-    return int(fields.get("top_k") or DEFAULT_TOP_K) if fields.get("finalize") else None
+def top_k(params) -> int | None:
+    """Routes per token of the finalize publish (``params``: this op's
+    :attr:`OpSpec.params`), None without finalize."""
+    return int(params.top_k or DEFAULT_TOP_K) if params.finalize else None
 
 SPEC = OpSpec(
     name="all_reduce_mhc",
@@ -61,7 +62,7 @@ def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
 
     from kernels.reference import numerics
 
-    seed, kind, hc = int(case["seed"]), case["inputs"], int(case["hc"])
+    seed, kind, hc = case.seed, case.inputs, case.params.hc
     g = torch.Generator().manual_seed(seed + 1)
     if kind == "sentinel_pattern":
         residual = numerics.sentinel_pattern_partials(1, tokens * hc, hidden, seed=seed + 2)
@@ -73,15 +74,15 @@ def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
               "comb": torch.randn(tokens, hc, hc, generator=g),
               "pre": torch.rand(tokens, hc, generator=g) + 0.1,
               "norm_weight": (1 + 0.1 * torch.randn(hidden, generator=g)).to(torch.bfloat16)}
-    if case["finalize"]:
-        inputs["moes"] = fin.moe_partials(kind, tp, tokens, hidden, top_k(case), seed)
+    if case.params.finalize:
+        inputs["moes"] = fin.moe_partials(kind, tp, tokens, hidden, top_k(case.params), seed)
     else:
         inputs["partials"] = arn.partials(kind, tp, tokens, hidden, seed)
     return inputs
 
 
 def payloads(case, inputs: dict):
-    return fin.payloads(inputs) if case["finalize"] else inputs["partials"]
+    return fin.payloads(inputs) if case.params.finalize else inputs["partials"]
 
 
 def payload(case, inputs: dict, rank: int):
@@ -95,7 +96,7 @@ def epilogue(case, inputs: dict, reduced, rank: int) -> dict:
     residual_out, prenorm = mhc_post_collapse(reduced, inputs["residual"], inputs["post"],
                                               inputs["comb"], inputs["pre"])
     return {"sum": reduced, "residual_out": residual_out,
-            "layer_input": rms_norm(prenorm, inputs["norm_weight"], case["eps"])}
+            "layer_input": rms_norm(prenorm, inputs["norm_weight"], case.eps)}
 
 
 def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
@@ -107,7 +108,7 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
         sent = payloads(case, inputs)
         residual_out, layer_input = all_reduce_mhc(
             sent, inputs["residual"], inputs["post"], inputs["comb"], inputs["pre"],
-            inputs["norm_weight"], case["eps"], rank_lanes=lanes)
+            inputs["norm_weight"], case.eps, rank_lanes=lanes)
         return {"sum": (reduce_ranks(sent, rank_lanes=lanes), 0),
                 "residual_out": (residual_out, 0), "layer_input": (layer_input, 1)}
     return shared(inputs, ("mhc_reference", lanes), reference)
@@ -133,14 +134,15 @@ def _bits(out) -> dict:
             "layer_input": bits_from_bf16(out[1].cpu())}
 
 
-def kernel(fields, **where):
+def kernel(params, *, eps: float, **where):
     """``AllReduceMHC`` (one rank) or its ``MHCVirtualRanks`` (``tp`` ranks),
     the builder contract of :mod:`cluster.ops.kernel`: ``hc`` from
-    ``fields``, and ``top_k`` where ``finalize`` is set (:func:`top_k`);
-    ``tuning`` may come as an option (the default: the op's tuning table)."""
+    ``params``, and ``top_k`` where ``finalize`` is set (:func:`top_k`);
+    ``tuning`` may come as an option (the default: the op's tuning table).
+    ``eps`` is not the kernel's: its calls take it."""
     from kernels.lamport.all_reduce_mhc import AllReduceMHC
 
-    return lamport(AllReduceMHC, hc_mult=int(fields["hc"]), top_k=top_k(fields), **where)
+    return lamport(AllReduceMHC, hc_mult=int(params.hc), top_k=top_k(params), **where)
 
 
 class RankKernel:
@@ -148,20 +150,20 @@ class RankKernel:
 
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
                  budget_ns: int, case) -> None:
-        self.finalize = bool(case["finalize"])
-        self.kernel = SPEC.build_kernel(case, hidden=hidden, capacity=capacity,
-                                        budget_ns=budget_ns, mailbox=mailbox,
+        self.finalize = bool(case.params.finalize)
+        self.kernel = SPEC.build_kernel(case.params, eps=case.eps, hidden=hidden,
+                                        capacity=capacity, budget_ns=budget_ns, mailbox=mailbox,
                                         transport=transport)
-        self.hidden, self.hc = hidden, int(case["hc"])
+        self.hidden, self.hc = hidden, int(case.params.hc)
 
     @staticmethod
     def key(case, budget_ns: int) -> tuple:
-        return ("all_reduce_mhc", budget_ns, int(case["hc"]), top_k(case))
+        return ("all_reduce_mhc", budget_ns, int(case.params.hc), top_k(case.params))
 
     def load(self, case, inputs: dict, rank: int, device) -> None:
         tokens = inputs["residual"].shape[0]
         self.mix = _mix(inputs, device)
-        self.eps = float(case["eps"])
+        self.eps = float(case.eps)
         self.out = _outs(tokens, self.hc, self.hidden, device)
         if self.finalize:
             self.moe = fin.moe_output(inputs["moes"][rank], device)
@@ -195,16 +197,16 @@ class VirtualKernel:
     """tp AllReduceMHC ranks in one process (MHCVirtualRanks) over static buffers."""
 
     def __init__(self, *, tp: int, hidden: int, capacity: int, budget_ns: int, case) -> None:
-        self.finalize = bool(case["finalize"])
-        self.group = SPEC.build_kernel(case, tp=tp, hidden=hidden, capacity=capacity,
-                                       budget_ns=budget_ns)
-        self.tp, self.hidden, self.hc, self.buffers = tp, hidden, int(case["hc"]), None
+        self.finalize = bool(case.params.finalize)
+        self.group = SPEC.build_kernel(case.params, eps=case.eps, tp=tp, hidden=hidden,
+                                       capacity=capacity, budget_ns=budget_ns)
+        self.tp, self.hidden, self.hc, self.buffers = tp, hidden, int(case.params.hc), None
 
     def load(self, case, inputs: dict, tokens: int) -> None:
         from kernels.reference.numerics import poison_
 
         dev = self.group.device
-        self.eps = float(case["eps"])
+        self.eps = float(case.eps)
         if self.finalize:
             xs = [fin.moe_output(p, dev) for p in inputs["moes"]]
         else:

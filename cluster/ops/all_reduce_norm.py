@@ -69,12 +69,13 @@ def partials(kind: str, tp: int, tokens: int, hidden: int, seed: int):
 
 
 def residual_and_weight(case, tokens: int, hidden: int):
-    """``(residual [M, H], norm_weight [H])`` BF16 from seed + 1."""
+    """``(residual [M, H], norm_weight [H])`` BF16 from seed + 1 (``case``'s
+    op declares ``residual``)."""
     import torch
 
-    g = torch.Generator().manual_seed(int(case["seed"]) + 1)
+    g = torch.Generator().manual_seed(case.seed + 1)
     residual = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
-    if case.get("residual", "random") == "zeros":
+    if case.params.residual == "zeros":
         residual = torch.zeros_like(residual)
     weight = (torch.randn(hidden, generator=g) * 0.5 + 1).to(torch.bfloat16)
     return residual, weight
@@ -82,14 +83,15 @@ def residual_and_weight(case, tokens: int, hidden: int):
 
 def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
     residual, weight = residual_and_weight(case, tokens, hidden)
-    return {"partials": partials(case["inputs"], tp, tokens, hidden, int(case["seed"])),
+    return {"partials": partials(case.inputs, tp, tokens, hidden, case.seed),
             "residual": residual, "norm_weight": weight, "tp": tp}
 
 
 def rows_of(case, t, tp: int, rank: int):
     """Rank ``rank``'s rows of a token-indexed ``[M, ...]`` tensor: all of
-    them (one-shot) or its owned ``ceil(M / tp)`` rows (owner mode)."""
-    if case.get("mode", "one_shot") != "owner":
+    them (one-shot) or its owned ``ceil(M / tp)`` rows (owner mode; ``case``'s
+    op declares ``mode``)."""
+    if case.params.mode != "owner":
         return t
     from kernels.reference.allreduce import owner_view
     return owner_view(t, tp, rank)
@@ -106,7 +108,7 @@ def norm_epilogue(case, inputs: dict, reduced, rank: int) -> dict:
 
     residual_out = add_residual(reduced, rows_of(case, inputs["residual"], inputs["tp"], rank))
     return {"sum": reduced, "residual": residual_out,
-            "norm": rms_norm(residual_out, inputs["norm_weight"], case["eps"])}
+            "norm": rms_norm(residual_out, inputs["norm_weight"], case.eps)}
 
 
 def epilogue(case, inputs: dict, reduced, rank: int) -> dict:
@@ -119,11 +121,11 @@ def norm_expected(case, payloads, inputs: dict, facts: dict) -> dict:
 
     def reference() -> dict:
         norm_ref, residual_ref = all_reduce_norm(payloads, inputs["residual"],
-                                                 inputs["norm_weight"], case["eps"])
+                                                 inputs["norm_weight"], case.eps)
         return {"sum": (all_reduce_sum(payloads), 0), "residual": (residual_ref, 0),
                 "norm": (norm_ref, 1)}
     out = shared(inputs, "norm_reference", reference)
-    if case.get("mode", "one_shot") == "owner":
+    if case.params.mode == "owner":
         if "rank" not in facts:
             raise ValueError("owner mode: the reference needs the checked rank (facts['rank'])")
         out = {k: (rows_of(case, ref, inputs["tp"], facts["rank"]), bound)
@@ -135,21 +137,26 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
     return norm_expected(case, inputs["partials"], inputs, facts)
 
 
-def kernel(fields, *, top_k: int | None = None, **where):
+def kernel(params, *, eps: float, **where):
     """``AllReduceNorm`` (one rank) or its ``VirtualRanks`` (``tp`` ranks), the
-    builder contract of :mod:`cluster.ops.kernel`: ``eps``, ``mode`` and
-    ``form`` from ``fields`` (any ``form`` but ``auto`` forces the one-shot
-    form and its stage agreement, :func:`kernels.lamport.norm_tuning.forced`;
-    virtual ranks always run two kernels, so a single form there is a
-    ValueError); ``top_k``
-    (routes per token) makes the publish a MoE finalize
-    (:func:`cluster.ops.finalize_publish.kernel` passes it);
+    builder contract of :mod:`cluster.ops.kernel`: ``mode`` and ``form`` from
+    ``params`` (:func:`norm_kernel`)."""
+    return norm_kernel(eps=eps, mode=params.mode, form=params.form, **where)
+
+
+def norm_kernel(*, eps: float, mode: str = "one_shot", form: str = "auto",
+                top_k: int | None = None, plant_delay_cycles: int = 0, **where):
+    """The ``AllReduceNorm`` construction the builders of this op,
+    :mod:`cluster.ops.finalize_publish` and :mod:`cluster.ops.embed_norm`
+    share: any ``form`` but ``auto`` forces the one-shot form and its stage
+    agreement (:func:`kernels.lamport.norm_tuning.forced`; virtual ranks
+    always run two kernels, so a single form there is a ValueError);
+    ``top_k`` (routes per token) makes the publish a MoE finalize;
     ``plant_delay_cycles`` (a timing spec's, test-only: :mod:`jobs.plant`)
     slows the single kernel on purpose, one rank of its own process only."""
     from kernels.lamport.all_reduce_norm import AllReduceNorm
     from kernels.lamport.norm_tuning import forced
 
-    form = fields.get("form") or "auto"
     tuning = forced(form)
     options = {}
     if where.get("tp") is not None:
@@ -158,13 +165,12 @@ def kernel(fields, *, top_k: int | None = None, **where):
                              f"two-kernel form only (kernels.lamport.norm_single)")
     elif tuning is not None:
         options["norm_tuning"] = tuning
-    if fields.get("plant_delay_cycles"):
+    if plant_delay_cycles:
         if where.get("tp") is not None:
             raise ValueError(f"plant_delay_cycles: tp = {where['tp']} virtual ranks run the "
                              f"two-kernel form, which carries no planted delay")
-        options["plant_delay_cycles"] = int(fields["plant_delay_cycles"])
-    return lamport(AllReduceNorm, eps=float(fields["eps"]),
-                   mode=fields.get("mode") or "one_shot", top_k=top_k, **where, **options)
+        options["plant_delay_cycles"] = int(plant_delay_cycles)
+    return lamport(AllReduceNorm, eps=float(eps), mode=mode, top_k=top_k, **where, **options)
 
 
 class RankKernel:
@@ -174,15 +180,15 @@ class RankKernel:
                  budget_ns: int, case) -> None:
         from cluster import ops
 
-        self.kernel = ops.get(case["op"]).build_kernel(
-            case, hidden=hidden, capacity=capacity, budget_ns=budget_ns, mailbox=mailbox,
-            transport=transport)
+        self.kernel = ops.get(case.op).build_kernel(
+            case.params, eps=case.eps, hidden=hidden, capacity=capacity, budget_ns=budget_ns,
+            mailbox=mailbox, transport=transport)
         self.hidden = hidden
 
     @staticmethod
     def key(case, budget_ns: int) -> tuple:
-        return ("all_reduce_norm", budget_ns, float(case["eps"]),
-                case.get("mode", "one_shot"), case.get("form", "auto"))
+        return ("all_reduce_norm", budget_ns, float(case.eps), case.params.mode,
+                case.params.form)
 
     def x(self, case, inputs: dict, rank: int, device):
         return inputs["partials"][rank].contiguous().to(device)
@@ -216,7 +222,7 @@ class RankKernel:
         from cluster.bits import bits_from_bf16
 
         norm, residual = (bits_from_bf16(t.cpu()) for t in self.out)
-        zeros = self.case.get("residual") == "zeros"
+        zeros = self.case.params.residual == "zeros"
         return {"sum": residual.copy() if zeros else None, "residual": residual, "norm": norm}
 
     def facts(self) -> dict:
@@ -230,8 +236,9 @@ class VirtualKernel:
     def __init__(self, *, tp: int, hidden: int, capacity: int, budget_ns: int, case) -> None:
         from cluster import ops
 
-        self.group = ops.get(case["op"]).build_kernel(case, tp=tp, hidden=hidden,
-                                                      capacity=capacity, budget_ns=budget_ns)
+        self.group = ops.get(case.op).build_kernel(case.params, eps=case.eps, tp=tp,
+                                                   hidden=hidden, capacity=capacity,
+                                                   budget_ns=budget_ns)
         self.tp, self.hidden, self.buffers = tp, hidden, None
 
     def load(self, case, inputs: dict, tokens: int) -> None:
@@ -268,7 +275,7 @@ class VirtualKernel:
         from cluster.bits import bits_from_bf16
 
         norm, residual = (bits_from_bf16(t.cpu()) for t in self.buffers["outs"][rank])
-        zeros = self.case.get("residual") == "zeros"
+        zeros = self.case.params.residual == "zeros"
         return {"sum": residual.copy() if zeros else None, "residual": residual, "norm": norm}
 
     def facts(self) -> dict:

@@ -41,7 +41,9 @@ class ContractError(TypeError):
 @runtime_checkable
 class Reference(Protocol):
     """The ``impl`` module of every op (CPU torch tensors, deterministic in
-    the case): ``make_inputs`` every tensor of the group's call, ``expected``
+    the case, a frozen :class:`cluster.cases.Case`: ``case.seed``,
+    ``case.inputs``, the op's own fields as ``case.params.<name>``):
+    ``make_inputs`` every tensor of the group's call, ``expected``
     the reference per output with its bound (``0`` bit for bit, ``n`` within
     n BF16 ULP)."""
 

@@ -32,7 +32,7 @@ SPEC = OpSpec(
     baselines=("unfused",),
     faults=arn.COLLECTIVE_FAULTS,
     workload="cluster.measure.workloads.embed.embed_norm_workload",
-    kernel="cluster.ops.all_reduce_norm.kernel",  # the embedding publish is AllReduceNorm's
+    kernel="cluster.ops.embed_norm.kernel",
 )
 VOCAB_PER_RANK = 16
 
@@ -42,7 +42,7 @@ def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
 
     from kernels.reference import numerics
 
-    seed, kind = int(case["seed"]), case["inputs"]
+    seed, kind = case.seed, case.inputs
     g = torch.Generator().manual_seed(seed)
     v = VOCAB_PER_RANK
     if kind == "sentinel_pattern":
@@ -81,8 +81,8 @@ def epilogue(case, inputs: dict, reduced, rank: int) -> dict:
 
     zero = (inputs["positions"] == 0)[:, None]
     embedding = torch.where(zero, torch.zeros_like(reduced), reduced)
-    return {"sum": reduced, "embedding": rms_norm(embedding, inputs["enorm"], case["eps"]),
-            "hidden": rms_norm(inputs["previous"], inputs["hnorm"], case["eps"])}
+    return {"sum": reduced, "embedding": rms_norm(embedding, inputs["enorm"], case.eps),
+            "hidden": rms_norm(inputs["previous"], inputs["hnorm"], case.eps)}
 
 
 def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
@@ -92,12 +92,19 @@ def expected(case, inputs: dict, *, tp: int, facts: dict) -> dict:
     def reference() -> dict:
         shards = [(t, r * VOCAB_PER_RANK) for r, t in enumerate(inputs["tables"])]
         out = embed_norm(inputs["ids"], inputs["positions"], inputs["previous"], shards,
-                         inputs["enorm"], inputs["hnorm"], case["eps"])
+                         inputs["enorm"], inputs["hnorm"], case.eps)
         h = out.shape[1] // 2
         reduced = all_reduce_sum([embedding_payload(inputs["ids"], w, s) for w, s in shards])
         return {"sum": (reduced, 0), "embedding": (out[:, :h].contiguous(), 1),
                 "hidden": (out[:, h:].contiguous(), 1)}
     return shared(inputs, "embed_reference", reference)
+
+
+def kernel(params, *, eps: float, **where):
+    """The embedding publish is ``AllReduceNorm``'s
+    (:func:`cluster.ops.all_reduce_norm.norm_kernel`), one-shot, its ``form``
+    from ``params``: the builder contract of :mod:`cluster.ops.kernel`."""
+    return arn.norm_kernel(eps=eps, form=params.form, **where)
 
 
 def _split(out):
@@ -116,8 +123,8 @@ class RankKernel:
                  budget_ns: int, case) -> None:
         import torch
 
-        self.kernel = SPEC.build_kernel(case, hidden=hidden, capacity=capacity,
-                                        budget_ns=budget_ns, mailbox=mailbox,
+        self.kernel = SPEC.build_kernel(case.params, eps=case.eps, hidden=hidden,
+                                        capacity=capacity, budget_ns=budget_ns, mailbox=mailbox,
                                         transport=transport)
         self.table = torch.empty(VOCAB_PER_RANK, hidden, dtype=torch.bfloat16,
                                  device=mailbox.device)
@@ -126,7 +133,7 @@ class RankKernel:
 
     @staticmethod
     def key(case, budget_ns: int) -> tuple:
-        return ("embed_norm", budget_ns, float(case["eps"]), case.get("form", "auto"))
+        return ("embed_norm", budget_ns, float(case.eps), case.params.form)
 
     def load(self, case, inputs: dict, rank: int, device) -> None:
         import torch
@@ -169,8 +176,8 @@ class VirtualKernel:
     def __init__(self, *, tp: int, hidden: int, capacity: int, budget_ns: int, case) -> None:
         import torch
 
-        self.group = SPEC.build_kernel(case, tp=tp, hidden=hidden, capacity=capacity,
-                                       budget_ns=budget_ns)
+        self.group = SPEC.build_kernel(case.params, eps=case.eps, tp=tp, hidden=hidden,
+                                       capacity=capacity, budget_ns=budget_ns)
         dev = self.group.device
         self.tables = [torch.empty(VOCAB_PER_RANK, hidden, dtype=torch.bfloat16, device=dev)
                        for _ in range(tp)]

@@ -86,8 +86,8 @@ def moe_partials(kind: str, tp: int, tokens: int, hidden: int, top_k: int, seed:
 
 def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
     residual, weight = arn.residual_and_weight(case, tokens, hidden)
-    moes = moe_partials(case["inputs"], tp, tokens, hidden, int(case["top_k"]),
-                        int(case["seed"]), fp32_weights=case["inputs"] != "bf16_weights")
+    moes = moe_partials(case.inputs, tp, tokens, hidden, case.params.top_k, case.seed,
+                        fp32_weights=case.inputs != "bf16_weights")
     return {"moes": moes, "residual": residual, "norm_weight": weight, "tp": tp}
 
 
@@ -135,13 +135,12 @@ def moe_output(partial, device):
                      None if shared is None else shared.to(device))
 
 
-def kernel(fields, **where):
-    """``AllReduceNorm(top_k=...)`` (:func:`cluster.ops.all_reduce_norm.kernel`),
-    whose publish finalizes a MoE output; ValueError when ``fields`` carry
-    no ``top_k``."""
-    if fields.get("top_k") is None:
-        raise ValueError(f"finalize_publish: the kernel needs top_k, got fields {dict(fields)}")
-    return arn.kernel(fields, top_k=int(fields["top_k"]), **where)
+def kernel(params, *, eps: float, **where):
+    """``AllReduceNorm(top_k=...)`` (:func:`cluster.ops.all_reduce_norm.norm_kernel`),
+    whose publish finalizes a MoE output of ``params.top_k`` routes per
+    token; ``mode`` and ``form`` as :func:`cluster.ops.all_reduce_norm.kernel`."""
+    return arn.norm_kernel(eps=eps, mode=params.mode, form=params.form, top_k=params.top_k,
+                           **where)
 
 
 class RankKernel(arn.RankKernel):
@@ -149,8 +148,8 @@ class RankKernel(arn.RankKernel):
 
     @staticmethod
     def key(case, budget_ns: int) -> tuple:
-        return ("finalize_publish", budget_ns, float(case["eps"]), int(case["top_k"]),
-                case.get("mode", "one_shot"), case.get("form", "auto"))
+        return ("finalize_publish", budget_ns, float(case.eps), int(case.params.top_k),
+                case.params.mode, case.params.form)
 
     def x(self, case, inputs: dict, rank: int, device):
         return moe_output(inputs["moes"][rank], device)

@@ -54,8 +54,8 @@ def make_inputs(case, *, tp: int, hidden: int, tokens: int) -> dict:
 
     from kernels.indexer.layout import DIM
 
-    heads = int(case["heads"])
-    g = torch.Generator().manual_seed(int(case["seed"]) * 1000 + tokens)
+    heads = int(case.params.heads)
+    g = torch.Generator().manual_seed(case.seed * 1000 + tokens)
     x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
     q = (2 * torch.randn(tokens, heads * DIM, generator=g)).to(torch.bfloat16)
     if tokens > 1:
@@ -89,14 +89,14 @@ def torch_isnan(t) -> bool:
     return bool(torch.isnan(t.float()).any()) if t.is_floating_point() else False
 
 
-def kernel(fields, *, hidden: int, capacity: int = 0, budget_ns: int = 0,
-           tp: int | None = None, mailbox=None, transport: str = "unicast", device=None,
+def kernel(params, *, hidden: int, eps: float | None = None, capacity: int = 0,
+           budget_ns: int = 0, tp: int | None = None, mailbox=None, transport: str = "unicast", device=None,
            seed: int | None = None):
     """``(Indexer, IndexerProjection)`` on one GPU, the builder contract of
     :mod:`cluster.ops.kernel`: ``hidden`` is the projection's K, ``heads``
-    comes from ``fields``, the weights from ``seed`` (default ``hidden +
+    comes from ``params``, the weights from ``seed`` (default ``hidden +
     heads``); on ``device``, else the mailbox's, else the current CUDA
-    device. Not a collective: no ``tp`` (ValueError), and the capacity,
+    device. Not a collective: no ``tp`` (ValueError), and eps, the capacity,
     budget and transport do not apply."""
     import torch
 
@@ -106,7 +106,7 @@ def kernel(fields, *, hidden: int, capacity: int = 0, budget_ns: int = 0,
     if tp is not None:
         raise ValueError(f"indexer: not a collective, so no tp ranks in one process; "
                          f"got tp = {tp}")
-    heads = int(fields["heads"])
+    heads = int(params.heads)
     if device is None:
         device = mailbox.device if mailbox is not None else torch.device("cuda")
     seed = hidden + heads if seed is None else seed
@@ -121,13 +121,13 @@ class RankKernel:
     def __init__(self, mailbox, *, hidden: int, capacity: int, transport: str,
                  budget_ns: int, case) -> None:
         self.indexer, self.projection = SPEC.build_kernel(
-            case, hidden=hidden, capacity=capacity, budget_ns=budget_ns, mailbox=mailbox,
-            transport=transport)
-        self.path, self.device = case["path"], self.projection.device
+            case.params, eps=case.eps, hidden=hidden, capacity=capacity, budget_ns=budget_ns,
+            mailbox=mailbox, transport=transport)
+        self.path, self.device = case.params.path, self.projection.device
 
     @staticmethod
     def key(case, budget_ns: int) -> tuple:
-        return ("indexer", int(case["heads"]), case["path"])
+        return ("indexer", int(case.params.heads), case.params.path)
 
     def load(self, case, inputs: dict, rank: int, device) -> None:
         self.x, self.q, self.qr = (inputs[k].to(device) for k in ("x", "q", "qr"))

@@ -1,11 +1,15 @@
 """The kernel-builder contract (``OpSpec.kernel``): the one place an op's host
 kernel is constructed, for every placement that runs it.
 
-A builder is ``build(fields, *, hidden, capacity, budget_ns, tp=None,
+A builder is ``build(params, *, eps, hidden, capacity, budget_ns, tp=None,
 mailbox=None, transport="unicast", device=None, **options)``:
 
-- ``fields``: the op's case fields and ``eps`` (a case dict, or a timing
-  spec's :meth:`cluster.measure.workload.Spec.fields`);
+- ``params``: the op's own case fields, its typed
+  :attr:`cluster.ops.spec.OpSpec.params` value (a case's ``case.params``,
+  or :meth:`OpSpec.make_params` of a timing spec's
+  :meth:`cluster.measure.workload.Spec.fields`);
+- ``eps``: the RMSNorm epsilon (``case.eps``; a builder whose kernel takes
+  it per call, or not at all, ignores it);
 - ``hidden`` (elements), ``capacity`` (tokens the mailbox holds),
   ``budget_ns`` (the watchdog budget, integer nanoseconds, 0: none);
 - ``tp`` None: one rank on ``mailbox`` (the process-per-GPU and shared-GPU

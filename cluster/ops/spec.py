@@ -4,7 +4,8 @@ declaration (the nccl-tests ``testColl`` idea in Python).
 A declaration is plain data plus the dotted name of the module that holds
 its torch-side functions (``impl``), so importing the registry never imports
 torch. The functions an ``impl`` module provides (all on CPU torch tensors,
-deterministic in the case dict; see :mod:`cluster.ops.all_reduce_norm` for a
+deterministic in the case, a :class:`cluster.cases.Case`: ``case.seed``,
+``case.params.<field>``; see :mod:`cluster.ops.all_reduce_norm` for a
 complete example):
 
 ``make_inputs(case, *, tp, hidden, tokens) -> dict``
@@ -34,6 +35,7 @@ builder (``kernel``, :mod:`cluster.ops.kernel`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -168,13 +170,14 @@ class OpSpec:
             raise ValueError(f"op {self.name} declares no timed workload")
         return resolve(self.workload, f"timing workload of op {self.name!r}")
 
-    def build_kernel(self, fields: Mapping[str, Any], **where: Any):
-        """The op's host kernel from ``fields`` (a case, or a timing spec's
-        fields) for the placement ``where`` describes (:mod:`cluster.ops.kernel`);
-        ValueError if the op declares no builder."""
+    def build_kernel(self, params: Any, **where: Any):
+        """The op's host kernel from ``params`` (its :attr:`params` value: a
+        case's ``case.params``, or :meth:`make_params` of a timing spec's
+        fields) and ``eps`` for the placement ``where`` describes
+        (:mod:`cluster.ops.kernel`); ValueError if the op declares no builder."""
         if not self.kernel:
             raise ValueError(f"op {self.name} declares no kernel builder")
-        return resolve(self.kernel, f"kernel builder of op {self.name!r}")(fields, **where)
+        return resolve(self.kernel, f"kernel builder of op {self.name!r}")(params, **where)
 
     def variants(self, hiddens, tps) -> list:
         """The op's compile-check variants for the requested hidden sizes and
@@ -191,6 +194,21 @@ class OpSpec:
                              f"variants of ops {other}")
         return out
 
+    @functools.cached_property
+    def params(self) -> type:
+        """The frozen dataclass of this op's own case fields, derived from
+        :attr:`fields` (their one declaration): one attribute per field,
+        its default the field's, each value validated on construction
+        (:meth:`Field.validate`, ValueError naming the field and the value).
+        A :class:`cluster.cases.Case` carries one as ``case.params``
+        (``case.params.top_k``); it pickles as part of that case."""
+        return params_type(self)
+
+    def make_params(self, given: Mapping[str, Any]):
+        """This op's :attr:`params` from ``given`` (its own fields taken,
+        anything else ignored; defaults filled in), validated."""
+        return self.params(**{k: given[k] for k in self.fields if k in given})
+
     def case_fields(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The op fields of a case: defaults overlaid with ``given`` (only
         this op's fields), each validated."""
@@ -198,3 +216,22 @@ class OpSpec:
         for name, field in self.fields.items():
             out[name] = field.validate(name, given.get(name, field.default), self.name)
         return out
+
+
+def params_type(spec: OpSpec) -> type:
+    """``spec``'s :attr:`OpSpec.params` class: ``<Op>Params`` (e.g.
+    ``AllReduceNormParams``), frozen, its module the op's ``impl``."""
+    fields = spec.fields
+
+    def __post_init__(self) -> None:
+        for name, field in fields.items():
+            field.validate(name, getattr(self, name), spec.name)
+
+    name = "".join(part.title() for part in spec.name.split("_")) + "Params"
+    cls = dataclasses.make_dataclass(
+        name, [(k, Any, dataclasses.field(default=f.default)) for k, f in fields.items()],
+        namespace={"__post_init__": __post_init__,
+                   "__doc__": f"The case fields of op {spec.name} (OpSpec.params)."},
+        frozen=True)
+    cls.__module__ = spec.impl
+    return cls

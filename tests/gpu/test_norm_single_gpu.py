@@ -194,14 +194,15 @@ def test_a_gpu_rank_s_call_runs_the_form_its_table_picks():
     """The correctness job's rank (cluster/gpu/rank.py) calls the op as a
     caller does, so at tp=1, hidden 5120, M <= 64 on the H200 it checks the
     single kernel; a split fault still launches publish and consumer apart."""
+    from cluster.cases import make_case
     from cluster.ops.all_reduce_norm import RankKernel, make_inputs
     from kernels.lamport.mailbox import Mailbox
     from kernels.lamport.norm_tuning import norm_tuning
 
     hidden, m = 5120, 4
     (box,) = Mailbox.virtual_ranks(tp=1, capacity=SINGLE, hidden=hidden)
-    case = {"op": "all_reduce_norm", "tokens": m, "inputs": "random", "seed": 7, "eps": EPS,
-            "budget_ns": BUDGET_NS, "residual": "random", "mode": "one_shot", "form": "auto"}
+    case = make_case(capacity=SINGLE, op="all_reduce_norm", tokens=m, inputs="random", seed=7,
+                     eps=EPS, budget_ns=BUDGET_NS)
     rank = RankKernel(box, hidden=hidden, capacity=SINGLE, transport="unicast",
                       budget_ns=BUDGET_NS, case=case)
     inputs = make_inputs(case, tp=1, hidden=hidden, tokens=m)

@@ -39,13 +39,16 @@ def randn(shape, g: torch.Generator, device, dtype=BF16, scale: float = 1.0,
 def host_kernel(ctx: RankContext, spec: Spec, **fields):
     """This rank's fused kernel, built by the op's one builder (the one the
     GPU ranks use, ``OpSpec.build_kernel``) from ``spec``'s fields
-    overlaid with ``fields``, on ``ctx``'s mailbox and device."""
+    overlaid with ``fields`` (the op's typed params, ``OpSpec.make_params``),
+    on ``ctx``'s mailbox and device."""
     from cluster import ops
 
-    return ops.get(spec.op).build_kernel(
-        {**spec.fields(), **fields}, hidden=spec.hidden, capacity=ctx.capacity,
-        budget_ns=spec.budget_ns, mailbox=ctx.mailbox, transport=spec.transport,
-        device=ctx.device)
+    op = ops.get(spec.op)
+    return op.build_kernel(
+        op.make_params({**spec.fields(), **fields}), eps=spec.eps, hidden=spec.hidden,
+        capacity=ctx.capacity, budget_ns=spec.budget_ns, mailbox=ctx.mailbox,
+        transport=spec.transport, device=ctx.device,
+        **({"plant_delay_cycles": spec.plant_delay_cycles} if spec.plant_delay_cycles else {}))
 
 
 def check_capacity(ctx: RankContext, spec: Spec) -> None:

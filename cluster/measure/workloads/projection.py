@@ -36,8 +36,10 @@ def indexer_workload(ctx: RankContext, spec: Spec) -> Workload:
     rows = DIM + heads + 128
     weight_bytes = rows * k * 2
     sets = rotation_sets(spec.rotate_mb, weight_bytes)
-    build = ops.get(spec.op).build_kernel
-    mods, projs = zip(*(build({"heads": heads}, hidden=k, device=dev, seed=spec.seed * 1009 + i)
+    op = ops.get(spec.op)
+    params = op.make_params({"heads": heads})
+    mods, projs = zip(*(op.build_kernel(params, eps=spec.eps, hidden=k, device=dev,
+                                        seed=spec.seed * 1009 + i)
                         for i in range(sets)))
     mine, _ = generators(ctx, spec)
     xs = randn((sets, m, k), mine, dev)

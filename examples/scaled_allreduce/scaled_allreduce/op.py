@@ -6,6 +6,11 @@ mailbox; every rank's consumer sums the ranks' partials in rank order
 ``out = BF16(FP32(BF16 sum) * scale)``, bit for bit against
 :func:`scaled_allreduce.reference.scaled_all_reduce`.
 
+Each function gets the case as one frozen value (``cluster.cases.Case``):
+the common fields as attributes (``case.seed``, ``case.inputs``), this
+op's own as ``case.params.scale`` (the dataclass lamport-lab derives from
+``fields``).
+
 On the emulated backend lamport-lab runs the Lamport publish and consume
 itself; this module gives it what a rank publishes (:func:`payload`) and
 the consumer's epilogue on the reduced sum (:func:`epilogue`). The CuTe DSL
@@ -45,7 +50,7 @@ SPEC = OpSpec(
 
 def make_inputs(case, *, tp, hidden, tokens):
     from cluster.ops.all_reduce_norm import partials
-    return {"partials": partials(case["inputs"], tp, tokens, hidden, int(case["seed"]))}
+    return {"partials": partials(case.inputs, tp, tokens, hidden, case.seed)}
 
 
 def payload(case, inputs, rank):
@@ -54,9 +59,9 @@ def payload(case, inputs, rank):
 
 def epilogue(case, inputs, reduced, rank):
     from scaled_allreduce.reference import scale_sum
-    return {"out": scale_sum(reduced, case["scale"])}
+    return {"out": scale_sum(reduced, case.params.scale)}
 
 
 def expected(case, inputs, *, tp, facts):
     from scaled_allreduce.reference import scaled_all_reduce
-    return {"out": (scaled_all_reduce(inputs["partials"], case["scale"]), 0)}
+    return {"out": (scaled_all_reduce(inputs["partials"], case.params.scale), 0)}
