@@ -22,7 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 COMMITS = 10
 SLOW_AT = 4
 """1-based: the 4th commit after the base injects the slowdown."""
-WRONG_AT = 7
+WRONG_AT = 8
+"""1-based: the 8th commit makes embed_norm's element wrong. A bisect of the
+ten commits (``jobs bisect``, one probe a step) tries five of them to find
+it here, where at the 7th it tried six (each a cold run: a driver and its
+ranks' processes, the costliest part of tests/test_jobs_bisect.py)."""
 SLOWDOWN_S = 0.1
 """Well above the machine's noise: with the README's test command beside a
 one-core busy loop and the test's own, good's 2 ms calls measured 20-33 ms

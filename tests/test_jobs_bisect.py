@@ -26,8 +26,8 @@ from jobs import bisect as bs
 from jobs.config import load_suite, suite_path
 from jobs.regression import Rule
 from jobs.results import ResultsWriter, make_row, read_results
-from tests.bisect_repo import (GPU_LATENCY_KEY, GPU_SLEEP_CYCLES, LATENCY_KEY, WRONG_KEY,
-                               make_repo)
+from tests.bisect_repo import (GPU_LATENCY_KEY, GPU_SLEEP_CYCLES, LATENCY_KEY, WRONG_AT,
+                               WRONG_KEY, make_repo)
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_S = 120.0
@@ -158,7 +158,7 @@ def test_a_shorter_repository_for_the_gpu_bisect(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
     made = json.loads(out.stdout)
     assert len(made["commits"]) == 5 and made["slow"] == made["commits"][3]
-    assert "wrong" not in made  # its commit would be the 7th
+    assert "wrong" not in made  # its commit would be the WRONG_AT-th
     with pytest.raises(ValueError, match="commits must be an int >= 4"):
         make_repo(tmp_path / "short", 3)
 
@@ -423,8 +423,8 @@ def test_bisect_finds_the_wrong_element(repo, head, tmp_path):
     _figures("wrong element", done, took, limit, load)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-5000:]
-    assert f"first bad commit: {commits['wrong']} note 7: embed_norm scales its first element" \
-        in out, out[-3000:]
+    assert f"first bad commit: {commits['wrong']} note {WRONG_AT}: embed_norm scales its first " \
+        f"element" in out, out[-3000:]
     assert f"ray: joined the Ray cluster at {head[1]}" in out, out[:3000]
     assert "kind: wrong (bad's first run: fail" in out
     assert _status(repo_dir) == before  # the user's checkout: untouched
@@ -472,8 +472,8 @@ def test_bisect_finds_the_slowdown_under_machine_noise(repo, head, tmp_path):
 @pytest.mark.timeout(900)
 def test_a_range_that_does_not_reproduce_exits_1(repo, tmp_path):
     """One commit after good, both before the wrong one: step 0 runs bad and
-    good only (no commit between them to probe), each in the worktree the
-    wrong-element bisect made for it (its probes of notes 5 and 6)."""
+    good only (no commit between them to probe), note 5 in the worktree the
+    wrong-element bisect made for it (its first probe), note 6 in a new one."""
     repo_dir, commits = repo
     good, bad = commits["commits"][4:6]  # notes 5 and 6
     assert commits["commits"].index(commits["wrong"]) > 5

@@ -1,20 +1,20 @@
 """Cases that differ only in a kernel-only field (all_reduce_norm's mode)
 run on one TP group, end to end on the emulated backend: one group build
 per (placement, tp, hidden), both modes pass on it, each row names its
-mode, and the faults job recovers the shared group between modes."""
+mode, and the faults job recovers the shared group between modes. Both
+jobs run in this process (``jobs.__main__.main``) on one local cluster
+(``local_ray``): what is tested is the jobs' grouping, not their process
+start, and a subprocess each started an embedded cluster of its own."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from cluster.group import RUN_TAG_ENV
+from jobs.__main__ import main
 from jobs.results import read_results
 
 pytestmark = [pytest.mark.xdist_group("ray-head"), pytest.mark.timeout(600)]
-
-REPO = Path(__file__).resolve().parents[1]
 
 SUITE = """
 format = 1
@@ -41,15 +41,16 @@ kinds = ["skip_publish", "stage_stale"]
 """
 
 
-def test_both_modes_share_one_group_and_pass(tmp_path):
+def test_both_modes_share_one_group_and_pass(local_ray, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(RUN_TAG_ENV, "groups")  # each run sets its own (jobs.recorder): undone after
     suite = tmp_path / "mixed.toml"
     suite.write_text(SUITE)
     results = tmp_path / "results"
     for job in ("correctness", "faults"):
-        done = subprocess.run([sys.executable, "-m", "jobs", job, "--config", str(suite),
-                               "--backend", "emulated", "--results", str(results)],
-                              cwd=REPO, capture_output=True, text=True, timeout=500)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        code = main([job, "--config", str(suite), "--backend", "emulated", "--results",
+                     str(results)])
+        said = capsys.readouterr()
+        assert code == 0, said.out[-3000:] + said.err[-3000:]
     rows = read_results(results).to_pylist()
     groups: dict = {}
     for r in rows:
