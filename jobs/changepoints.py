@@ -43,7 +43,11 @@ from pathlib import Path
 DEFAULT_MIN_SEGMENT = 2
 DEFAULT_CONFIRM = 2
 DEFAULT_ALPHA = 1e-3
-DEFAULT_MIN_STEP = 0.02
+DEFAULT_MIN_STEP = 0.025
+"""2.5 %: at 2 % the H100's recorded noise gave 1.2 false regressions per
+1,000 injected A/A case-nights; at 2.5 % none in 18,000 (three seeds), with
+a 3 % step still caught within 3 nights with p >= 0.9
+(docs/results/detection_power_h100_2026-12-07.md)."""
 DEFAULT_PENALTY = 3.0
 NOISE_FLOOR = 0.001
 """Relative noise below which a history's spread is not believed (0.1 %:
