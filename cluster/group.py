@@ -724,14 +724,17 @@ class TPGroup:
                 longest = max(longest, now - before)
         return longest
 
-    def _drain(self, streams, ended, remaining: int) -> set[int]:
+    def _drain(self, streams, ended, remaining: int, gone: set[int] = frozenset()) -> set[int]:
         """Wait for every rank's batch to end (each stops after its first
         call that is not clean on that rank); the ranks still running after
-        ``call_timeout_s`` per remaining call are returned (to be killed)."""
+        ``call_timeout_s`` per remaining call are returned (to be killed).
+        Ranks in ``gone`` (past the call's host deadline: killed whatever
+        they do next) are not waited for: a stuck rank costs one host
+        deadline, not two."""
         deadline = time.monotonic() + self.call_timeout_s * max(1, remaining)
         late = set()
         for r, stream in enumerate(streams):
-            while not ended[r]:
+            while not ended[r] and r not in gone:
                 ready, _ = ray.wait([stream], timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
                     late.add(r)
@@ -758,7 +761,7 @@ class TPGroup:
         phases.add(self.phases_s, phases_s)
         recovery, rebuilt = None, False
         if outcome != "pass":
-            gone = gone | self._drain(streams, ended, remaining)
+            gone = gone | self._drain(streams, ended, remaining, gone)
             if not self.node_alive():
                 gone = set(range(self.tp))
         if gone:

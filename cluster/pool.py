@@ -480,8 +480,8 @@ class WorkerPool:
         """What :meth:`start` cleared of a dead keeper of this name
         (:func:`clear_orphans`): workers killed, placement groups removed."""
         self._warming: list = []
-        """The warm-up refs of the workers :meth:`prestart` started last,
-        until one has ended (:meth:`_await_a_warm_worker`)."""
+        """(node id, warm-up ref) of the workers :meth:`prestart` started
+        last, until one has ended (:meth:`_await_a_warm_worker`)."""
 
     # -- construction
     @classmethod
@@ -565,7 +565,7 @@ class WorkerPool:
         owner, here = ctx.get_job_id(), ctx.get_node_id()
         started = time.monotonic()
         deadline = started + timeout_s
-        self._await_a_warm_worker(timeout_s)
+        self._await_a_warm_worker(timeout_s, request.node_id)
         reclaimed = False
         while True:
             lease = self._call("try_acquire", request, owner, here)
@@ -591,14 +591,18 @@ class WorkerPool:
             self._count_warm_failed(lease.warm_failed)
         return lease
 
-    def _await_a_warm_worker(self, timeout_s: float) -> None:
+    def _await_a_warm_worker(self, timeout_s: float, node_id: str | None = None) -> None:
         """Until one of the workers :meth:`prestart` started last has ended
         its warm-up (raised or not), at most ``timeout_s``: a lease takes
         the warm before the warming (:meth:`Registry._idle`), so the first
         group waits for the first warm-up to end, not for whichever its
-        workers' ends last. Once one has, never again."""
+        workers' ends last. Once one has, never again. Only those on
+        ``node_id``, the request's pinned node, when given: a group pinned
+        to another node than the warming workers' (the emulated pool
+        prestarts on the driver's node) cannot take them, so it starts its
+        own at once."""
         import ray
-        refs = self._warming
+        refs = [ref for node, ref in self._warming if node_id is None or node == node_id]
         if not refs:
             return
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
@@ -676,7 +680,7 @@ class WorkerPool:
         import ray
         here = ray.get_runtime_context().get_node_id()
         workers = self._call("prestart", per_slot, here)
-        self._warming = [w.warm for w in workers]
+        self._warming = [(w.node_id, w.warm) for w in workers]
         if wait and workers:
             refs = [w.warm for w in workers]
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

@@ -517,8 +517,15 @@ def prestart_count(cases, view) -> int:
     """Workers a pool slot needs at the busiest moment of ``cases``: on
     GPUs, ``groups_per_gpu`` shared-GPU groups of the largest tp at once on
     one GPU; emulated, the largest group (groups are placed one node at a
-    time)."""
+    time). Emulated, only the groups it runs: not the profile's (no timing
+    there) nor those of a placement or op it does not run (virtual ranks,
+    GPU-only ops), which the smoke suite's tp 8 are: each worker imports
+    torch, seconds of CPU."""
     ranked = [c for c in cases if c.job in ("correctness", "faults", "profile")]
+    if view.backend == "emulated":
+        from jobs.correctness import skip_reason
+        ranked = [c for c in ranked if c.job != "profile" and not isinstance(view.offered(c), str)
+                  and skip_reason(c, view.backend) is None]
     if not ranked:
         return 0
     tp = max(c.tp for c in ranked)

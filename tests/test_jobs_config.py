@@ -367,6 +367,22 @@ def test_placements_follow_the_topology():
     assert "no GPU" in _view(0).offered(virtual)
 
 
+def test_a_pool_prestarts_the_workers_of_the_largest_group_the_backend_runs():
+    """The smoke suite's largest groups, tp 8, are virtual ranks (GPU only):
+    emulated, its pool prestarts the 4 workers of its largest group run (tp
+    4), not 8 (each one imports torch: seconds of CPU); a GPU prestarts for
+    them, times the groups that may share a GPU."""
+    from jobs.__main__ import prestart_count
+    smoke = load_suite(suite_path("smoke")).cases
+    assert max(c.tp for c in smoke) == 8
+    assert prestart_count(smoke, _view(0, backend="emulated")) == 4
+    assert prestart_count(smoke, _view(8)) == 8
+    assert prestart_count(smoke, _view(8, groups_per_gpu=2)) == 16
+    profile_only = [c for c in smoke if c.job == "profile"]  # not timed emulated: no group
+    assert prestart_count(profile_only, _view(0, backend="emulated")) == 0
+    assert prestart_count(profile_only, _view(1)) == 1
+
+
 def test_kernel_only_fields_do_not_split_groups():
     """all_reduce_norm's mode picks the rank's kernel, not the group: the
     nightly's one_shot and owner cases of one (placement, tp, hidden) run on

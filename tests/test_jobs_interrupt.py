@@ -6,7 +6,9 @@ whole case, the run is compacted and marked ``interrupted``, the command
 that resumes it is printed, and that command completes the run with each
 case once. The exit is bounded (``jobs.embedded.TERM_GRACE_S``), also when
 the signal went to the whole process group (Ctrl-C in a terminal, GNU
-``timeout``) and the Ray cluster's own processes died with the driver."""
+``timeout``) and the Ray cluster's own processes died with the driver.
+The runs are the smoke suite's AllReduceNorm correctness at tp 1 and 2
+(24 cases): a pool of two rank workers to warm, not four."""
 
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(600)]
 def test_ctrl_c_ends_the_job_with_its_accounting_and_the_printed_resume_completes_it(tmp_path):
     results = tmp_path / "results"
     argv = [sys.executable, "-m", "jobs", "nightly", "--suite", "smoke", "--jobs", "correctness",
-            "--ops", "all_reduce_norm", "--results", str(results), "--run-id", "cut",
-            "--no-dashboard"]
+            "--ops", "all_reduce_norm", "--tp", "1,2", "--results", str(results), "--run-id",
+            "cut", "--no-dashboard"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
     job = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -141,7 +143,8 @@ def test_sigterm_to_the_whole_process_group_ends_the_driver_within_the_grace(tmp
     GCS, raylet and workers at once: the driver still writes its closing
     line, exits 143 within TERM_GRACE_S, and leaves no process behind."""
     argv = [sys.executable, "-m", "jobs", "correctness", "--suite", "smoke", "--backend",
-            "emulated", "--ops", "all_reduce_norm", "--results", str(tmp_path / "results")]
+            "emulated", "--ops", "all_reduce_norm", "--tp", "1,2", "--results",
+            str(tmp_path / "results")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
     job = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,

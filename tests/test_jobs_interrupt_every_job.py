@@ -6,7 +6,10 @@ says ``finished``, its counts those of its rows. (At 4a8ac23 a run
 interrupted inside the self-check or the compile check was resumed as
 ``finished`` with that job's rows missing: "kept, not rerun".)
 
-Cheap: one local Ray cluster for the module, each run in this process
+Cheap: one local Ray cluster for the module and one standing pool of warm
+rank workers on it that every run takes its groups from (``--pool NAME``:
+with its own pool, each of the eleven runs started and warmed two fresh
+workers, importing torch, on its critical path), each run in this process
 (``jobs.__main__.main``), a suite of 2 cases a job; the interrupt is a real
 SIGINT to this process, sent as the named job's first row is written (the
 signal grace's ``os._exit`` backstop, one per process, is disarmed: this
@@ -78,9 +81,23 @@ def suite(tmp_path_factory):
     return path
 
 
-def _argv(suite, results, run_id):
+@pytest.fixture(scope="module")
+def pool(local_ray):
+    """A standing pool of warm workers every run of the module takes its
+    ranks from (``--pool NAME``): each run's own pool would start and warm
+    (import torch) two fresh workers, eleven times."""
+    import ray
+
+    from cluster.pool import WorkerPool
+    standing = WorkerPool.start("interrupt-every-job", "emulated")
+    standing.prestart(2)
+    yield ["--pool", "interrupt-every-job", "--address", ray.get_runtime_context().gcs_address]
+    standing.stop()
+
+
+def _argv(suite, results, run_id, pool):
     return ["nightly", "--config", str(suite), "--backend", "emulated", "--results",
-            str(results), "--run-id", run_id, "--no-dashboard"]
+            str(results), "--run-id", run_id, "--no-dashboard", *pool]
 
 
 def _key(row: dict) -> str | None:
@@ -103,9 +120,9 @@ def _keys(results, run_id) -> Counter:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(local_ray, suite, tmp_path_factory):
+def uninterrupted(local_ray, suite, pool, tmp_path_factory):
     results = tmp_path_factory.mktemp("whole") / "results"
-    assert main(_argv(suite, results, "whole")) == exits.OK
+    assert main(_argv(suite, results, "whole", pool)) == exits.OK
     keys = _keys(results, "whole")
     keys.pop(None, None)  # the profile's further rows (one per implementation)
     jobs = Counter(k.split("/", 1)[0] if k.startswith(("selfcheck/", "compile-check/"))
@@ -116,7 +133,7 @@ def uninterrupted(local_ray, suite, tmp_path_factory):
 
 @pytest.mark.parametrize("job", JOBS)
 def test_a_run_interrupted_inside_each_job_is_resumed_to_every_planned_case(
-        local_ray, suite, uninterrupted, tmp_path, monkeypatch, capsys, job):
+        local_ray, suite, pool, uninterrupted, tmp_path, monkeypatch, capsys, job):
     results = tmp_path / "results"
     append = ResultsWriter.append
     fired = []
@@ -133,7 +150,7 @@ def test_a_run_interrupted_inside_each_job_is_resumed_to_every_planned_case(
     monkeypatch.setattr(embedded, "_exit_late", lambda *args: None)
     handler = signal.getsignal(signal.SIGINT)
     try:
-        assert main(_argv(suite, results, "cut")) == exits.INTERRUPTED_SIGINT
+        assert main(_argv(suite, results, "cut", pool)) == exits.INTERRUPTED_SIGINT
     finally:
         if embedded._term_timer is not None:
             embedded._term_timer.cancel()
@@ -148,7 +165,7 @@ def test_a_run_interrupted_inside_each_job_is_resumed_to_every_planned_case(
     assert cut and set(cut) < set(uninterrupted), sorted(set(uninterrupted) - set(cut))
     capsys.readouterr()
 
-    assert main([*_argv(suite, results, "cut"), "--resume"]) == exits.OK
+    assert main([*_argv(suite, results, "cut", pool), "--resume"]) == exits.OK
     out = capsys.readouterr().out
     resumed = _keys(results, "cut")
     resumed.pop(None, None)
