@@ -859,6 +859,12 @@ def _follow(args) -> int:
         print(f"job {args.job_id}: " + (f"running, first case: {' '.join(line.split())}" if line
                                         else f"ended {info.get('status')} before a case line"),
               flush=True)
+        if args.cmd == "stop":  # at once, from this process: no ray CLI to start in between
+            stopped = line is not None and hd.stop_job(url, args.job_id, auth)
+            print(f"job {args.job_id}: " + ("stop requested (SIGTERM: it ends after the case "
+                                            "in hand)" if stopped else "not running, nothing "
+                                            "to stop"), flush=True)
+            return exits.OK
     else:
         info = hd.job_info(url, args.job_id, auth)
     if info is None:
@@ -1106,11 +1112,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         _add_job_server_arguments(p)
         if action == "logs":
             p.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
-        if action == "status":
+        if action in ("status", "stop"):
             p.add_argument("--wait", choices=("running",), default=None,
                            help="first wait until the job runs and its log shows its first "
-                                "case's line (then, e.g., `stop` interrupts a run that has "
-                                "begun); one that ended first is reported as it is")
+                                "case's line (`stop --wait running` then stops it at once, "
+                                "so the stop interrupts a run that has begun); one that "
+                                "ended first is reported as it is")
             p.add_argument("--timeout", type=number("timeout_s"), default=300.0, metavar="S",
                            help="--wait at most this long, then one line and exit 3 (the job "
                                 "goes on; default: %(default)s s)")

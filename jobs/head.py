@@ -280,12 +280,13 @@ def check_job_id(job_id: str, what: str = "JOB_ID") -> str:
 
 
 def _job_get(url: str, job_id: str, auth: Auth, path: str = "",
-             timeout_s: float = 10.0) -> dict | None:
-    """The JSON object of ``GET /api/jobs/ID{path}``, None on 404 (no such
-    job); InfraError (exit 3) in one line when the server answers anything
-    else, or not at all."""
+             timeout_s: float = 10.0, method: str = "GET") -> dict | None:
+    """The JSON object of ``GET /api/jobs/ID{path}`` (or ``method``), None
+    on 404 (no such job); InfraError (exit 3) in one line when the server
+    answers anything else, or not at all."""
     from urllib.parse import quote
-    request = urllib.request.Request(f"{url}/api/jobs/{quote(job_id, safe='')}{path}")
+    request = urllib.request.Request(f"{url}/api/jobs/{quote(job_id, safe='')}{path}",
+                                     method=method)
     if auth.token:
         request.add_header("Authorization", f"Bearer {auth.token}")
     try:
@@ -318,6 +319,17 @@ def job_log(url: str, job_id: str, auth: Auth, timeout_s: float = 10.0) -> str |
     when the server has no such job; InfraError as :func:`job_info`."""
     answer = _job_get(url, job_id, auth, "/logs", timeout_s=timeout_s)
     return None if answer is None else str(answer.get("logs") or "")
+
+
+def stop_job(url: str, job_id: str, auth: Auth, timeout_s: float = 10.0) -> bool:
+    """Ask the job server to stop job ``job_id`` (``POST /api/jobs/ID/stop``,
+    what ``ray job stop`` sends: SIGTERM to its driver); whether it was
+    still running to be stopped. ConfigError when the server has no such
+    job; InfraError as :func:`job_info`."""
+    answer = _job_get(url, job_id, auth, "/stop", timeout_s=timeout_s, method="POST")
+    if answer is None:
+        raise ConfigError(f"JOB_ID {job_id!r}: no such job at {url}")
+    return bool(answer.get("stopped"))
 
 
 def first_case_line(log: str) -> str | None:

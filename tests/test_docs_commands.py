@@ -122,8 +122,7 @@ DOC_COMMANDS: dict[str, Run | Covered | Skip] = {
     ".venv/bin/python -m jobs logs smoke-1 | tail -n 3": Covered(README_RAY),
     '.venv/bin/python -m jobs submit --no-wait --submission-id cut-1 -- correctness --suite smoke '
     '--results "$PWD/ray-results-cut"': Covered(README_RAY),
-    ".venv/bin/python -m jobs status cut-1 --wait running": Covered(README_RAY),
-    ".venv/bin/python -m jobs stop cut-1": Covered(README_RAY),
+    ".venv/bin/python -m jobs stop cut-1 --wait running": Covered(README_RAY),
     '.venv/bin/python -m jobs logs cut-1 | grep -E "before it was interrupted|^SIGTERM: |--resume$"':
         Covered(README_RAY),
     ".venv/bin/python -m jobs report --results ray-results": Covered(README_RAY),

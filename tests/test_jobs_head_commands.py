@@ -60,7 +60,15 @@ class _Jobs(http.server.BaseHTTPRequestHandler):
         record, log = answers.pop(0) if len(answers) > 1 else answers[0]
         self._answer(200, {"logs": log} if rest == "logs" else record)
 
-    do_POST = do_GET  # noqa: N815
+    def do_POST(self):  # noqa: N802
+        path = unquote(self.path)
+        if not path.endswith("/stop"):
+            return self.do_GET()
+        self.seen.append(f"POST {self.path}")
+        job_id = path.removeprefix("/api/jobs/").partition("/")[0]
+        if job_id not in self.jobs:
+            return self._answer(404, None, f"Job {job_id} does not exist".encode())
+        self._answer(200, {"stopped": True})
 
     def _answer(self, status, obj, body=None):
         body = json.dumps(obj).encode() if body is None else body
@@ -169,6 +177,24 @@ def test_status_wait_running_waits_for_the_first_case_line(server, capsys):
     assert f"job cut-1: running, first case: {' '.join(CASE.split())}\n" == out
     assert sum(p.endswith("/logs") for p in seen) >= 2  # it looked, then looked again
     assert len(ran) == 1 and ran[0][1:3] == ["job", "status"]
+
+
+def test_stop_wait_running_stops_at_once_from_this_process(server, capsys):
+    """The README's interrupt example: the stop lands as soon as the first
+    case's line shows, with no process (the ray CLI) started in between;
+    a job that ended first is not stopped."""
+    url, seen, jobs, ran = server
+    jobs["cut-1"] = [({"status": "PENDING"}, ""), ({"status": "RUNNING"}, LOG)]
+    assert main(["stop", "cut-1", "--address", url, "--wait", "running"]) == exits.OK
+    assert capsys.readouterr().out == (
+        f"job cut-1: running, first case: {' '.join(CASE.split())}\n"
+        "job cut-1: stop requested (SIGTERM: it ends after the case in hand)\n")
+    assert seen[-1] == "POST /api/jobs/cut-1/stop" and ran == []
+    jobs["quick-1"] = [({"status": "SUCCEEDED", "driver_exit_code": 0}, LOG)]
+    assert main(["stop", "quick-1", "--address", url, "--wait", "running"]) == exits.OK
+    assert capsys.readouterr().out == ("job quick-1: ended SUCCEEDED before a case line\n"
+                                       "job quick-1: not running, nothing to stop\n")
+    assert not any(p.startswith("POST") and "quick-1" in p for p in seen) and ran == []
 
 
 def test_status_wait_running_times_out_in_one_line_exit_3(server, capsys):

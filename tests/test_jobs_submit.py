@@ -47,8 +47,10 @@ def test_readme_ray_section_runs_as_written(readme_ray_run):
     # The job's own exit status, and the job followed by its id without Ray's auth variables.
     assert "submit: job smoke-1 ended SUCCEEDED, exit status 0" in out, out[-8000:]
     assert out.count("Job 'smoke-1' succeeded") == 2, out[-8000:]  # submit's end, then status
-    assert "submit: job cut-1 taken" in out and "Job 'cut-1' was stopped" in out, out[-8000:]
-    # Stopped once its cases had begun (status --wait running): the job's closing line, its
+    assert "submit: job cut-1 taken" in out, out[-8000:]
+    assert "job cut-1: stop requested (SIGTERM: it ends after the case in hand)" in out, \
+        out[-8000:]
+    # Stopped once its cases had begun (stop --wait running): the job's closing line, its
     # run marked interrupted and the command that completes it, at the end of its log.
     assert re.search(r"^job cut-1: running, first case: correctness \S+ ", out, re.M), out[-8000:]
     assert re.search(r"^   \(\d+\.\d s, \d+ case\(s\) before it was interrupted, ", out, re.M), \
