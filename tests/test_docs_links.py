@@ -107,6 +107,17 @@ def exists(path: Path) -> bool:
     return path.exists()
 
 
+def defines(path: Path, symbol: str) -> bool:
+    """Whether the Python file ``path`` defines ``symbol``'s last part (a
+    ``def``, a ``class`` or an assignment: ``Class.method`` is read as
+    ``method``)."""
+    if not re.fullmatch(r"[A-Za-z_][\w.]*", symbol) or path.suffix != ".py" or not path.is_file():
+        return True  # not a symbol citation (e.g. a port, a URL's tail)
+    name = re.escape(symbol.rsplit(".", 1)[-1])
+    return re.search(rf"^\s*(?:(?:async\s+)?def|class)\s+{name}\b|^\s*{name}\s*[:=]",
+                     path.read_text(), re.M) is not None
+
+
 def broken(root: Path = REPO, docs: list[str] | None = None) -> list[str]:
     """``doc:line: what`` for every cited repo path that is not there and every
     reference outside the repo, in the order the docs cite them."""
@@ -153,9 +164,12 @@ def broken(root: Path = REPO, docs: list[str] | None = None) -> list[str]:
                 if any(a <= m.start() < b for a, b in links):
                     continue  # checked as a link
                 cited = re.sub(r"::.*$|:\d.*$", "", m.group(0).rstrip(TRAIL)).rstrip(TRAIL)
+                cited, _, symbol = cited.partition(":")  # `file.py:Class.method`: both checked
                 if (cited in tops or "/" in cited) and (doc, cited) not in HISTORICAL:
                     if not any(exists(root / p) for p in expand(cited)):
                         bad.append(f"{where}: cites a missing repo path: {cited}")
+                    elif symbol and not defines(root / cited, symbol):
+                        bad.append(f"{where}: cites {symbol}, which {cited} does not define")
     return bad
 
 
@@ -184,7 +198,9 @@ def test_the_check_finds_broken_links_and_outside_references(tmp_path):
         "[gone](docs/gone.md) [down](#bottom) [no heading](docs/design.md#nowhere) "
         "`jobs/suites/nightly.toml`\n"
         "```bash\nbash jobs/run.sh --x\n```\n"
-        "`../shared/notes.md` see DESIGN.md\n[out](../shared/design.md)\n")
+        "`../shared/notes.md` see DESIGN.md\n[out](../shared/design.md)\n"
+        "`jobs/cli.py:main` `jobs/cli.py:Gone.nowhere`\n")
+    (tmp_path / "jobs" / "cli.py").write_text("def main():\n    pass\n")
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
     found = broken(tmp_path, ["README.md", "docs/design.md"])
@@ -197,10 +213,11 @@ def test_the_check_finds_broken_links_and_outside_references(tmp_path):
         "cites something outside the repo ('DESIGN.md'): `../shared/notes.md` see DESIGN.md",
         "cites a path outside the repo: ../shared/notes.md",
         "link outside the repo: ../shared/design.md",
+        "cites Gone.nowhere, which jobs/cli.py does not define",
         "cites a missing repo path: ../shared/DESIGN"], found
     assert [f.split(": ", 1)[0] for f in found] == [
         *["README.md:4"] * 4, "README.md:6", "README.md:8", "README.md:8", "README.md:9",
-        "docs/design.md:4"], found
+        "README.md:10", "docs/design.md:4"], found
 
 
 @pytest.mark.parametrize("heading, anchor", [("Numerical contract", "numerical-contract"),
