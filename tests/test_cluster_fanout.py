@@ -151,7 +151,12 @@ def test_groups_fan_out_over_simulated_nodes_and_survive_a_lost_node(tmp_path, m
     first cases have. Then the same job again, and once both groups are
     built the group of node 0 removes that node: its cases are errors that
     say why, node 1's pass, and the run ends with every row written."""
-    from jobs import correctness
+    # jobs.faults (and the other sweep jobs) bind correctness's open_group and
+    # run_case by name when first imported: imported here, before the patches
+    # below, they keep the real ones, so no later module in this process runs a
+    # faults job through this test's barriers (one that did hung until the
+    # barrier's timeout: the interrupt-in-every-job module, 2026-12-07).
+    from jobs import correctness, faults, profile  # noqa: F401
     from jobs.simulate import group_spans, simulated_cluster
 
     (tmp_path / "fanout.toml").write_text(CONFIG)
