@@ -32,7 +32,10 @@ from tests.ray_local import local_ray_cluster
 os.environ.pop("RAY_ADDRESS", None)
 os.environ.update(WORKER_ENV)
 
-pytest_plugins = ["tests.isolation"]  # a module's leftovers (process group, Ray, env) end with it
+pytest_plugins = [
+    "tests.isolation",  # a module's leftovers (process group, Ray, env) end with it
+    "tests.cpu_profile",  # --cpu-profile FILE: the CPU seconds of each test and what it started
+]
 
 
 def pytest_addoption(parser):
