@@ -85,7 +85,6 @@ class Sampler(threading.Thread):
     def __init__(self):
         super().__init__(name="cpu-profile", daemon=True)
         self.processes: dict[tuple[int, int], list] = {}
-        self.before: set[tuple[int, int]] = set()
         self._done = threading.Event()
         self.scan(baseline=True)
 
@@ -98,7 +97,6 @@ class Sampler(threading.Thread):
                 continue
             key = (int(pid), got[1])
             if baseline:  # the machine's own processes: their CPU so far is not the run's
-                self.before.add(key)
                 self.processes[key] = [*_proc_origin(pid), got[0], got[0]]
             elif key in self.processes:
                 self.processes[key][3] = got[0]
@@ -119,8 +117,8 @@ class Sampler(threading.Thread):
 
 
 class _Plugin:
-    def __init__(self, config, out: Path):
-        self.config, self.out = config, out
+    def __init__(self, out: Path):
+        self.out = out
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "")
         self.sampler = None if self.worker else Sampler()
         self.started = time.time()
@@ -167,7 +165,7 @@ def pytest_configure(config):
     if out:
         if not Path("/proc/self/stat").exists():
             raise pytest.UsageError("--cpu-profile reads /proc: Linux only")
-        config.pluginmanager.register(_Plugin(config, Path(out).resolve()), "cpu-profile-run")
+        config.pluginmanager.register(_Plugin(Path(out).resolve()), "cpu-profile-run")
 
 
 # -- the report
