@@ -117,9 +117,11 @@ class Sampler(threading.Thread):
 
 
 class _Plugin:
-    def __init__(self, out: Path):
+    def __init__(self, config, out: Path):
         self.out = out
-        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        # an xdist worker has its workerinput (not the environment: a pytest this
+        # run starts inherits PYTEST_XDIST_WORKER, and is a run of its own)
+        self.worker = getattr(config, "workerinput", {}).get("workerid", "")
         self.sampler = None if self.worker else Sampler()
         self.started = time.time()
         self.parts = out.with_name(out.name + ".parts")
@@ -165,7 +167,7 @@ def pytest_configure(config):
     if out:
         if not Path("/proc/self/stat").exists():
             raise pytest.UsageError("--cpu-profile reads /proc: Linux only")
-        config.pluginmanager.register(_Plugin(Path(out).resolve()), "cpu-profile-run")
+        config.pluginmanager.register(_Plugin(config, Path(out).resolve()), "cpu-profile-run")
 
 
 # -- the report
