@@ -166,11 +166,14 @@ class RankActor:
     def prepare(self, case: Case) -> dict:
         return self._joined().prepare(case)
 
-    def run_case(self, case: Case) -> dict:
+    def run_case(self, case: Case, payload=None) -> dict:
+        """One call (RankBackend.run_case); ``payload``: what the backend's
+        host half made for this rank (cluster.backend; None: no host half)."""
+        args = (case,) if payload is None else (case, payload)
         if self._tracer is None:
-            return self._joined().run_case(case)
+            return self._joined().run_case(*args)
         with self._tracer.call(case.seq):
-            return self._joined().run_case(case)
+            return self._joined().run_case(*args)
 
     def trace_start(self) -> None:
         """Start torch.profiler for the calls that follow (cluster.tracing):
@@ -187,7 +190,7 @@ class RankActor:
             raise RuntimeError(f"actor pid {os.getpid()}: trace_stop without trace_start")
         return tracer.stop()
 
-    def run_cases(self, batch: list[Case], barrier=None, key: str = ""):
+    def run_cases(self, batch: list[Case], barrier=None, key: str = "", payloads=None):
         """A batch of calls in one Ray call, streamed (a generator method:
         the caller gets each result as its call ends). Each result carries
         its ``check`` (cluster.cases.check_outputs, made here unless the
@@ -198,7 +201,10 @@ class RankActor:
         aborting the barrier so every rank stops there too): the group
         recovers before anything else runs. A raised exception ends the
         stream. A backend with ``plan(case)`` is told each call before the
-        one it is running, to make its host work meanwhile (cluster.ahead)."""
+        one it is running, to make its host work meanwhile (cluster.ahead).
+        ``payloads``: per call, what the backend's host half made for this
+        rank (None: no host half); such a result carries no ``outputs``, and
+        the driver checks it (cluster.emulated.host)."""
         from cluster.backend import rank_clean
         from cluster.cases import check_outputs
         plan = getattr(self._joined(), "plan", None)
@@ -211,12 +217,13 @@ class RankActor:
                 for ahead in batch[i:i + 2]:
                     plan(ahead)
             try:
-                result = self.run_case(case)  # through the tracer's call range, if tracing
+                # through the tracer's call range, if tracing
+                result = self.run_case(case, None if payloads is None else payloads[i])
             except BaseException:
                 if barrier is not None and i + 1 < len(batch):
                     barrier.abort.remote(f"{key}/{i}")
                 raise
-            if result.get("check") is None:
+            if result.get("check") is None and "outputs" in result:
                 result["check"] = check_outputs(case, outputs=result["outputs"],
                                                 rank=result["rank"], **self._shape)
             clean = rank_clean(result)

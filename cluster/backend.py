@@ -19,6 +19,13 @@ actor for an address and a free port (as Ray Train does) and passes
 ``master_addr`` / ``master_port`` with the placement in ``setup``'s
 ``options``.
 
+A backend module may export ``HostHalf``: then the driver makes part of
+every call (:class:`cluster.emulated.host.HostHalf`, the emulated
+backend's): ``HostHalf(case, faults, tp=, hidden=)`` per call,
+``.payload(rank)`` passed as ``run_case(case, payload)``, and
+``.finish(result)`` making the rank's ``outputs`` and ``check`` from what
+it returned (``sum_bits``: the reduced sum) before the group diagnoses.
+
 A ``Backend`` may offer ``warm_group()``: form and leave a group of one,
 so that a process's one-time costs of a group are paid in a pooled
 worker's warm-up (``RankActor.warm``) and not by its first real group;
@@ -39,7 +46,9 @@ Result contract of :meth:`RankBackend.run_case` (a plain dict):
                                      stage, [4 x u32]] (capped) and their total
 ``header_mismatch``                  a header differed from the rank's own
 ``mailbox_clean``                    own mailbox all sentinel after the call
-``outputs``                          the op's outputs by name (cluster.ops: e.g.
+``outputs``                          (a backend without a host half; else
+                                     ``sum_bits``, the BF16 reduced sum)
+                                     the op's outputs by name (cluster.ops: e.g.
                                      ``sum``, ``residual``, ``norm`` for
                                      all_reduce_norm) as bit arrays (NaN where
                                      not computed)
@@ -119,6 +128,11 @@ class RankBackend(Protocol):
         worker, cluster.pool); idempotent. Returns ``{"reusable": bool,
         "why": str}``: False when the process must not serve another group
         (a device error that stays with it)."""
+
+
+def host_half(name: str):
+    """The backend's ``HostHalf`` class (the module docstring), or None."""
+    return getattr(importlib.import_module(BACKENDS[require_backend(name)]), "HostHalf", None)
 
 
 def suspect_after_a_kill(name: str, placement: str) -> bool:

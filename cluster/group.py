@@ -57,7 +57,8 @@ from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
 from cluster.actors import RankActor, release_rank
-from cluster.backend import actor_env, needs_rendezvous, require_backend, suspect_after_a_kill
+from cluster.backend import (actor_env, host_half, needs_rendezvous, require_backend,
+                             suspect_after_a_kill)
 from cluster.barrier import call_barrier
 from cluster.cases import Case, check_outputs, make_case
 from cluster.errors import error_text
@@ -630,8 +631,12 @@ class TPGroup:
         seq0 = self._seq
         barrier = call_barrier() if self.tp > 1 and len(calls) > 1 else None
         key = f"{self.group_id}/{self.builds}/{seq0}"
+        host = host_half(self.backend)
+        halves = [None if host is None else host(case, f, tp=self.tp, hidden=self.hidden)
+                  for case, f in calls]
         streams = [a.run_cases.remote([case.replace(seq=seq0 + i + 1, fault=f.get(r))
-                                       for i, (case, f) in enumerate(calls)], barrier, key)
+                                       for i, (case, f) in enumerate(calls)], barrier, key,
+                                      None if host is None else [h.payload(r) for h in halves])
                    for r, a in enumerate(self._actors)]
         ended = [False] * self.tp
         done = False
@@ -640,6 +645,8 @@ class TPGroup:
                 self._seq = seq0 + i + 1
                 started = time.monotonic()
                 results, errors, absent, gone = self._collect(streams, ended, started)
+                if halves[i] is not None:
+                    results = [halves[i].finish(x) for x in results]
                 call = self._conclude(case, results, errors, absent, gone, started,
                                       remaining=len(calls) - i - 1, streams=streams, ended=ended)
                 if call.outcome != "pass":

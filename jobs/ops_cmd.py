@@ -153,6 +153,7 @@ def emulated(spec, tp: int, *, fault: bool) -> list[str]:
     recovery; the problems found."""
     from cluster.cases import make_case
     from cluster.emulated import EmulatedRank
+    from cluster.emulated.host import run_threads
     from kernels.lamport.diagnosis import RankReport, diagnose
 
     group_id = uuid.uuid4().hex[:12]
@@ -165,10 +166,8 @@ def emulated(spec, tp: int, *, fault: bool) -> list[str]:
         ``case.fault``, if any, on the last rank only."""
         nonlocal seq
         seq += 1
-        case = case.replace(seq=seq)
-        clean = case.replace(fault=None)
-        return list(pool.map(lambda r: ranks[r].run_case(
-            case if r == tp - 1 else clean), range(tp)))
+        return run_threads(ranks, case.replace(seq=seq, fault=None), {tp - 1: case.fault},
+                           hidden=HIDDEN, pool=pool)
 
     with ThreadPoolExecutor(tp) as pool:
         list(pool.map(lambda r: ranks[r].setup(group_id=group_id, rank=r, tp=tp,

@@ -12,6 +12,7 @@ import torch
 from cluster.backend import make_backend, require_backend
 from cluster.cases import bf16_from_bits, bits_from_bf16, case_inputs, make_case
 from cluster.emulated import EmulatedRank
+from cluster.emulated.host import HostHalf, run_threads
 from cluster.emulated.lamport import consume, launch, publish
 from cluster.emulated.segment import HostMailbox, segment_name, unlink_segment
 from cluster.group import TPGroup
@@ -40,9 +41,7 @@ def ranks(request):
 
 
 def run_all(ranks, case, faults=None):
-    with ThreadPoolExecutor(len(ranks)) as pool:
-        return list(pool.map(lambda r: ranks[r].run_case(
-            case.replace(fault=(faults or {}).get(r))), range(len(ranks))))
+    return run_threads(ranks, case, faults, hidden=HIDDEN)
 
 
 def test_slot_layout_is_the_protocol_index():
@@ -182,11 +181,12 @@ def test_host_start_skew_beyond_the_budget_is_not_a_timeout(ranks):
     another test worker once needed more."""
     budget_ns = 1_000_000_000
     case = make_case(capacity=CAPACITY, tokens=2, budget_ns=budget_ns).replace(seq=1)
+    half = HostHalf(case, tp=len(ranks), hidden=HIDDEN)
 
     def late(r):
         if r == 1:
             time.sleep(1.2 * budget_ns / 1e9)
-        return ranks[r].run_case(case.replace(fault=None))
+        return ranks[r].run_case(case, half.payload(r))
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(late, range(2)))
     assert all(res["missing_sources"] == [] and not res["header_mismatch"] for res in results)

@@ -95,6 +95,11 @@ def test_calls_match_reference_and_rotate_generations(groups, tp):
         for state in g.state():
             assert state["check"]["non_sentinel"] == 0 and state["check"]["headers_set"] == 0
             assert state["check"]["stage_state"] == (i % 3, (i + 1) % 3)
+    # the ranks run the protocol alone: the op's torch reference ran in this
+    # driver (cluster.emulated.host), so no rank process paid torch's import
+    for m in g.metadata:
+        with open(f"/proc/{m['pid']}/maps") as maps:
+            assert "libtorch" not in maps.read(), f"rank pid {m['pid']} loaded torch"
 
 
 def test_skipped_publish_names_exactly_that_rank_then_recovers_bit_exact(groups):

@@ -137,6 +137,7 @@ def toy():
 def test_a_sixth_op_is_one_declaration(toy, tmp_path):
     from cluster.cases import check_outputs, make_case
     from cluster.emulated import EmulatedRank
+    from cluster.emulated.host import run_threads
     from jobs.config import ConfigError, Filters, load_suite, select
 
     suite = tmp_path / "toy.toml"
@@ -170,7 +171,7 @@ def test_a_sixth_op_is_one_declaration(toy, tmp_path):
             case = make_case(capacity=4, tokens=2, **cases[2].op_fields(), op="scaled_sum",
                              inputs="order_sensitive", budget_ns=10**9)
             assert case.params.scale == 5
-            results = list(pool.map(lambda r: ranks[r].run_case(case.replace(seq=1)), range(tp)))
+            results = run_threads(ranks, case.replace(seq=1), hidden=64, pool=pool)
         finally:
             for r in ranks:
                 r.close()

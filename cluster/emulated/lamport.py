@@ -50,9 +50,8 @@ import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-import torch
 
-from cluster.bits import bf16_from_bits, bits_from_bf16
+from cluster.bits import BF16_NAN_BITS, bf16_bits_from_f32, f32_from_bf16_bits
 from cluster.emulated.segment import HEADER_EMPTY, HostMailbox
 from kernels.lamport.protocol import (ACTIVE_STAGE, ERR_DEFAULT_RECORDS, LAMPORT_GENERATIONS,
                                       MODES, NEXT_STAGE, SENTINEL_BF16, VEC_BF16, owned_tokens,
@@ -158,11 +157,11 @@ def consume(own: HostMailbox, *, seq: int, tokens: int, budget_ns: int,
         read = max(len(owned_tokens(m, tp, rank)), 1)  # row 0 is always published
     stage = int(own.stage_state[ACTIVE_STAGE])
     if not 0 <= stage < LAMPORT_GENERATIONS:
-        nan = bits_from_bf16(torch.full((out_rows, hidden), float("nan"), dtype=torch.bfloat16))
+        nan = np.full((out_rows, hidden), BF16_NAN_BITS, dtype=np.uint16)
         return Consumed(stage=stage, bad_stage=stage, sum_bits=nan, missing_sources=frozenset(),
                         partial_sources=frozenset(), headers=(), header_mismatch=False,
                         records=(), record_count=0)
-    acc = torch.zeros(read, hidden, dtype=torch.float32)
+    acc = np.zeros((read, hidden), dtype=np.float32)
     unknown = np.zeros((read, hidden // VEC_BF16), dtype=bool)
     missing, partial, headers, records = set(), set(), [], []
     record_count, header_mismatch = 0, False
@@ -193,18 +192,19 @@ def consume(own: HostMailbox, *, seq: int, tokens: int, budget_ns: int,
                     records.append((token_id, source, int(fragment), stage, words))
             record_count += int(pending.sum())
             unknown |= pending
-        acc = acc + bf16_from_bits(snap).float()
+        with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are values here
+            acc = acc + f32_from_bf16_bits(snap)
     own.stage_state[NEXT_STAGE] = (stage + 1) % LAMPORT_GENERATIONS
     own.slots[stage, :, :read] = SENTINEL_BF16
     own.headers[stage] = HEADER_EMPTY
     if header_mismatch:
-        acc.fill_(float("nan"))
+        acc.fill(np.nan)
     else:
-        acc[torch.from_numpy(np.repeat(unknown, VEC_BF16, axis=1))] = float("nan")
+        acc[np.repeat(unknown, VEC_BF16, axis=1)] = np.nan
     if out_rows > read:  # owner rows past the owned tokens were not published: +0.0
-        acc = torch.cat([acc, torch.full((out_rows - read, hidden),
-                                         float("nan") if header_mismatch else 0.0)])
-    return Consumed(stage=stage, bad_stage=None, sum_bits=bits_from_bf16(acc.to(torch.bfloat16)),
+        acc = np.concatenate([acc, np.full((out_rows - read, hidden),
+                                           np.nan if header_mismatch else 0.0, dtype=np.float32)])
+    return Consumed(stage=stage, bad_stage=None, sum_bits=bf16_bits_from_f32(acc),
                     missing_sources=frozenset(missing), partial_sources=frozenset(partial),
                     headers=tuple(headers), header_mismatch=header_mismatch,
                     records=tuple(records), record_count=record_count)

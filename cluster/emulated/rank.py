@@ -1,14 +1,17 @@
-"""EmulatedRank: the ``"emulated"`` RankBackend (see cluster.backend)."""
+"""EmulatedRank: the ``"emulated"`` RankBackend (see cluster.backend): the
+Lamport protocol alone, on payload bits the driver made (no torch in a rank
+process: :mod:`cluster.emulated.host`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from cluster import ops
-from cluster.bits import bf16_from_bits, bits_from_bf16
-from cluster.cases import Case, case_inputs, check_outputs
 from cluster.emulated.lamport import consume, launch, publish
 from cluster.emulated.segment import HostMailbox, segment_name
 from cluster.injection import validate_injection
@@ -16,6 +19,9 @@ from cluster.phases import PhaseClock
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_BF16, VEC_BF16
 from kernels.validation import (require_int, require_multiple, require_name, require_number,
                                 require_tp)
+
+if TYPE_CHECKING:
+    from cluster.cases import Case
 
 
 def bad_stage(published, consumed_bad: int | None) -> int | None:
@@ -85,36 +91,36 @@ class EmulatedRank:
         return {"reusable": True, "why": ""}
 
     def prepare(self, case: Case) -> dict:
-        """Nothing to compile; warm the op's reference up (its imports and a
-        one-token payload and epilogue), so that the first timed call of a
-        rank is not late by what its peers did not have to do."""
-        spec = ops.get(case.op)
-        if not spec.needs_gpu:
-            module = spec.module()
-            one = case.replace(tokens=1)
-            inputs = case_inputs(one, tp=self._tp, hidden=self._hidden)
-            module.epilogue(one, inputs, module.payload(one, inputs, self._rank), self._rank)
+        """Nothing to build: the op's reference runs in the driver
+        (:mod:`cluster.emulated.host`)."""
         return {"rank": self._rank}
 
     # -- one call
-    def run_case(self, case: Case) -> dict:
-        """One call of ``case.op``: the op's payload (its torch reference,
-        :mod:`cluster.ops`) through the emulated Lamport publish and watchdog
-        consume, then the op's epilogue on the reduced sum."""
+    def run_case(self, case: Case, payload: np.ndarray | None = None) -> dict:
+        """One call of ``case.op``: ``payload`` (this rank's uint16 ``[M,
+        hidden]`` BF16 bits, made by the driver's
+        :class:`~cluster.emulated.host.HostHalf`) through the emulated Lamport
+        publish and watchdog consume. The result has no ``outputs`` or
+        ``check``: it carries the reduced sum as ``sum_bits`` (uint16, NaN
+        where not computed), which the driver's ``HostHalf.finish`` turns into
+        the op's outputs and checks. No torch here."""
         own = self._own()
         spec = ops.get(case.op)
         if spec.needs_gpu:
             raise ValueError(f"op {spec.name} on the emulated backend: {spec.needs_gpu}")
-        module = spec.module()
         fault = validate_injection(case.fault) or {"kind": None}
         kind = fault["kind"]
         tokens = case.tokens + (fault["delta"] if kind == "tokens_delta" else 0)
         if not 1 <= tokens <= own.capacity:
             raise ValueError(f"tokens must be in 1..capacity={own.capacity}, got {tokens}")
+        if not isinstance(payload, np.ndarray) or payload.dtype != np.uint16 \
+                or payload.shape != (tokens, self._hidden):
+            what = (f"{payload.dtype} {list(payload.shape)}" if isinstance(payload, np.ndarray)
+                    else type(payload).__name__)
+            raise ValueError(f"payload must be uint16 [{tokens}, {self._hidden}] (M, hidden) "
+                             f"BF16 bits, got {what}")
         clock = PhaseClock()
-        inputs = case_inputs(case, tp=self._tp, hidden=self._hidden, tokens=tokens)
-        payload = bits_from_bf16(module.payload(case, inputs, self._rank))
-        clock.mark("inputs")
+        payload = payload.copy()  # the unsanitized_lane fault writes into it
         seq = int(case.seq)
         expected_stage = self._calls % LAMPORT_GENERATIONS
         self._calls += 1
@@ -145,15 +151,9 @@ class EmulatedRank:
         got = consume(own, seq=seq, tokens=tokens, budget_ns=case.budget_ns, mode=mode,
                       rank=self._rank)
         done = time.monotonic_ns()
-        outputs = module.epilogue(case, inputs, bf16_from_bits(got.sum_bits), self._rank)
-        outputs = {name: bits_from_bf16(t) for name, t in outputs.items()}
-        clock.mark("call")  # the emulated kernel: publish, consume and the op's epilogue
+        clock.mark("call")  # the emulated kernel: publish and consume
         after = own.check(self._rank)
         clock.mark("readback")
-        check = check_outputs(case, tp=self._tp, hidden=self._hidden, outputs=outputs,
-                              rank=self._rank,
-                              inputs=inputs if tokens == case.tokens else None)
-        clock.mark("check")
         return {
             "rank": self._rank, "seq": seq, "tokens": tokens, "expected_stage": expected_stage,
             "published_stage": None if published is None else published.stage,
@@ -165,10 +165,10 @@ class EmulatedRank:
             "records": [[t, s, f, st, list(w)] for t, s, f, st, w in got.records],
             "record_count": got.record_count, "header_mismatch": got.header_mismatch,
             "mailbox_clean": after.non_sentinel == 0 and after.headers_set == 0,
-            "outputs": outputs,
+            "sum_bits": got.sum_bits,
             "publish_ns": consume_from - started, "consume_ns": done - consume_from,
             "publish_start_ns": started,  # CLOCK_MONOTONIC: cluster.stragglers
-            "check": check, "host_ns": clock.ns,
+            "host_ns": clock.ns,
         }
 
     # -- recovery
