@@ -22,10 +22,14 @@ zero GPUs and the reason in ``notes``, never an error.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.metadata
+import importlib.util
 import platform
 import socket
+import sys
+from pathlib import Path
 
 LINKS = ("self", "nvlink", "pcie", "none")
 
@@ -85,8 +89,11 @@ class NodeInfo:
         return self.p2p[i][j]
 
 
-def versions() -> dict[str, str]:
-    """Software versions of this process's environment ("" when absent)."""
+def versions(*, gpus: bool = True) -> dict[str, str]:
+    """Software versions of this process's environment ("" when absent).
+    NCCL's is read through torch only where the node has GPUs (``gpus``):
+    elsewhere it is "" without torch's import, seconds of CPU in every
+    discovery task, and ``torch_cuda`` is read from torch's version file."""
     out = {"python": platform.python_version()}
     for key, dist in (("torch", "torch"), ("cute_dsl", "nvidia-cutlass-dsl"), ("ray", "ray"),
                       ("cuda_bindings", "cuda-bindings"), ("nvidia_ml_py", "nvidia-ml-py")):
@@ -94,16 +101,46 @@ def versions() -> dict[str, str]:
             out[key] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             out[key] = ""
+    out["torch_cuda"] = torch_cuda_version()
+    out["nccl"] = nccl_version() if gpus else ""
+    return out
+
+
+def nccl_version() -> str:
+    """NCCL's version as torch reports it ("" without CUDA); imports torch."""
     try:
         import torch
 
-        out["torch_cuda"] = torch.version.cuda or ""
-        out["nccl"] = (".".join(str(v) for v in torch.cuda.nccl.version())
-                       if torch.cuda.is_available() else "")
+        return (".".join(str(v) for v in torch.cuda.nccl.version())
+                if torch.cuda.is_available() else "")
     except Exception as exc:  # noqa: BLE001 (a version probe must not fail discovery)
-        out["torch_cuda"] = out.get("torch_cuda", "")
-        out["nccl"] = f"unreadable: {type(exc).__name__}"
-    return out
+        return f"unreadable: {type(exc).__name__}"
+
+
+def torch_cuda_version() -> str:
+    """``torch.version.cuda`` ("" for a CPU build or without torch), read
+    from torch's ``version.py`` (plain assignments) unless torch is imported
+    already, so that reading it costs no import."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].version.cuda or ""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    try:
+        tree = ast.parse((Path(list(spec.submodule_search_locations)[0]) / "version.py")
+                         .read_text())
+    except (OSError, SyntaxError, ValueError):
+        return ""
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(value, ast.Constant):
+            return str(value.value or "")
+    return ""
 
 
 def discover_node(node_id: str | None = None) -> NodeInfo:
@@ -112,8 +149,10 @@ def discover_node(node_id: str | None = None) -> NodeInfo:
     GPU or no driver. Read only."""
     node_id = node_id or _ray_node_id() or socket.gethostname()
     notes: list[str] = []
-    vers = versions()
+    vers = versions(gpus=False)
     gpus, p2p, source = _discover_cuda(notes, vers)
+    if gpus:
+        vers["nccl"] = nccl_version()
     if gpus:
         nvml = _discover_nvml(gpus, notes, vers)
         if nvml is not None:

@@ -2,6 +2,9 @@
 machine returns zero GPUs without error."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +116,32 @@ def test_real_discovery_on_a_cpu_machine_finds_no_gpu_without_error():
     summary = json.loads(topo.to_json())
     assert all(lay["groups"] == [] and lay["skipped"] == ["the cluster has no GPU"]
                for lay in summary["layouts"])
+
+
+def test_discovery_on_a_cpu_node_reads_torchs_cuda_version_without_importing_it():
+    """Every job's discovery task runs it: torch's import there cost
+    seconds of CPU per job and told nothing on a node without GPUs."""
+    probe = ("import sys\n"
+             "from cluster.discovery import discover_node\n"
+             "v = dict(discover_node().versions)\n"
+             "assert 'torch' not in sys.modules, 'discovery imported torch'\n"
+             "import torch\n"
+             "assert v['torch_cuda'] == (torch.version.cuda or ''), v\n"
+             "assert v['nccl'] == '', v\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_torchs_cuda_version_is_read_from_its_version_file(tmp_path, monkeypatch):
+    from cluster import discovery
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (fake / "version.py").write_text("from typing import Optional\n"
+                                     "__version__ = '9.9'\ncuda: Optional[str] = '12.8'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert discovery.torch_cuda_version() == "12.8"
+    (fake / "version.py").write_text("cuda = None\n")
+    assert discovery.torch_cuda_version() == ""
