@@ -25,10 +25,11 @@ boundaries through Ray as itself: no field travels as a dict key):
 gives back the flat fields it was made from (the op's fields beside the
 common ones, as a suite, a row and a repro command name them).
 
-Every rank regenerates the group's inputs from these fields
+Every GPU rank regenerates the group's inputs from these fields
 (:func:`case_inputs`) and takes its own share, so no tensor is shipped; the
 driver (or the rank) checks the outputs against the op's torch reference
-(:func:`check_outputs`).
+(:func:`check_outputs`). An emulated rank imports no torch: the driver makes
+its payload bits and checks its outputs (:mod:`cluster.emulated.host`).
 
 The budget has one name and one unit everywhere: ``budget_ns``, an int of
 nanoseconds, the unit of the ``%globaltimer`` deadline the kernels compare

@@ -295,3 +295,17 @@ def test_bits_round_trip():
     x = torch.tensor([0.0, -0.0, 1.5, float("nan")], dtype=torch.bfloat16)
     assert bits_from_bf16(x).tolist() == [0, 0x8000, 0x3FC0, 0x7FC0]
     assert np.array_equal(bits_from_bf16(bf16_from_bits(bits_from_bf16(x))), bits_from_bf16(x))
+
+
+@pytest.mark.parametrize("ranks", [2], indirect=True)
+def test_a_payload_that_is_not_the_calls_bits_is_refused_naming_it(ranks):
+    """The driver's HostHalf makes a rank's payload (cluster.emulated.host);
+    one of the wrong M, dtype or kind is refused before the rank launches,
+    and the group's next call is unaffected."""
+    case = make_case(capacity=CAPACITY, tokens=2, budget_ns=10**9).replace(seq=1)
+    for bad, what in [(None, "NoneType"), (np.zeros((3, HIDDEN), np.uint16), r"uint16 \[3, 64\]"),
+                      (np.zeros((2, HIDDEN), np.float32), r"float32 \[2, 64\]")]:
+        with pytest.raises(ValueError, match=rf"payload must be uint16 \[2, 64\] \(M, hidden\) "
+                                             rf"BF16 bits, got {what}"):
+            ranks[0].run_case(case, bad)
+    assert all(r["check"]["ok"] for r in run_all(ranks, case))
