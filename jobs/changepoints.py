@@ -34,6 +34,7 @@ The status of the newest night (:func:`status`) is ``regressed`` /
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import statistics
 from collections import defaultdict
@@ -113,11 +114,11 @@ class Segmentation:
 
 def missing() -> str | None:
     """Why change points cannot be computed here (ruptures not installed),
-    or None."""
-    try:
-        import ruptures  # noqa: F401
-    except ImportError as err:
-        return f"ruptures is not installed ({err}); pip install 'ruptures>=1.1.10'"
+    or None. Looked up, not imported: the import (scipy's statistics with
+    it) costs seconds of CPU, paid only where a series is long enough to
+    split (:func:`_pelt`)."""
+    if importlib.util.find_spec("ruptures") is None:
+        return "ruptures is not installed; pip install 'ruptures>=1.1.10'"
     return None
 
 

@@ -154,3 +154,17 @@ def test_the_nightly_regression_part_reports_a_step_the_lookback_misses(tmp_path
     assert "regression: {'ok': 2}; change points: {'regressed': 1, 'ok': 1}; 0 kernel case(s) " \
            "regressed" in out, out
     assert "[step, reported only] all_reduce_norm tp=1 hidden=7168 M=1" in out, out
+
+
+def test_whether_ruptures_is_there_is_looked_up_not_imported(monkeypatch):
+    """Every nightly asks (its regression part); the import costs seconds
+    of CPU and is paid only where a series is long enough to split."""
+    import importlib.util
+    import sys
+
+    monkeypatch.delitem(sys.modules, "ruptures", raising=False)
+    assert cp.missing() is None and "ruptures" not in sys.modules
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ruptures" else real(name, *a))
+    assert cp.missing() == "ruptures is not installed; pip install 'ruptures>=1.1.10'"

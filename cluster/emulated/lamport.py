@@ -58,8 +58,25 @@ from kernels.lamport.protocol import (ACTIVE_STAGE, ERR_DEFAULT_RECORDS, LAMPORT
                                       owner_published_tokens, owner_rows)
 
 SPIN_SLEEP_S = 50e-6
-"""Pause between polls: on a 2-core host, spinning consumers must leave the
-cores to the publishers they wait for."""
+"""First pause between polls: on a 2-core host, spinning consumers must leave
+the cores to the publishers they wait for."""
+SPIN_MAX_SLEEP_S = 1e-3
+"""Longest pause: a wait doubles its pause from SPIN_SLEEP_S up to this, so a
+rank that waits long (a fault's whole budget, a peer the host started late)
+polls about a thousand times a second rather than twenty thousand, and a
+watchdog fires at most this late."""
+
+
+class Backoff:
+    """The pause of one wait: SPIN_SLEEP_S, doubled after each poll up to
+    SPIN_MAX_SLEEP_S."""
+
+    def __init__(self) -> None:
+        self.pause_s = SPIN_SLEEP_S
+
+    def sleep(self) -> None:
+        time.sleep(self.pause_s)
+        self.pause_s = min(SPIN_MAX_SLEEP_S, 2 * self.pause_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,10 +151,11 @@ def launch(mailboxes: Sequence[HostMailbox], *, rank: int, seq: int, wait_ns: in
     whether all did."""
     mailboxes[rank].launched[0] = seq
     deadline = time.monotonic_ns() + wait_ns
+    backoff = Backoff()
     while any(int(box.launched[0]) < seq for box in mailboxes):
         if time.monotonic_ns() >= deadline:
             return False
-        time.sleep(SPIN_SLEEP_S)
+        backoff.sleep()
     return True
 
 
@@ -145,7 +163,8 @@ def consume(own: HostMailbox, *, seq: int, tokens: int, budget_ns: int,
             max_records: int = ERR_DEFAULT_RECORDS, mode: str = "one_shot",
             rank: int = 0) -> Consumed:
     """The watchdog consume of ``tokens`` tokens from every source (see the
-    module docstring); returns within about ``budget_ns`` plus one poll.
+    module docstring); returns within about ``budget_ns`` plus one poll
+    (at most SPIN_MAX_SLEEP_S).
     Owner mode: ``own`` is rank ``rank``'s mailbox and ``sum_bits`` its
     ``[ceil(M / tp), H]`` owned rows."""
     _check_mode(mode)
@@ -166,6 +185,7 @@ def consume(own: HostMailbox, *, seq: int, tokens: int, budget_ns: int,
     missing, partial, headers, records = set(), set(), [], []
     record_count, header_mismatch = 0, False
     for source in range(tp):
+        backoff = Backoff()
         while True:
             snap = own.slots[stage, source, :read].copy()
             header = own.headers[stage, source].copy()
@@ -173,7 +193,7 @@ def consume(own: HostMailbox, *, seq: int, tokens: int, budget_ns: int,
             pending = sentinel.any(-1)
             if (not pending.any() and header[0] != HEADER_EMPTY) or time.monotonic_ns() >= deadline:
                 break
-            time.sleep(SPIN_SLEEP_S)
+            backoff.sleep()
         seen = None if header[0] == HEADER_EMPTY else (int(header[0]), int(header[1]))
         headers.append(seen)
         if (seen is not None and seen != (seq, m)) or (seen is None and not pending.any()):
