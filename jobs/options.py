@@ -209,7 +209,14 @@ def open_results(args: argparse.Namespace, suite=None):
     """``(writer or None, environment columns)`` for a job's rows, in the
     partition ``--partition`` names, else ``suite``'s (the one ``--suite``
     or ``--config`` selected), else the job's own; ConfigError when
-    ``--results`` cannot hold them (:func:`jobs.outputs.check_results`)."""
+    ``--results`` cannot hold them (:func:`jobs.outputs.check_results`).
+
+    The run's lease (:mod:`jobs.results.lease`) is taken here, before any
+    row: a run of its own, or one joined with ``--run-id`` that no live
+    driver holds (ManifestError, a ValueError, naming the live one
+    otherwise: two drivers never write one run); :func:`report` ends what
+    this job took. A run this process already drives (the nightly's own
+    compile check) is joined as it is."""
     from jobs.outputs import check_results
     from jobs.results import ResultsWriter, env_info
     if args.no_results:
@@ -219,18 +226,23 @@ def open_results(args: argparse.Namespace, suite=None):
     partition = args.partition or (suite.name if suite is not None else args.default_partition)
     writer = ResultsWriter(args.results, suite=partition, trigger=args.trigger, run_id=args.run_id)
     environment = env_info()
-    if args.run_id is None:  # a run of its own (not one joined with --run-id): manifest it
-        runs.begin(args.results, writer.run_id, trigger=args.trigger, facts=environment)
+    args.took_run = args.run_id is None or not runs.drives(args.results, args.run_id)
+    if args.took_run:
+        runs.begin(args.results, writer.run_id, trigger=args.trigger, facts=environment,
+                   keep_alive=args.run_id is not None)
     return writer, environment
 
 
 def report(writer, failures: int, args: argparse.Namespace) -> None:
-    """The closing line of a job; marks the run finished when this job
-    began it (not when it joined one with ``--run-id``: e.g. the nightly's
-    compile check, whose run the nightly finishes)."""
-    if writer is not None and args.run_id is None:
+    """The closing line of a job; marks the run finished and releases its
+    lease when this job took it (:func:`open_results`; not when it joined
+    one this process drives: e.g. the nightly's compile check, whose run
+    the nightly finishes)."""
+    if writer is not None and getattr(args, "took_run", args.run_id is None):
         from jobs.results import runs
-        runs.finish(writer.root, writer.run_id)
+        from jobs.results.store import row_counts
+        runs.finish(writer.root, writer.run_id,
+                    counts=dict(row_counts(writer.root, writer.run_id)))
     where = (f"rows written to {writer.directory}/ (run {writer.run_id})" if writer
              else "no rows written (--no-results)")
     print(f"{'FAILED' if failures else 'OK'}: {failures} failing case(s); {where}", flush=True)

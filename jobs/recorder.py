@@ -495,12 +495,10 @@ class Run:
         """Rows by outcome: read back from the run's rows (every part of a
         run split in parts, self-check and compile check included), else
         (no rows: --no-results, or none written yet) this process's own count."""
-        if self.results is None or not Path(self.results).is_dir():
+        if self.results is None:
             return Counter(self.counts)
-        from jobs.results import read_results
-        outcomes = read_results(self.results, filters={"run_id": self.run_id},
-                                columns=["outcome"]).column("outcome").to_pylist()
-        return Counter(outcomes) if outcomes else Counter(self.counts)
+        from jobs.results.store import row_counts
+        return row_counts(self.results, self.run_id) or Counter(self.counts)
 
     def summary(self) -> int:
         """Print the failing rows with their repro commands and the closing

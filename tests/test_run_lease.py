@@ -105,12 +105,16 @@ def test_a_second_driver_exits_2_before_ray_naming_the_live_one_and_a_dead_ones_
     try:
         assert holder.stdout.readline() == "held\n"
         for argv in (["nightly", "--suite", "smoke", "--resume", "--no-dashboard"],
-                     ["correctness", "--suite", "smoke"]):
+                     ["correctness", "--suite", "smoke"],
+                     # the jobs that run no Ray (at 7cb8c33 both wrote into the held run)
+                     ["selfcheck", "--case", "embed_norm_tp3"],
+                     ["compile-check", "--ops", "all_reduce_norm", "--hidden", "2560",
+                      "--tp", "2", "--arch", "sm_90a"]):
             done = _jobs(*argv, "--run-id", "held", "--results", str(root))
             assert done.returncode == exits.USAGE, done.stdout[-2000:] + done.stderr[-2000:]
             assert done.stdout == ""  # refused before Ray starts: not even its heading
             (line,) = done.stderr.splitlines()
-            assert (f"error: --run-id held: the run is being driven by pid {holder.pid}@"
+            assert (f": --run-id held: the run is being driven by pid {holder.pid}@"
                     f"{socket.gethostname()}, heartbeat ") in line, line
             assert "one live driver per run" in line
         assert not read_results(root).num_rows
@@ -131,6 +135,21 @@ def test_a_second_driver_exits_2_before_ray_naming_the_live_one_and_a_dead_ones_
     finally:
         taken.kill()
         taken.wait(timeout=30)
+
+
+def test_a_job_joining_a_run_with_run_id_holds_its_lease_and_ends_it(tmp_path):
+    """A standalone self-check joining run ``joined`` (``--run-id``) takes
+    the run's lease as it opens and ends the run with the counts of all its
+    rows: a second part reopens it and adds its row to the counts."""
+    root = tmp_path / "results"
+    for part in (1, 2):
+        done = _jobs("selfcheck", "--case", "embed_norm_tp3", "--run-id", "joined",
+                     "--results", str(root))
+        assert done.returncode == exits.OK, done.stdout[-2000:] + done.stderr[-2000:]
+        data = runs.read_manifest(root, "joined")
+        assert data["status"] == "finished" and not lease.live(data), data
+        assert data["counts"] == {"pass": part}, data
+    assert read_results(root).num_rows == 2
 
 
 def _stamp(seconds_ago: float) -> str:

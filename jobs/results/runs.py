@@ -102,6 +102,13 @@ def owns(data: dict | None) -> bool:
     return lease.is_mine((data or {}).get("driver"))
 
 
+def drives(root, run_id: str) -> bool:
+    """Whether this process holds run ``run_id``'s lease (it is ``running``,
+    driven by this process)."""
+    data = read_manifest(root, run_id)
+    return lease.live(data) and owns(data)
+
+
 def check_same_tree(root, run_id: str, commit: str | None) -> None:
     """A run's rows come from one tree: the run facts (``git_commit``
     among them) are stored once, in the manifest, so rows a later part

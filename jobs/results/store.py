@@ -49,6 +49,7 @@ import os
 import re
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,15 @@ def _write_atomically(table: pa.Table, directory: Path) -> Path:
 def write_table(table: pa.Table, sink) -> None:
     """How every results file is written: with page checksums, which readers verify."""
     pq.write_table(table, sink, write_page_checksum=True)
+
+
+def row_counts(root: str | os.PathLike[str], run_id: str) -> Counter[str]:
+    """Run ``run_id``'s rows under ``root`` by outcome, read back (every
+    part's, self-check and compile check included; none: an empty Counter)."""
+    if not Path(root).is_dir():
+        return Counter()
+    return Counter(read_results(root, filters={"run_id": run_id},
+                                columns=["outcome"]).column("outcome").to_pylist())
 
 
 def read_results(root: str | os.PathLike[str], filters: Filters = None,
