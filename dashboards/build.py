@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -109,7 +110,14 @@ def render_pages(results: model.Results, built: str,
             name = FILES.get(module) or f"{module.__name__.rpartition('.')[2]}.html"
             failures.append(PageFailure(name, _cause(err)))
             out[name] = error_page(site, name, module.__name__, err)
+    if failures:  # a failed page's per-op files (details-*, trends-*): linked, never built
+        for name in sorted(set(LOCAL_LINK.findall("".join(out.values()))) - out.keys()):
+            out[name] = unbuilt_page(site, name, failures)
     return out, failures
+
+
+LOCAL_LINK = re.compile(r'href="([\w.-]+\.html)')
+"""A link from one page of the site to another (a file name, no folder)."""
 
 
 def error_page(site: Site, name: str, module: str, err: BaseException) -> str:
@@ -122,6 +130,18 @@ def error_page(site: Site, name: str, module: str, err: BaseException) -> str:
                    f"and exited {PAGES_FAILED}. Please report it with the line above.",
               cls="note")]), cls="page-error", id="page-error")
     return site.page(f"{title}: failed to build", name, body)
+
+
+def unbuilt_page(site: Site, name: str, failures: list[PageFailure]) -> str:
+    """The page ``name``, linked from a built page but not built because a
+    page module failed: an error page naming the failures (never a 404)."""
+    body = h.tag("div", h.join([
+        h.tag("p", h.join([h.tag("strong", "This page was not built: "),
+                           "the page that makes it failed."])),
+        h.tag("ul", h.join([h.tag("li", f.line()) for f in failures])),
+        h.tag("p", f"python -m dashboards build exited {PAGES_FAILED}. Please report it with "
+                   f"the lines above.", cls="note")]), cls="page-error", id="page-error")
+    return site.page(f"{name}: not built", name, body)
 
 
 def check_results(results_dir: Path) -> None:

@@ -82,6 +82,18 @@ def test_a_failing_page_is_an_error_page_and_the_rest_is_built(tmp_path, monkeyp
                  "stragglers.html", "environment.html", "compare.html"):
         assert "page-error" not in (tmp_path / "site" / name).read_text(), name
     assert (tmp_path / "site" / "assets" / "plotly.min.js").is_file()
+    # The failed page's per-op files, linked from the overview: error pages, no 404
+    # (at c31321b these links were dead).
+    linked = set(site_build.LOCAL_LINK.findall((tmp_path / "site" / "index.html").read_text()))
+    per_op = sorted(n for n in linked if n.startswith("trends-"))
+    assert per_op, linked
+    for html in (tmp_path / "site").glob("*.html"):
+        for name in site_build.LOCAL_LINK.findall(html.read_text()):
+            assert (tmp_path / "site" / name).is_file(), f"{html.name} links {name}: 404"
+    for name in per_op:
+        page = (tmp_path / "site" / name).read_text()
+        assert 'class="page-error"' in page and "This page was not built" in page, name
+        assert "page trends.html failed: RuntimeError: planted failure" in page, name
 
 
 def test_the_nightly_names_failed_pages_and_keeps_its_exit_status(tmp_path, monkeypatch,
