@@ -892,6 +892,8 @@ def _run_bisect(args, verdicts: dict, first_bad: list | None = None) -> int:
     if not repo.is_dir() or subprocess.run(["git", "-C", str(repo), "rev-parse", "--git-dir"],
                                            capture_output=True).returncode != 0:
         raise ConfigError(f"--repo {args.repo}: not a git repository")
+    from jobs.outputs import check_results  # read for the range, written with the verdicts
+    check_results("--results", args.results)
     good, bad, hint = default_range(args.results, key, rule, args.good, args.bad)
     good = resolve(repo, "--good", good)
     bad = resolve(repo, "--bad", bad)
@@ -909,8 +911,6 @@ def _run_bisect(args, verdicts: dict, first_bad: list | None = None) -> int:
     from jobs.config import suite_path
     suite_path(suite)
     commits = git(repo, "rev-list", "--first-parent", "--reverse", f"{good}..{bad}").split()
-    from jobs.options import check_writable_dir
-    check_writable_dir("--results", args.results)
     from jobs.session import check_address
     if args.address:
         check_address(args.address)

@@ -392,6 +392,14 @@ def test_bad_usage_names_the_argument_before_anything_runs(repo, tmp_path, capsy
     assert cli.main(["bisect", "--repo", str(tmp_path), "--case", WRONG_KEY, "--good", "a",
                      "--bad", "b"]) == 2
     assert f"--repo {tmp_path}: not a git repository" in capsys.readouterr().err
+    other = tmp_path / "other"  # a folder of other files: neither read nor written
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    assert cli.main(["bisect", "--repo", str(repo_dir), "--results", str(other), "--case",
+                     WRONG_KEY, "--good", base, "--bad", last]) == 2
+    err = capsys.readouterr().err
+    assert f"--results {other}" in err and "not a lamport-lab results dataset" in err, err
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
     assert (sorted(made.rglob("*")) if made.exists() else []) == before  # nothing ran
     assert not (tmp_path / "none").exists()
 
