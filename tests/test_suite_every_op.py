@@ -24,6 +24,8 @@ from jobs.config import EXCLUDE_NAMED, ConfigError, Filters, load_suite, select,
 from jobs.recorder import repro_command
 
 BUNDLED = ("smoke", "nightly")
+"""The suites :data:`BEFORE` holds."""
+ALL_BUNDLED = ("smoke", "nightly", "full")
 
 
 BEFORE = Path(__file__).parent / "data" / "bundled_cases_4a8ac23.json"
@@ -70,8 +72,15 @@ def probe():
     sys.modules.pop(module.__name__, None)
 
 
-@pytest.mark.parametrize("name", BUNDLED)
-def test_a_new_op_runs_in_smoke_and_nightly_without_a_suite_edit(name, probe, tmp_path):
+@pytest.mark.parametrize("name", ALL_BUNDLED)
+def test_every_registered_op_has_correctness_cases_in_every_bundled_suite(name):
+    """(full had none for the indexer until c31321b.)"""
+    held = {c.op for c in load_suite(suite_path(name)).cases if c.job == "correctness"}
+    assert held == set(ops.names()), set(ops.names()) - held
+
+
+@pytest.mark.parametrize("name", ALL_BUNDLED)
+def test_a_new_op_runs_in_every_bundled_suite_without_a_suite_edit(name, probe, tmp_path):
     suite = load_suite(suite_path(name))
     mine = [c for c in suite.cases if c.op == probe.name]
     sweep = next(s for s in tomllib.loads(suite_path(name).read_text())["correctness"]
