@@ -335,7 +335,9 @@ start, and every new submission only starts another worker beside it."""
 def discover_cluster(timeout_s: float = 60.0) -> Topology:
     """One :func:`discover_node` per alive Ray node, run there as a task that
     holds no GPU and sees all of them (Ray leaves its CUDA_VISIBLE_DEVICES
-    alone: cluster.gpu.ALL_GPUS_VISIBLE). Discovery only reads, so GPUs held
+    alone: cluster.gpu.ALL_GPUS_VISIBLE, set on nodes that have GPUs only:
+    that runtime environment costs a worker of its own, while a plain task
+    runs in an idle worker the node already has). Discovery only reads, so GPUs held
     by a standing pool or another job do not delay it (a task that asked for
     every GPU waited out the timeout behind a pool's placement group).
     TimeoutError names the nodes that did not answer; their tasks are kept,
@@ -345,15 +347,17 @@ def discover_cluster(timeout_s: float = 60.0) -> Topology:
 
     from cluster.gpu import ALL_GPUS_VISIBLE
 
-    nodes = tuple(sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive")))
+    alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+    nodes = tuple(sorted(alive))
     key = (ray.get_runtime_context().get_job_id(), nodes)
     refs = _PENDING.pop(key, None)
     again = refs is not None
     if refs is None:
         task = ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(discover_node)
+        see_all = {"runtime_env": {"env_vars": {ALL_GPUS_VISIBLE: "1"}}}
         refs = {nid: task.options(
-            runtime_env={"env_vars": {ALL_GPUS_VISIBLE: "1"}},
-            scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote(nid)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
+            **(see_all if (alive[nid].get("Resources") or {}).get("GPU") else {})).remote(nid)
             for nid in nodes}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     late = [nid for nid, ref in refs.items() if ref not in ready]
