@@ -50,3 +50,11 @@ def validate_injection(injection: Mapping | None) -> dict | None:
         raise ValueError(f"injection {kind!r} takes parameters {sorted(INJECTIONS[kind])}, "
                          f"got {sorted(params)}")
     return dict(injection)
+
+
+def rank_tokens(tokens: int, injection: Mapping | None) -> int:
+    """The M a rank publishes and consumes in a call of ``tokens`` tokens
+    under ``injection`` (validated: :func:`validate_injection`): ``tokens``,
+    moved by a ``tokens_delta`` injection's delta."""
+    injection = validate_injection(injection) or {"kind": None}
+    return tokens + (injection["delta"] if injection["kind"] == "tokens_delta" else 0)

@@ -27,14 +27,7 @@ import numpy as np
 from cluster import ops
 from cluster.bits import bf16_from_bits, bits_from_bf16
 from cluster.cases import Case, case_inputs, check_outputs
-from cluster.injection import validate_injection
-
-
-def rank_tokens(case: Case, fault: Mapping | None) -> int:
-    """The M a rank publishes and consumes: ``case.tokens``, moved by a
-    ``tokens_delta`` fault's delta (cluster.injection)."""
-    fault = validate_injection(fault) or {"kind": None}
-    return case.tokens + (fault["delta"] if fault["kind"] == "tokens_delta" else 0)
+from cluster.injection import rank_tokens
 
 
 class HostHalf:
@@ -66,7 +59,7 @@ class HostHalf:
         """Rank ``rank``'s payload: uint16 ``[M, hidden]`` BF16 bits (the op's
         ``payload``), or None where its M is below 1 (the rank refuses the
         call, naming M)."""
-        tokens = rank_tokens(self.case, self._faults.get(rank))
+        tokens = rank_tokens(self.case.tokens, self._faults.get(rank))
         if tokens < 1:
             return None
         started = time.monotonic_ns()

@@ -14,7 +14,7 @@ import numpy as np
 from cluster import ops
 from cluster.emulated.lamport import consume, launch, publish
 from cluster.emulated.segment import HostMailbox, segment_name
-from cluster.injection import validate_injection
+from cluster.injection import rank_tokens, validate_injection
 from cluster.phases import PhaseClock
 from kernels.lamport.protocol import LAMPORT_GENERATIONS, NEXT_STAGE, SENTINEL_BF16, VEC_BF16
 from kernels.validation import (require_int, require_multiple, require_name, require_number,
@@ -110,7 +110,7 @@ class EmulatedRank:
             raise ValueError(f"op {spec.name} on the emulated backend: {spec.needs_gpu}")
         fault = validate_injection(case.fault) or {"kind": None}
         kind = fault["kind"]
-        tokens = case.tokens + (fault["delta"] if kind == "tokens_delta" else 0)
+        tokens = rank_tokens(case.tokens, case.fault)
         if not 1 <= tokens <= own.capacity:
             raise ValueError(f"tokens must be in 1..capacity={own.capacity}, got {tokens}")
         if not isinstance(payload, np.ndarray) or payload.dtype != np.uint16 \

@@ -51,7 +51,7 @@ from cluster.gpu import ALL_GPUS_VISIBLE, UNSUPPORTED_INJECTIONS
 from cluster.gpu.ipc import (check_handles, export_buffer, exports_for_peers, handles_for,
                              open_buffer, own_handle, peer_addresses)
 from cluster.gpu.report import result_fields
-from cluster.injection import validate_injection
+from cluster.injection import rank_tokens, validate_injection
 from cluster.phases import PhaseClock
 from cluster.placement import Placement
 from cluster.procs import settle_heap
@@ -301,7 +301,7 @@ class GpuRank:
                              f"({UNSUPPORTED_INJECTIONS[kind]})")
         if kind is not None and not spec.collective:
             raise ValueError(f"fault injection {kind!r}: op {spec.name} is not a collective")
-        tokens = case.tokens + (fault["delta"] if kind == "tokens_delta" else 0)
+        tokens = rank_tokens(case.tokens, case.fault)
         if not 1 <= tokens <= self._capacity:
             raise ValueError(f"tokens must be in 1..capacity={self._capacity}, got {tokens}")
         kernel = self._op_kernel(case)
