@@ -89,6 +89,10 @@ def plotly_js() -> Path:
     return path
 
 
+LOCAL_LINK = re.compile(r'href="([\w.-]+\.html)')
+"""A link from one page of the site to another (a file name, no folder)."""
+
+
 def render_pages(results: model.Results, built: str,
                  pages: tuple | None = None) -> tuple[dict[str, str], list[PageFailure]]:
     """Every page of the site as {file name: html}, and the pages that
@@ -114,10 +118,6 @@ def render_pages(results: model.Results, built: str,
         for name in sorted(set(LOCAL_LINK.findall("".join(out.values()))) - out.keys()):
             out[name] = unbuilt_page(site, name, failures)
     return out, failures
-
-
-LOCAL_LINK = re.compile(r'href="([\w.-]+\.html)')
-"""A link from one page of the site to another (a file name, no folder)."""
 
 
 def error_page(site: Site, name: str, module: str, err: BaseException) -> str:

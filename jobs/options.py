@@ -238,7 +238,7 @@ def report(writer, failures: int, args: argparse.Namespace) -> None:
     lease when this job took it (:func:`open_results`; not when it joined
     one this process drives: e.g. the nightly's compile check, whose run
     the nightly finishes)."""
-    if writer is not None and getattr(args, "took_run", args.run_id is None):
+    if writer is not None and args.took_run:
         from jobs.results import runs
         from jobs.results.store import row_counts
         runs.finish(writer.root, writer.run_id,
