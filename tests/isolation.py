@@ -29,13 +29,6 @@ IGNORED_ENV = ("PYTEST_CURRENT_TEST",)
 QUIET_ENV = ("RAY_", "PYTHONBREAKPOINT")
 """Prefixes of variables ``ray.init`` sets in the driver: restored without a
 warning (every module that starts Ray leaves them)."""
-KEPT_ENV = ("RAY_AUTH_MODE",)
-"""Variables a Ray session leaves that stay as it left them: the process
-keeps the authentication mode its first ``ray.init`` read for its lifetime,
-so dropping the variable only makes the clusters it starts later (a
-``ray.cluster_utils.Cluster``'s daemons) disagree with it. Then every actor
-of such a cluster is "cancelled before it started running" (the fan-out
-test after any module with a Ray session, on the same xdist worker)."""
 
 
 class LeftoverWarning(UserWarning):
@@ -58,7 +51,7 @@ def open_ray_session() -> bool:
 def restore_environment(saved: dict[str, str]) -> list[str]:
     """Make ``os.environ`` equal ``saved`` again; the names that differed."""
     changed = sorted(k for k in set(os.environ) | set(saved)
-                     if os.environ.get(k) != saved.get(k) and k not in IGNORED_ENV + KEPT_ENV)
+                     if os.environ.get(k) != saved.get(k) and k not in IGNORED_ENV)
     for k in changed:
         if k in saved:
             os.environ[k] = saved[k]

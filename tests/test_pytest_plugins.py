@@ -4,8 +4,6 @@ process group open and the environment changed does not take the next
 module down (the GPU suite once lost 17 tests that way); --repeat N runs a
 test N times; a slow GPU test runs only with --slow, a slow CPU test always."""
 
-import os
-
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -71,8 +69,6 @@ def test_repeat_runs_a_test_n_times(pytester, n):
 def test_slow_gpu_tests_only_with_the_option(pytester):
     pytester.makeconftest("from tests.conftest import *  # noqa: F401,F403")
     pytester.makepyfile(test_marks='''
-import os
-
 import pytest
 
 @pytest.mark.slow
@@ -89,20 +85,3 @@ def test_slow_cpu():
     asked = pytester.runpytest_inprocess("--slow", "-p", "no:cacheprovider")
     assert asked.parseoutcomes().get("deselected", 0) == 0
     assert asked.parseoutcomes()["passed"] + asked.parseoutcomes().get("skipped", 0) == 2
-
-
-def test_the_auth_mode_a_ray_session_set_outlives_its_module(monkeypatch):
-    """A module's Ray session sets RAY_AUTH_MODE; the process keeps that mode
-    for its lifetime, so the restore keeps the variable (dropped, a later
-    module's ray.cluster_utils cluster started without it and each of its
-    actors was "cancelled before it started running": the fan-out test after
-    any module with a Ray session) while the session's other RAY_ variables
-    are restored."""
-    from tests.isolation import restore_environment
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    monkeypatch.delenv("RAY_USAGE_STATS_ENABLED", raising=False)
-    saved = dict(os.environ)
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    assert restore_environment(saved) == ["RAY_USAGE_STATS_ENABLED"]
-    assert os.environ["RAY_AUTH_MODE"] == "token"
