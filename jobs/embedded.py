@@ -117,7 +117,12 @@ def cluster_env(token: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _environment(env: dict[str, str]) -> Iterator[None]:
+def cluster_environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set for the block (every Ray process started in it inherits
+    it) and Ray's loopback switch on, then both as they were; Ray's cached
+    auth mode and token are re-read from the environment at both ends, so
+    a cluster started in the block and the driver agree on them whatever an
+    earlier ``ray.init`` of this process read."""
     import ray._private.ray_constants as constants
     saved = {k: os.environ.get(k) for k in env}
     saved_flag = constants.ENABLE_RAY_CLUSTER
@@ -332,7 +337,7 @@ def embedded_cluster(num_cpus: int) -> Iterator[str]:
         cleanup(os.getpid(), {p: s for p, s in procs.descendants(os.getpid()).items()
                               if p not in preexisting}, preexisting)
 
-    with _environment(cluster_env(token)), terminate_raises():
+    with cluster_environment(cluster_env(token)), terminate_raises():
         try:
             # address="local": a fresh cluster even where another one runs on
             # this machine (plain ray.init() would join the latest `ray start`).

@@ -168,7 +168,7 @@ def _join(address: str) -> None:
 
     import ray
 
-    from jobs.embedded import LOOPBACK_ENV, _environment, init_with_retry
+    from jobs.embedded import LOOPBACK_ENV, cluster_environment, init_with_retry
     loopback = False
     where = check_address(address)
     if where is not None:
@@ -197,7 +197,7 @@ def _join(address: str) -> None:
 
     timer = threading.Timer(JOIN_TIMEOUT_S, give_up)
     timer.daemon = True
-    with _environment(LOOPBACK_ENV) if loopback else contextlib.nullcontext():
+    with cluster_environment(LOOPBACK_ENV) if loopback else contextlib.nullcontext():
         timer.start()
         try:
             init_with_retry(lambda: ray.init(address=address, log_to_driver=False,

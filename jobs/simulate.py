@@ -39,15 +39,30 @@ def simulated_cluster(nodes: int, units: int, *, cpus_per_node: int = 1) -> Iter
     then the mailbox segments still named for this driver are removed: the
     simulated nodes share this host's /dev/shm, and the rank actors of a
     node removed mid-run died without closing theirs (on a real cluster
-    they would be on the lost node)."""
+    they would be on the lost node).
+
+    Authentication and addresses are the embedded cluster's
+    (:func:`jobs.embedded.cluster_env`: token auth with its token file,
+    servers on loopback), set for the cluster's processes and the driver
+    alike: with only the caller's environment, a ``RAY_AUTH_MODE=token``
+    there and no token file let no GCS start (three 30-s timeouts, exit 3),
+    and a process whose earlier ``ray.init`` had left token mode cached
+    drove a cluster without it, where every actor was "cancelled before it
+    started running"."""
+    from jobs.embedded import cluster_env, cluster_environment, ensure_token, token_path
+    if nodes < 1 or units < 1:
+        raise ValueError(f"nodes and units must be >= 1, got nodes={nodes}, units={units}")
+    with cluster_environment(cluster_env(ensure_token(token_path()))):
+        yield from _simulated_cluster(nodes, units, cpus_per_node)
+
+
+def _simulated_cluster(nodes: int, units: int, cpus_per_node: int) -> Iterator:
     import ray
     from ray.cluster_utils import Cluster
 
     from cluster import procs
     from cluster.fanout import EMULATED_GPU
     from jobs.embedded import cleanup, init_with_retry
-    if nodes < 1 or units < 1:
-        raise ValueError(f"nodes and units must be >= 1, got nodes={nodes}, units={units}")
     preexisting = set(procs.descendants(os.getpid()))
     started: list = []
 

@@ -150,14 +150,23 @@ def test_groups_fan_out_over_simulated_nodes_and_survive_a_lost_node(tmp_path, m
     before either runs a case, and neither's second case starts before both
     first cases have. Then the same job again, and once both groups are
     built the group of node 0 removes that node: its cases are errors that
-    say why, node 1's pass, and the run ends with every row written."""
+    say why, node 1's pass, and the run ends with every row written.
+    Run as a user who exported ``RAY_AUTH_MODE=token`` and has no token
+    file: the simulated cluster takes the embedded cluster's token (before,
+    its GCS never started: exit 3 after three 30-s timeouts)."""
     # jobs.faults (and the other sweep jobs) bind correctness's open_group and
     # run_case by name when first imported: imported here, before the patches
     # below, they keep the real ones, so no later module in this process runs a
     # faults job through this test's barriers (one that did hung until the
     # barrier's timeout: the interrupt-in-every-job module, 2026-12-07).
     from jobs import correctness, faults, profile  # noqa: F401
+    from jobs.embedded import TOKEN_ENV
     from jobs.simulate import group_spans, simulated_cluster
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "XDG_CONFIG_HOME", TOKEN_ENV):
+        monkeypatch.delenv(name, raising=False)
 
     (tmp_path / "fanout.toml").write_text(CONFIG)
     monkeypatch.setattr(correctness, "SETUP_TIMEOUT_S", 600.0)  # 2 loaded cores start the actors
