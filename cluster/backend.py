@@ -46,6 +46,8 @@ Result contract of :meth:`RankBackend.run_case` (a plain dict):
                                      stage, [4 x u32]] (capped) and their total
 ``header_mismatch``                  a header differed from the rank's own
 ``mailbox_clean``                    own mailbox all sentinel after the call
+``mailbox_dirt`` (optional)          when not: where (stage, source, rows,
+                                     header seq and M), for the reason
 ``outputs``                          (a backend without a host half; else
                                      ``sum_bits``, the BF16 reduced sum)
                                      the op's outputs by name (cluster.ops: e.g.

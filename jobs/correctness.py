@@ -411,8 +411,12 @@ def _reason(call, repeat: int) -> str:
     bad = [r for r, c in enumerate(call.checks) if c is not None and not c["ok"]]
     if bad:
         parts.append(f"outputs outside the contract on ranks {bad}")
-    if not all(x["mailbox_clean"] for x in call.results if x is not None):
-        parts.append("mailbox not all sentinel after the call")
+    dirty = [x for x in call.results if x is not None and not x["mailbox_clean"]]
+    if dirty:
+        where = "; ".join(f"rank {x['rank']}: {x['mailbox_dirt']}" for x in dirty
+                          if x.get("mailbox_dirt"))
+        parts.append(f"mailbox not all sentinel after the call (seq {dirty[0]['seq']})"
+                     + (f": {where}" if where else ""))
     if call.errors:
         parts.append(f"errors {dict(call.errors)}")
     return "; ".join(parts)

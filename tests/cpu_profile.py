@@ -23,7 +23,9 @@ The FILE is JSON: ``{"wall_s", "cores", "tests": [[nodeid, worker, cpu_s,
 wall_s, start_unix]], "processes": [[pid, test, worker, cmdline, cpu_s]]}``;
 a ``tests`` row with an empty nodeid is one pytest process's whole CPU
 (collection and imports included). CPU seconds of processes that ran before
-the run are counted from its start.
+the run are counted from its start. ``--split MODULE,...`` reports instead
+those modules against the rest, and with ``--target-s S`` how many CPU
+seconds a run of S seconds would leave for the rest.
 Linux only (``/proc``); without ``--cpu-profile`` the plugin does nothing.
 """
 
@@ -240,12 +242,47 @@ def report(profile: dict, top: int = 25) -> str:
     return "\n".join(lines)
 
 
+def split(profile: dict, modules: set[str], target_s: float | None = None) -> str:
+    """The run's CPU in three parts: the tests of ``modules`` (own and
+    started), pytest's own outside any test (collection, xdist), and the
+    rest (every other test, and the machine's processes); with
+    ``target_s``: how many CPU seconds a run of that wall holds at this
+    run's use of its cores, and what it leaves for the rest."""
+    total = sum(cpu for *_, cpu in profile["processes"])
+    named = sum(cpu for nodeid, _, cpu, _, _ in profile["tests"]
+                if nodeid and _module(nodeid) in modules)
+    named += sum(cpu for _, test, _, _, cpu in profile["processes"]
+                 if test and _module(test.rsplit(" (", 1)[0]) in modules)
+    tests_own = sum(cpu for nodeid, _, cpu, _, _ in profile["tests"] if nodeid)
+    pytest_own = sum(cpu for nodeid, _, cpu, _, _ in profile["tests"] if not nodeid) - tests_own
+    rest = total - named - pytest_own
+    use = total / (profile["wall_s"] * profile["cores"])
+    lines = [f"{total:7.0f} CPU-s in all: {use:.0%} of {profile['cores']} cores over "
+             f"{profile['wall_s']:.0f} s",
+             f"{named:7.0f}  the {len(modules)} named modules (own and started)",
+             f"{pytest_own:7.0f}  pytest's own outside any test (collection, xdist)",
+             f"{rest:7.0f}  the rest (the other tests, the machine's processes)"]
+    if target_s:
+        holds = target_s * profile["cores"] * use
+        lines.append(f"{holds:7.0f}  what {target_s:.0f} s holds at {use:.0%} use: "
+                     f"{holds - named - pytest_own:.0f} left for the rest "
+                     f"({(holds - named - pytest_own) / rest:.0%} of what it took)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cpu_profile", description=report.__doc__)
     p.add_argument("profile", type=Path, help="the FILE a `--cpu-profile FILE` run wrote "
                    "(gzipped: FILE.gz)")
     p.add_argument("--top", type=int, default=25, help="modules listed (default 25)")
+    p.add_argument("--split", metavar="MODULE[,MODULE...]", default=None,
+                   help="instead: the CPU of these test modules (tests/test_x.py), pytest's "
+                        "own and the rest")
+    p.add_argument("--target-s", type=float, default=None,
+                   help="with --split: what a run of this wall would leave for the rest")
     args = p.parse_args(argv)
+    if args.target_s is not None and (not args.split or not args.target_s > 0):
+        p.error(f"--target-s {args.target_s}: a positive number of seconds, with --split")
     try:
         opener = gzip.open if args.profile.suffix == ".gz" else open
         with opener(args.profile, "rt") as f:
@@ -253,7 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, EOFError) as e:
         print(f"python -m tests.cpu_profile: profile {str(args.profile)!r}: {e}", file=sys.stderr)
         return 2
-    print(report(profile, args.top))
+    if args.split:
+        modules = set(args.split.split(","))
+        known = {_module(t[0]) for t in profile["tests"] if t[0]}
+        if modules - known:
+            print(f"python -m tests.cpu_profile: --split {args.split!r}: no test of "
+                  f"{', '.join(sorted(modules - known))} in the profile", file=sys.stderr)
+            return 2
+        print(split(profile, modules, args.target_s))
+    else:
+        print(report(profile, args.top))
     return 0
 
 

@@ -309,3 +309,37 @@ def test_a_payload_that_is_not_the_calls_bits_is_refused_naming_it(ranks):
                                              rf"BF16 bits, got {what}"):
             ranks[0].run_case(case, bad)
     assert all(r["check"]["ok"] for r in run_all(ranks, case))
+
+
+@pytest.mark.parametrize("ranks", [2], indirect=True)
+def test_a_mailbox_left_dirty_names_where_in_the_result_and_the_reason(ranks):
+    """A call's own-mailbox check after the call says which stage, source
+    and rows are not free and which header is set (its call seq and M), and
+    the correctness reason carries it: a false or true "not all sentinel"
+    is told apart from the row (a later call's publish, a late one)."""
+    from types import SimpleNamespace
+
+    from jobs.correctness import _reason
+    case = make_case(capacity=CAPACITY, tokens=2, budget_ns=10**9)
+    clean = run_all(ranks, case.replace(seq=1))
+    assert [r["mailbox_clean"] for r in clean] == [True, True]
+    assert [r["mailbox_dirt"] for r in clean] == [None, None]
+    own = ranks[0]._own()
+    own.slots[2, 1, 1:3, :5] = 0x3F80  # stage 2 (the call after next), rows 1-2 of source 1
+    own.headers[2, 1] = (9, 3)
+    dirty = run_all(ranks, case.replace(seq=2))
+    assert not dirty[0]["mailbox_clean"] and dirty[1]["mailbox_clean"]
+    assert dirty[0]["mailbox_dirt"] == "stage 2 source 1: rows 1-2 (10 lanes), header (seq 9, M 3)"
+    call = SimpleNamespace(outcome="fail", diagnosis=SimpleNamespace(ok=True), errors={},
+                           checks=[None, None], results=dirty)
+    assert _reason(call, 0) == ("repeat 0: fail; mailbox not all sentinel after the call "
+                                "(seq 2): rank 0: stage 2 source 1: rows 1-2 (10 lanes), "
+                                "header (seq 9, M 3)")
+    own.scrub()
+    own.slots[0, 0, 0, 0] = own.slots[0, 0, 5, 1] = 1
+    own.headers[1, 0] = (4, 1)
+    assert own.dirt() == ("stage 0 source 0: 2 rows in 0-5 (2 lanes); "
+                          "stage 1 source 0: header (seq 4, M 1)")
+    assert own.dirt(limit=1) == "stage 0 source 0: 2 rows in 0-5 (2 lanes); 1 more"
+    own.scrub()
+    assert own.dirt() == ""

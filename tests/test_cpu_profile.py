@@ -1,9 +1,12 @@
 """tests/cpu_profile.py: a test's own CPU and the CPU of a process it started
-are charged to it; the report names them."""
+are charged to it; the report names them; the split parts a run and says
+what a target wall leaves."""
 
 import json
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests import cpu_profile
 
@@ -50,3 +53,40 @@ def test_the_report_refuses_a_file_it_cannot_read(tmp_path, capsys):
     assert cpu_profile.main([str(bad)]) == 2
     assert str(bad) in capsys.readouterr().err
     assert sys.modules["tests.cpu_profile"] is cpu_profile
+
+
+def test_the_split_parts_the_run_and_says_what_a_target_leaves():
+    """100 CPU-s over 50 s on 2 cores (100 % use): a named module's own 10
+    and its child's 30, pytest's own 5 beyond its tests' 12, the rest 55;
+    30 s holds 60, leaving 15 for the rest."""
+    profile = {"wall_s": 50.0, "cores": 2,
+               "tests": [["tests/test_a.py::test_x", "gw0", 10.0, 1.0, 0.0],
+                         ["tests/test_b.py::test_y", "gw1", 2.0, 1.0, 0.0],
+                         ["", "gw0", 12.0, 50.0, 0.0], ["", "gw1", 5.0, 50.0, 0.0]],
+               "processes": [[1, "tests/test_a.py::test_x (call)", "gw0", "python -c x", 30.0],
+                             [2, "tests/test_b.py::test_y (setup)", "gw1", "ray", 41.0],
+                             [3, "", "", "pytest gw0", 12.0], [4, "", "", "pytest gw1", 5.0],
+                             [5, "", "", "chromium", 12.0]]}
+    text = cpu_profile.split(profile, {"tests/test_a.py"}, target_s=30)
+    assert text.splitlines() == [
+        "    100 CPU-s in all: 100% of 2 cores over 50 s",
+        "     40  the 1 named modules (own and started)",
+        "      5  pytest's own outside any test (collection, xdist)",
+        "     55  the rest (the other tests, the machine's processes)",
+        "     60  what 30 s holds at 100% use: 15 left for the rest (27% of what it took)"], text
+
+
+def test_the_split_refuses_a_module_the_profile_lacks_and_a_target_alone(tmp_path, capsys):
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"wall_s": 1.0, "cores": 2, "processes": [],
+                                "tests": [["tests/test_a.py::test_x", "gw0", 1.0, 1.0, 0.0]]}))
+    assert cpu_profile.main([str(path), "--split", "tests/test_a.py,tests/test_nope.py"]) == 2
+    assert "--split 'tests/test_a.py,tests/test_nope.py': no test of tests/test_nope.py" in \
+        capsys.readouterr().err
+    for argv in (["--target-s", "600"], ["--split", "tests/test_a.py", "--target-s", "0"]):
+        with pytest.raises(SystemExit) as stop:
+            cpu_profile.main([str(path), *argv])
+        assert stop.value.code == 2
+        assert "--target-s" in capsys.readouterr().err
+    assert cpu_profile.main([str(path), "--split", "tests/test_a.py"]) == 0
+    assert "the 1 named modules" in capsys.readouterr().out

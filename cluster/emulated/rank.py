@@ -165,6 +165,7 @@ class EmulatedRank:
             "records": [[t, s, f, st, list(w)] for t, s, f, st, w in got.records],
             "record_count": got.record_count, "header_mismatch": got.header_mismatch,
             "mailbox_clean": after.non_sentinel == 0 and after.headers_set == 0,
+            "mailbox_dirt": own.dirt() if after.non_sentinel or after.headers_set else None,
             "sum_bits": got.sum_bits,
             "publish_ns": consume_from - started, "consume_ns": done - consume_from,
             "publish_start_ns": started,  # CLOCK_MONOTONIC: cluster.stragglers

@@ -202,6 +202,31 @@ class HostMailbox:
                             stage_state=(int(self.stage_state[ACTIVE_STAGE]),
                                          int(self.stage_state[NEXT_STAGE])))
 
+    def dirt(self, limit: int = 6) -> str:
+        """Where the mailbox is not free, for a failure's reason: per (stage,
+        source) with lanes not holding the sentinel or a header set, its rows
+        and lane count and the header's (call seq, M); at most ``limit``
+        places, then how many more. Empty when the mailbox is all free."""
+        lanes = np.count_nonzero(self.slots != SENTINEL_BF16, axis=-1)  # [stage, source, row]
+        places = []
+        for stage in range(LAMPORT_GENERATIONS):
+            for source in range(self.tp):
+                rows = np.nonzero(lanes[stage, source])[0]
+                header = tuple(int(v) for v in self.headers[stage, source])
+                if not len(rows) and header[0] == HEADER_EMPTY:
+                    continue
+                what = []
+                if len(rows):
+                    span = (f"row {rows[0]}" if len(rows) == 1 else
+                            f"rows {rows[0]}-{rows[-1]}" if rows[-1] - rows[0] + 1 == len(rows)
+                            else f"{len(rows)} rows in {rows[0]}-{rows[-1]}")
+                    what.append(f"{span} ({int(lanes[stage, source].sum())} lanes)")
+                if header[0] != HEADER_EMPTY:
+                    what.append(f"header (seq {header[0]}, M {header[1]})")
+                places.append(f"stage {stage} source {source}: " + ", ".join(what))
+        more = f"; {len(places) - limit} more" if len(places) > limit else ""
+        return "; ".join(places[:limit]) + more
+
     def scrub(self) -> None:
         """Every lane := sentinel, every header := empty, stage state := (0, 0).
         Only safe while no peer can write into this mailbox."""
